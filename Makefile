@@ -1,0 +1,31 @@
+# dapo: two commands from a fresh clone.
+#   make demo   set up .venv and run the main job (tiny DAPO training on CPU, recorded in MLflow)
+#   make test   set up .venv and run the test suite
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-dev
+
+.PHONY: demo test setup clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+
+# torch is pinned to the local CPU build (torch==2.13.0) in pyproject.toml.
+$(STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/dapo train experiments/tiny.yaml
+	@echo
+	@echo "Look at the run:  $(VENV)/bin/mlflow ui --backend-store-uri sqlite:///mlflow.db"
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+clean:
+	rm -rf $(VENV) runs mlflow.db mlruns mlartifacts .pytest_cache

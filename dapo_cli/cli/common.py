@@ -1,0 +1,42 @@
+"""What every command shares: consoles, the error boundary, config loading options."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+
+from dapo_cli.errors import UserError
+
+console = Console()
+err_console = Console(stderr=True)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+SetOption = Annotated[
+    list[str] | None,
+    typer.Option("--set", "-s", help="Override a config value, e.g. --set trainer.lr=1e-4 (repeatable)."),
+]
+
+
+def handles_errors(fn: F) -> F:
+    """Turn a :class:`UserError` into ``error: <message>`` on stderr and exit code 2 (no traceback)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except UserError as exc:
+            message = " ".join(str(exc).split()) or type(exc).__name__
+            err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+            raise typer.Exit(code=2) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def not_built(command: str, missing: str) -> None:
+    """A command whose implementation has not landed: one line, exit 2."""
+    raise UserError(f"`dapo {command}` is not built yet: {missing}")

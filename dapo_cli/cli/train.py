@@ -1,0 +1,46 @@
+"""`dapo train`: the DAPO RL loop on a config, each technique switchable from the command line."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from dapo_cli.cli.common import SetOption
+from dapo_cli.cli.options import ConfigArg, resolve
+
+
+def _toggle(name: str, what: str) -> object:
+    return typer.Option(f"--{name}/--no-{name}", help=f"{what} (default: as in the config).", show_default=False)
+
+
+def train(
+    config: ConfigArg = None,
+    sets: SetOption = None,
+    clip_higher: Annotated[bool | None, _toggle("clip-higher", "Decoupled clip: epsilon_high 0.28 vs = epsilon_low")] = None,
+    dynamic_sampling: Annotated[bool | None, _toggle("dynamic-sampling", "Keep only groups with mixed accuracy, resample to fill")] = None,
+    token_level_loss: Annotated[bool | None, _toggle("token-level-loss", "token-mean vs seq-mean-token-mean aggregation")] = None,
+    overlong_shaping: Annotated[bool | None, _toggle("overlong-shaping", "Soft overlong punishment (Eq. 13)")] = None,
+    overlong_filtering: Annotated[bool | None, _toggle("overlong-filtering", "Drop truncated responses from the loss")] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue the run (and its MLflow run) from its last checkpoint.")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Resolve and print the config, then stop.")] = False,
+) -> None:
+    """Train a policy with DAPO (or any subset of its techniques) and record the run in MLflow."""
+    cfg = resolve(
+        config,
+        sets,
+        clip_higher=clip_higher,
+        dynamic_sampling=dynamic_sampling,
+        token_level_loss=token_level_loss,
+        overlong_shaping=overlong_shaping,
+        overlong_filtering=overlong_filtering,
+    )
+    if dry_run:
+        from dapo_cli.config import dump_yaml
+
+        typer.echo(dump_yaml(cfg), nl=False)
+        return
+    from dapo_cli.train import run_train
+
+    run_train(cfg, resume=resume, command=" ".join(["dapo", *sys.argv[1:]]))

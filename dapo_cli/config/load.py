@@ -1,0 +1,195 @@
+"""Load a config: YAML file → deep-merged ``--set a.b=c`` overrides → validated dataclasses.
+
+Every value is typed from the schema; an unknown key fails with a did-you-mean
+suggestion; every problem raises :class:`ConfigError` (a :class:`UserError`, so the
+CLI prints one line and exits 2) naming the key and the fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from dapo_cli.config.schema import Config, is_section
+from dapo_cli.errors import UserError
+
+EMBEDDED_EXPERIMENT = "tiny.yaml"
+
+
+class ConfigError(UserError):
+    """A config key or value the user must fix."""
+
+
+def embedded_experiment_path() -> Path:
+    """The tiny CPU experiment shipped inside the package (used when no CONFIG is given)."""
+    return Path(str(resources.files("dapo_cli") / "presets" / EMBEDDED_EXPERIMENT))
+
+
+def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] = ()) -> Config:
+    """Resolve a config: the YAML at ``path`` (or the embedded tiny experiment), then overrides."""
+    source = Path(path) if path is not None else embedded_experiment_path()
+    data = read_yaml(source)
+    for item in overrides:
+        key, value = parse_override(item)
+        set_dotted(data, key, value)
+    cfg = from_dict(Config, data)
+    from dapo_cli.config.validate import validate
+
+    validate(cfg)
+    return cfg
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    """Read a YAML mapping; a missing file or bad YAML is a ConfigError."""
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{path} is not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must hold a mapping of sections (data:, model:, ...), not a {type(data).__name__}")
+    return data
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """Split ``a.b=c``; the value is parsed as YAML (so ``[1,2]``, ``null``, ``1e-4`` work) and typed later."""
+    if "=" not in item:
+        raise ConfigError(f"override '{item}' must look like section.key=value, e.g. trainer.lr=1e-4")
+    key, raw = item.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise ConfigError(f"override '{item}' has no key before '='")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key, value
+
+
+def set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
+    """Set ``data[a][b] = value`` for ``key = "a.b"``, creating sections as needed."""
+    parts = key.split(".")
+    node = data
+    for i, part in enumerate(parts[:-1]):
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"'{'.'.join(parts[: i + 1])}' is a value, not a section; cannot set '{key}'")
+        node = child
+    node[parts[-1]] = value
+
+
+def from_dict(cls: type, data: Any, prefix: str = "") -> Any:
+    """Build dataclass ``cls`` from a mapping, typing every value and rejecting unknown keys."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"'{prefix or 'config'}' must be a mapping of keys, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    for key in data:
+        if key not in names:
+            raise ConfigError(unknown_key_message(prefix, str(key), names))
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in data:
+            continue
+        dotted = f"{prefix}.{f.name}" if prefix else f.name
+        tp = hints[f.name]
+        value = data[f.name]
+        kwargs[f.name] = from_dict(tp, value, dotted) if is_section(tp) else coerce(value, tp, dotted)
+        choices = f.metadata.get("choices") if f.metadata else None
+        if choices and kwargs[f.name] not in choices:
+            raise ConfigError(f"{dotted}={kwargs[f.name]!r} is not one of: {', '.join(choices)}")
+    return cls(**kwargs)
+
+
+def unknown_key_message(prefix: str, key: str, names: list[str]) -> str:
+    """``unknown key 'trainer.lrr'; did you mean 'trainer.lr'?`` (or the list of valid keys)."""
+    where = f"{prefix}.{key}" if prefix else key
+    close = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
+    if close:
+        hint = f"did you mean '{prefix + '.' if prefix else ''}{close[0]}'?"
+    else:
+        hint = f"valid keys{' in ' + prefix if prefix else ''}: {', '.join(names)}"
+    return f"unknown config key '{where}'; {hint}"
+
+
+_TRUE = {"true", "yes", "on", "1"}
+_FALSE = {"false", "no", "off", "0"}
+
+
+def coerce(value: Any, tp: Any, key: str) -> Any:
+    """Convert ``value`` to schema type ``tp`` (bool, int, float, str, list[...], X | None)."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if value is None or (isinstance(value, str) and value.strip().lower() in {"null", "none", "~"}):
+            return None
+        return coerce(value, args[0], key)
+    if origin is list:
+        (item_tp,) = typing.get_args(tp)
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, (list, tuple)):
+            value = [value]
+        return [coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if str(value).strip().lower() in _TRUE:
+            return True
+        if str(value).strip().lower() in _FALSE:
+            return False
+        raise ConfigError(f"{key} must be true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+            raise ConfigError(f"{key} must be an integer, got {value!r}")
+        try:
+            return int(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{key} must be an integer, got {value!r}") from None
+    if tp is float:
+        if isinstance(value, bool):
+            raise ConfigError(f"{key} must be a number, got {value!r}")
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{key} must be a number, got {value!r}") from None
+    if tp is str:
+        if isinstance(value, (dict, list)):
+            raise ConfigError(f"{key} must be a string, got {value!r}")
+        return "" if value is None else str(value)
+    raise TypeError(f"schema type {tp!r} of {key} is not supported by the loader")
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    """The config as plain nested dicts (for YAML dumps and artifacts)."""
+    return dataclasses.asdict(cfg)
+
+
+def dump_yaml(cfg: Any) -> str:
+    """The resolved config as YAML, sections in schema order."""
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False, default_flow_style=None)
+
+
+def flatten(cfg: Any, prefix: str = "") -> dict[str, Any]:
+    """``{"algorithm.clip_ratio_high": 0.28, ...}``: every leaf value by dotted key."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        dotted = f"{prefix}.{f.name}" if prefix else f.name
+        if dataclasses.is_dataclass(value):
+            out.update(flatten(value, dotted))
+        else:
+            out[dotted] = value
+    return out

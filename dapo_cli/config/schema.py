@@ -1,0 +1,178 @@
+"""The one configuration schema: every setting, its default and a one-line doc.
+
+Defaults follow the DAPO paper's Qwen2.5-32B recipe (Yu et al. 2025, §4.1 and
+verl's ``recipe/dapo``) wherever the paper fixes a value; the embedded tiny CPU
+experiment (``experiments/tiny.yaml``) overrides only what the laptop scale needs.
+Names follow verl where a verl user would look for them (``clip_ratio_low``,
+``loss_agg_mode``, ``overlong_buffer.len``, ``filter_groups.max_num_gen_batches``).
+
+Each field is declared with :func:`setting`, whose ``help`` is the field's only
+documentation; ``dapo config`` (and the docs) render it from here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from dapo_cli.config.fields import setting
+from dapo_cli.config.tiny import TinyModelConfig
+
+
+@dataclass
+class DataConfig:
+    train_files: list[str] = setting(["synthetic:add-3digit"], "training sets: DAPO parquet paths, registered names, or synthetic:NAME")
+    val_files: list[str] = setting(["synthetic:add-3digit"], "held-out sets for validation (same forms as train_files)")
+    synthetic_train_size: int = setting(4000, "problems generated for a synthetic:NAME training set")
+    synthetic_val_size: int = setting(200, "problems generated for a synthetic:NAME validation set")
+    train_batch_size: int = setting(512, "prompts per RL step (after dynamic sampling), verl data.train_batch_size")
+    max_prompt_length: int = setting(2048, "prompts longer than this many tokens are dropped with a warning")
+    shuffle: bool = setting(True, "shuffle the training prompts every epoch")
+
+
+@dataclass
+class ModelConfig:
+    path: str = setting("builtin:tiny", "policy: a save_pretrained directory, a hub id, or builtin:tiny (built and cached on first use)")
+    dtype: str = setting("float32", "parameter dtype for training", choices=("float32", "bfloat16", "float16"))
+    tiny: TinyModelConfig = setting(TinyModelConfig(), "architecture and warm-start of builtin:tiny")
+
+
+@dataclass
+class RolloutConfig:
+    engine: str = setting("hf", "rollout engine", choices=("hf", "vllm"))
+    n: int = setting(16, "responses sampled per prompt (the group size G)")
+    temperature: float = setting(1.0, "sampling temperature for training rollouts")
+    top_p: float = setting(1.0, "nucleus sampling for training rollouts (1.0 = off)")
+    top_k: int = setting(0, "top-k sampling for training rollouts (0 = off)")
+    max_response_length: int = setting(20480, "maximum generated tokens per response (L_max)")
+    batch_size: int = setting(0, "sequences per generate call (0 = all at once)")
+    gpu_memory_utilization: float = setting(0.85, "vLLM only: share of GPU memory for weights and KV cache")
+    tensor_parallel_size: int = setting(1, "vLLM only: tensor-parallel degree")
+
+
+@dataclass
+class OverlongBufferConfig:
+    enable: bool = setting(True, "soft overlong punishment (DAPO Eq. 13), toggle --overlong-shaping")
+    len: int = setting(4096, "punishment buffer length L_cache in tokens")
+    penalty_factor: float = setting(1.0, "scale of the length penalty (1.0 = paper)")
+
+
+@dataclass
+class FilterGroupsConfig:
+    enable: bool = setting(True, "dynamic sampling: keep only groups with mixed accuracy (DAPO Eq. 11)")
+    metric: str = setting("acc", "per-response value that must vary within a kept group", choices=("acc", "score"))
+    max_num_gen_batches: int = setting(10, "generation rounds per step before giving up (<= 0: unlimited)")
+    on_exhausted: str = setting("train", "when rounds run out: train on the groups kept so far, or stop with an error", choices=("train", "error"))
+
+
+@dataclass
+class AlgorithmConfig:
+    adv_estimator: str = setting("grpo", "group advantage estimator", choices=("grpo", "dr_grpo", "rloo"))
+    clip_ratio_low: float = setting(0.2, "epsilon_low of the decoupled clip (DAPO Eq. 10)")
+    clip_ratio_high: float = setting(0.28, "epsilon_high of the decoupled clip; = clip_ratio_low turns clip-higher off")
+    clip_ratio_c: float | None = setting(None, "dual-clip bound c > 1 for negative advantages (null = off)")
+    loss_agg_mode: str = setting(
+        "token-mean",
+        "loss aggregation; token-mean is DAPO's token-level loss, seq-mean-token-mean is GRPO's",
+        choices=("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"),
+    )
+    overlong_buffer: OverlongBufferConfig = setting(OverlongBufferConfig(), "soft overlong punishment")
+    overlong_filter: bool = setting(True, "drop truncated responses from the loss (overlong filtering)")
+    filter_groups: FilterGroupsConfig = setting(FilterGroupsConfig(), "dynamic sampling")
+    use_kl_loss: bool = setting(False, "add a KL penalty to a frozen reference policy (DAPO removes it)")
+    kl_loss_coef: float = setting(0.001, "weight of the KL penalty when use_kl_loss")
+    kl_loss_type: str = setting("low_var_kl", "KL estimator", choices=("kl", "abs", "mse", "low_var_kl"))
+    entropy_coeff: float = setting(0.0, "entropy bonus weight (0 = none, as in DAPO)")
+
+
+@dataclass
+class RewardConfig:
+    verifier: str = setting("math_dapo", "answer checker", choices=("math_dapo", "strict_box", "math_equiv"))
+
+
+@dataclass
+class TrainerConfig:
+    total_steps: int = setting(100, "RL steps (one step = one batch of train_batch_size prompts)")
+    ppo_mini_batch_size: int = setting(32, "prompts per optimizer step; train_batch_size / this = updates per rollout")
+    ppo_micro_batch_size: int = setting(16, "responses per forward/backward (gradient accumulation; no effect on the gradient)")
+    ppo_epochs: int = setting(1, "passes over each rollout batch")
+    lr: float = setting(1e-6, "AdamW learning rate")
+    lr_warmup_steps: int = setting(10, "optimizer steps of linear warm-up, then constant")
+    weight_decay: float = setting(0.1, "AdamW weight decay")
+    grad_clip: float = setting(1.0, "max global gradient norm (<= 0: no clipping)")
+    seed: int = setting(0, "seed for data order, sampling and initialisation")
+    save_freq: int = setting(20, "checkpoint every N steps (and at the end; <= 0: only at the end)")
+    test_freq: int = setting(10, "validate every N steps (and before the first and after the last; <= 0: only those)")
+    log_samples_freq: int = setting(10, "log a table of sample completions every N steps (<= 0: never)")
+    collapse_patience: int = setting(5, "stop when this many consecutive steps keep no informative group (<= 0: never)")
+    output_dir: str = setting("runs", "root for checkpoints: <output_dir>/<experiment>/<run_name>/")
+    run_name: str = setting("", "run name (empty: generated from the technique toggles and seed)")
+
+
+@dataclass
+class ValidationConfig:
+    k: int = setting(4, "samples per held-out problem during training (avg@k)")
+    temperature: float = setting(1.0, "validation sampling temperature")
+    top_p: float = setting(0.7, "validation nucleus sampling (the DAPO paper evaluates with 0.7)")
+    max_tokens: int = setting(0, "validation response limit (0: rollout.max_response_length)")
+
+
+@dataclass
+class EngineConfig:
+    name: str = setting("torch", "training engine", choices=("torch", "deepspeed"))
+    device: str = setting("auto", "device for the torch engine (auto: cuda when available)", choices=("auto", "cpu", "cuda"))
+    num_threads: int = setting(0, "torch CPU threads (0: torch's default)")
+    zero_stage: int = setting(3, "DeepSpeed only: ZeRO stage (1, 2 or 3)")
+    gradient_checkpointing: bool = setting(False, "recompute activations in backward to save memory")
+
+
+@dataclass
+class TrackingConfig:
+    backend: str = setting("mlflow", "where runs are recorded", choices=("mlflow", "null"))
+    tracking_uri: str = setting("", "MLflow store (empty: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)")
+    experiment: str = setting("dapo", "MLflow experiment name")
+
+
+@dataclass
+class EvalConfig:
+    dataset: str = setting("aime24", "evaluation set: a registered name or a parquet/JSONL path")
+    avg_k: int = setting(32, "samples per problem for avg@K")
+    pass_k: list[int] = setting([1, 8, 32], "k values for unbiased pass@k (each <= avg_k)")
+    temperature: float = setting(1.0, "sampling temperature (DAPO paper: 1.0)")
+    top_p: float = setting(0.7, "nucleus sampling (DAPO paper: 0.7)")
+    max_tokens: int = setting(20480, "maximum new tokens per response (DAPO paper: 20480)")
+    verifier: str = setting("math_dapo", "answer checker", choices=("math_dapo", "strict_box", "math_equiv"))
+    engine: str = setting("hf", "rollout engine", choices=("hf", "vllm"))
+    batch_size: int = setting(0, "sequences per generate call (0: all of one problem batch)")
+    seed: int = setting(0, "sampling seed")
+
+
+@dataclass
+class AblateConfig:
+    seeds: int = setting(1, "seeds per variant")
+    launcher: str = setting("local", "run children here, or print one dapo train command per child", choices=("local", "print"))
+
+
+@dataclass
+class Config:
+    """The whole resolved configuration of a run."""
+
+    data: DataConfig = setting(DataConfig(), "training and validation data")
+    model: ModelConfig = setting(ModelConfig(), "the policy")
+    rollout: RolloutConfig = setting(RolloutConfig(), "sampling responses for training")
+    algorithm: AlgorithmConfig = setting(AlgorithmConfig(), "the DAPO objective and its techniques")
+    reward: RewardConfig = setting(RewardConfig(), "scoring responses")
+    trainer: TrainerConfig = setting(TrainerConfig(), "the RL loop and optimizer")
+    validation: ValidationConfig = setting(ValidationConfig(), "held-out avg@k during training")
+    engine: EngineConfig = setting(EngineConfig(), "where and how the policy is trained")
+    tracking: TrackingConfig = setting(TrackingConfig(), "experiment tracking")
+    eval: EvalConfig = setting(EvalConfig(), "dapo eval defaults (the DAPO paper's AIME protocol)")
+    ablate: AblateConfig = setting(AblateConfig(), "dapo ablate defaults")
+
+
+def is_section(tp: Any) -> bool:
+    """True for a nested dataclass type (a config section)."""
+    return hasattr(tp, "__dataclass_fields__")
+
+
+__all__ = [name for name in dir() if name.endswith("Config")] + ["setting", "is_section"]

@@ -1,0 +1,68 @@
+"""The five DAPO techniques as booleans over the config, in the paper's ablation order.
+
+A technique is *derived* from the schema fields it controls, never stored twice:
+
+=====================  ==============================================================
+overlong_filtering     ``algorithm.overlong_filter``
+clip_higher            ``algorithm.clip_ratio_high > algorithm.clip_ratio_low``
+overlong_shaping       ``algorithm.overlong_buffer.enable`` (soft overlong punishment)
+token_level_loss       ``algorithm.loss_agg_mode == "token-mean"`` (else seq-mean-token-mean)
+dynamic_sampling       ``algorithm.filter_groups.enable``
+=====================  ==============================================================
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from dapo_cli.config.schema import Config
+
+TECHNIQUES = ("overlong_filtering", "clip_higher", "overlong_shaping", "token_level_loss", "dynamic_sampling")
+"""In the order of the DAPO paper's Table 1 (each rung adds the next one)."""
+
+PAPER_CLIP_RATIO_HIGH = 0.28
+"""epsilon_high that clip-higher switches on when the config has it equal to epsilon_low."""
+
+
+def technique_state(cfg: Config) -> dict[str, bool]:
+    """Which techniques ``cfg`` has on."""
+    algo = cfg.algorithm
+    return {
+        "overlong_filtering": algo.overlong_filter,
+        "clip_higher": algo.clip_ratio_high > algo.clip_ratio_low,
+        "overlong_shaping": algo.overlong_buffer.enable,
+        "token_level_loss": algo.loss_agg_mode == "token-mean",
+        "dynamic_sampling": algo.filter_groups.enable,
+    }
+
+
+def apply_techniques(cfg: Config, **toggles: bool | None) -> Config:
+    """Return a copy of ``cfg`` with the given techniques switched on/off (None = leave as is)."""
+    unknown = set(toggles) - set(TECHNIQUES)
+    if unknown:
+        raise ValueError(f"unknown technique(s) {sorted(unknown)}; valid: {', '.join(TECHNIQUES)}")
+    algo = cfg.algorithm
+    changes: dict[str, object] = {}
+    if toggles.get("overlong_filtering") is not None:
+        changes["overlong_filter"] = toggles["overlong_filtering"]
+    if toggles.get("clip_higher") is not None:
+        on = toggles["clip_higher"]
+        if not on:
+            changes["clip_ratio_high"] = algo.clip_ratio_low
+        elif algo.clip_ratio_high <= algo.clip_ratio_low:
+            changes["clip_ratio_high"] = PAPER_CLIP_RATIO_HIGH
+    if toggles.get("overlong_shaping") is not None:
+        changes["overlong_buffer"] = dataclasses.replace(algo.overlong_buffer, enable=toggles["overlong_shaping"])
+    if toggles.get("token_level_loss") is not None:
+        changes["loss_agg_mode"] = "token-mean" if toggles["token_level_loss"] else "seq-mean-token-mean"
+    if toggles.get("dynamic_sampling") is not None:
+        changes["filter_groups"] = dataclasses.replace(algo.filter_groups, enable=toggles["dynamic_sampling"])
+    return dataclasses.replace(cfg, algorithm=dataclasses.replace(algo, **changes))
+
+
+def variant_name(state: dict[str, bool]) -> str:
+    """Short stable name of a technique combination, e.g. ``dapo`` / ``grpo`` / ``grpo+clip_higher``."""
+    on = [t for t in TECHNIQUES if state[t]]
+    if len(on) == len(TECHNIQUES):
+        return "dapo"
+    return "+".join(["grpo", *on])

@@ -1,0 +1,49 @@
+"""Cross-field validation: each check names the key and says how to fix it."""
+
+from __future__ import annotations
+
+from dapo_cli.config.load import ConfigError
+from dapo_cli.config.schema import Config
+
+
+def require(ok: bool, message: str) -> None:
+    """Raise ConfigError(message) unless ``ok``."""
+    if not ok:
+        raise ConfigError(message)
+
+
+def validate(cfg: Config) -> None:
+    """Reject configs that cannot run or cannot mean what they say."""
+    algo, rollout, trainer, data = cfg.algorithm, cfg.rollout, cfg.trainer, cfg.data
+    require(0.0 < algo.clip_ratio_low < 1.0, f"algorithm.clip_ratio_low={algo.clip_ratio_low} must be in (0, 1); the paper uses 0.2")
+    require(algo.clip_ratio_high >= 0.0, f"algorithm.clip_ratio_high={algo.clip_ratio_high} must be >= 0; the paper uses 0.28 (set it equal to clip_ratio_low to turn clip-higher off)")
+    require(algo.clip_ratio_c is None or algo.clip_ratio_c > 1.0, f"algorithm.clip_ratio_c={algo.clip_ratio_c} must be > 1 (e.g. 3.0) or null to turn the dual clip off")
+    buf = algo.overlong_buffer
+    if buf.enable:
+        require(0 < buf.len <= rollout.max_response_length, f"algorithm.overlong_buffer.len={buf.len} must be in (0, rollout.max_response_length={rollout.max_response_length}]; lower it or raise max_response_length")
+        require(buf.penalty_factor >= 0.0, f"algorithm.overlong_buffer.penalty_factor={buf.penalty_factor} must be >= 0")
+    require(rollout.n >= 2, f"rollout.n={rollout.n}: group advantages ({algo.adv_estimator}) need at least 2 responses per prompt; set rollout.n >= 2")
+    require(rollout.max_response_length >= 1, "rollout.max_response_length must be >= 1")
+    require(rollout.temperature > 0.0, f"rollout.temperature={rollout.temperature} must be > 0 for on-policy sampling")
+    require(0.0 < rollout.top_p <= 1.0, f"rollout.top_p={rollout.top_p} must be in (0, 1]")
+    require(rollout.top_k >= 0, "rollout.top_k must be >= 0 (0 = off)")
+    require(rollout.batch_size >= 0, "rollout.batch_size must be >= 0 (0 = all at once)")
+    require(bool(data.train_files), "data.train_files is empty; give at least one dataset")
+    require(data.train_batch_size >= 1, "data.train_batch_size must be >= 1")
+    require(trainer.ppo_mini_batch_size >= 1, "trainer.ppo_mini_batch_size must be >= 1")
+    require(
+        data.train_batch_size % trainer.ppo_mini_batch_size == 0,
+        f"data.train_batch_size={data.train_batch_size} must be a multiple of trainer.ppo_mini_batch_size={trainer.ppo_mini_batch_size}",
+    )
+    require(trainer.ppo_micro_batch_size >= 1, "trainer.ppo_micro_batch_size must be >= 1")
+    require(trainer.ppo_epochs >= 1, "trainer.ppo_epochs must be >= 1")
+    require(trainer.total_steps >= 1, "trainer.total_steps must be >= 1")
+    require(trainer.lr > 0.0, f"trainer.lr={trainer.lr} must be > 0")
+    require(trainer.lr_warmup_steps >= 0, "trainer.lr_warmup_steps must be >= 0")
+    require(cfg.validation.k >= 1, f"validation.k={cfg.validation.k} must be >= 1")
+    require(0.0 < cfg.validation.top_p <= 1.0, "validation.top_p must be in (0, 1]")
+    require(cfg.eval.avg_k >= 1, f"eval.avg_k={cfg.eval.avg_k} must be >= 1")
+    bad = [k for k in cfg.eval.pass_k if not 1 <= k]
+    require(not bad, f"eval.pass_k has values < 1: {bad}")
+    require(cfg.ablate.seeds >= 1, "ablate.seeds must be >= 1")
+    require(cfg.engine.zero_stage in (0, 1, 2, 3), "engine.zero_stage must be 0, 1, 2 or 3")

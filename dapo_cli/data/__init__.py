@@ -1,0 +1,1 @@
+"""Datasets: the DAPO parquet schema, raw-file preparation, synthetic tasks."""

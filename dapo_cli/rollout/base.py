@@ -1,0 +1,61 @@
+"""The rollout protocol: ``generate(prompts, n, params) -> Rollouts``.
+
+Shapes: ``P`` prompts, ``n`` samples each, ``N = P * n`` responses, ``T`` the
+longest response in the batch (``<= params.max_tokens``). Response ``i`` belongs
+to prompt ``i // n`` (responses of one prompt are contiguous).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample. ``top_k=0`` and ``top_p=1.0`` mean plain sampling."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_tokens: int = 64
+    seed: int | None = None
+
+
+@dataclass
+class Rollouts:
+    """What one ``generate`` call returns (all tensors on CPU).
+
+    prompt_ids:    LongTensor [N, S]  left-padded prompt token ids (pad = tokenizer pad id)
+    prompt_mask:   BoolTensor [N, S]  True on real prompt tokens
+    response_ids:  LongTensor [N, T]  right-padded response ids, EOS included when emitted
+    response_mask: BoolTensor [N, T]  True on generated tokens (EOS included), False on padding
+    lengths:       LongTensor [N]     number of generated tokens = response_mask.sum(-1)
+    truncated:     BoolTensor [N]     True when no EOS was produced within max_tokens
+    texts:         list[str] (N)      decoded responses without special tokens
+    prompt_index:  LongTensor [N]     index into the ``prompts`` argument (i // n)
+    """
+
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    response_ids: torch.Tensor
+    response_mask: torch.Tensor
+    lengths: torch.Tensor
+    truncated: torch.Tensor
+    texts: list[str]
+    prompt_index: torch.Tensor
+
+
+class RolloutEngine(Protocol):
+    """Samples ``n`` responses for each prompt with the current policy weights."""
+
+    def generate(self, prompts: Sequence[str], n: int, params: SamplingParams) -> Rollouts:
+        """``prompts`` are already-templated strings (chat template applied)."""
+        ...
+
+    def sync_weights(self) -> None:
+        """Make the next ``generate`` use the trainer's latest weights (no-op when shared)."""
+        ...

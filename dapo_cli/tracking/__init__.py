@@ -1,0 +1,56 @@
+"""Experiment tracking behind a small protocol: MLflow (default) or nothing.
+
+    with start_run(cfg.tracking, run_name="grpo-seed0", tags={...}) as tracker:
+        tracker.log_params(flatten(cfg))
+        tracker.log_metrics({"reward/score_mean": 0.1}, step=1)
+
+The run ends FINISHED, or FAILED on an exception (KILLED on Ctrl-C), so the UI
+never shows a crashed run as still running.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from dapo_cli.tracking.base import NullTracker, Tracker
+
+
+@contextlib.contextmanager
+def start_run(
+    cfg: Any,
+    run_name: str,
+    *,
+    tags: Mapping[str, Any] | None = None,
+    parent_run_id: str | None = None,
+    resume_run_id: str | None = None,
+) -> Iterator[Tracker]:
+    """Open a run on ``cfg`` (a ``TrackingConfig``) and close it with the right status."""
+    tracker: Tracker
+    if cfg.backend == "null":
+        tracker = NullTracker()
+    else:
+        from dapo_cli.tracking.mlflow import MlflowTracker
+
+        tracker = MlflowTracker(
+            cfg.tracking_uri,
+            cfg.experiment,
+            run_name,
+            tags=tags,
+            parent_run_id=parent_run_id,
+            resume_run_id=resume_run_id,
+        )
+    try:
+        yield tracker
+    except KeyboardInterrupt:
+        tracker.finish("KILLED")
+        raise
+    except BaseException:
+        tracker.finish("FAILED")
+        raise
+    else:
+        tracker.finish("FINISHED")
+
+
+__all__ = ["NullTracker", "Tracker", "start_run"]

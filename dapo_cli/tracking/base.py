@@ -1,0 +1,67 @@
+"""The tracking protocol: what a run records, whatever the backend.
+
+``MlflowTracker`` (``tracking/mlflow.py``) is the real one; ``NullTracker`` records
+nothing and lets code log unconditionally (no ``if tracker:`` checks).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+
+class Tracker(Protocol):
+    """One run's record: params, tags, per-step metrics, artifacts and tables."""
+
+    run_id: str
+
+    def log_params(self, params: Mapping[str, Any]) -> None: ...
+
+    def set_tags(self, tags: Mapping[str, Any]) -> None: ...
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        """All metrics of one step in one batched call."""
+        ...
+
+    def log_artifact(self, path: str | os.PathLike[str], artifact_path: str | None = None) -> None: ...
+
+    def log_text(self, text: str, artifact_file: str) -> None: ...
+
+    def log_dict(self, obj: Any, artifact_file: str) -> None: ...
+
+    def log_table(self, rows: Sequence[Mapping[str, Any]], artifact_file: str) -> None:
+        """A list of same-keyed rows as an MLflow table (JSON artifact shown in the UI)."""
+        ...
+
+    def finish(self, status: str = "FINISHED") -> None: ...
+
+
+class NullTracker:
+    """A tracker that records nothing (``tracking.backend: null``)."""
+
+    run_id = ""
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        pass
+
+    def set_tags(self, tags: Mapping[str, Any]) -> None:
+        pass
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        pass
+
+    def log_artifact(self, path: str | os.PathLike[str], artifact_path: str | None = None) -> None:
+        pass
+
+    def log_text(self, text: str, artifact_file: str) -> None:
+        pass
+
+    def log_dict(self, obj: Any, artifact_file: str) -> None:
+        pass
+
+    def log_table(self, rows: Sequence[Mapping[str, Any]], artifact_file: str) -> None:
+        pass
+
+    def finish(self, status: str = "FINISHED") -> None:
+        pass

@@ -1,0 +1,155 @@
+"""MLflow tracker through ``MlflowClient`` (explicit run ids, no global active run).
+
+Default store: ``sqlite:///mlflow.db`` in the working directory, unless the
+config or ``$MLFLOW_TRACKING_URI`` names another (a remote server works unchanged).
+Metrics of a step go in one ``log_batch`` call: one call per metric costs 4–12 ms
+on SQLite and ~60 ms over HTTP.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from dapo_cli.errors import UserError
+
+DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+MAX_PARAM_CHARS = 6000
+BATCH_PARAMS = 100
+BATCH_METRICS = 1000
+
+for _name in ("alembic", "mlflow", "mlflow.store.db.utils"):
+    logging.getLogger(_name).setLevel(logging.WARNING)
+
+
+def resolve_tracking_uri(configured: str) -> str:
+    """The config value, else ``$MLFLOW_TRACKING_URI``, else ``sqlite:///mlflow.db``."""
+    return configured or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+
+
+def _client(uri: str):
+    from mlflow import MlflowClient
+
+    return MlflowClient(tracking_uri=uri)
+
+
+def experiment_id(client: Any, name: str) -> str:
+    """Id of experiment ``name``, created if missing."""
+    exp = client.get_experiment_by_name(name)
+    if exp is not None:
+        if exp.lifecycle_stage == "deleted":
+            client.restore_experiment(exp.experiment_id)
+        return exp.experiment_id
+    try:
+        return client.create_experiment(name)
+    except Exception:  # created concurrently by another process
+        exp = client.get_experiment_by_name(name)
+        if exp is None:
+            raise
+        return exp.experiment_id
+
+
+class MlflowTracker:
+    """Records one MLflow run (new, nested under a parent, or resumed by id)."""
+
+    def __init__(
+        self,
+        tracking_uri: str,
+        experiment: str,
+        run_name: str,
+        *,
+        tags: Mapping[str, Any] | None = None,
+        parent_run_id: str | None = None,
+        resume_run_id: str | None = None,
+    ) -> None:
+        from mlflow.exceptions import MlflowException
+
+        self.tracking_uri = resolve_tracking_uri(tracking_uri)
+        try:
+            self.client = _client(self.tracking_uri)
+            if resume_run_id:
+                self.client.get_run(resume_run_id)
+                self.run_id = resume_run_id
+                self.client.update_run(resume_run_id, status="RUNNING")
+            else:
+                all_tags = {str(k): str(v) for k, v in (tags or {}).items()}
+                if parent_run_id:
+                    all_tags["mlflow.parentRunId"] = parent_run_id
+                run = self.client.create_run(experiment_id(self.client, experiment), run_name=run_name, tags=all_tags)
+                self.run_id = run.info.run_id
+        except MlflowException as exc:
+            raise UserError(f"MLflow store {self.tracking_uri} failed: {str(exc).splitlines()[0]}") from None
+        self.experiment = experiment
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        from mlflow.entities import Param
+
+        items = [Param(str(k), _param_value(v)) for k, v in params.items()]
+        existing = self.client.get_run(self.run_id).data.params
+        items = [p for p in items if p.key not in existing]  # params are immutable; a resumed run keeps them
+        for i in range(0, len(items), BATCH_PARAMS):
+            self.client.log_batch(self.run_id, params=items[i : i + BATCH_PARAMS])
+
+    def set_tags(self, tags: Mapping[str, Any]) -> None:
+        from mlflow.entities import RunTag
+
+        self.client.log_batch(self.run_id, tags=[RunTag(str(k), str(v)) for k, v in tags.items()])
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        items = [
+            Metric(str(k), float(v), now, int(step or 0))
+            for k, v in metrics.items()
+            if v is not None and math.isfinite(float(v))
+        ]
+        for i in range(0, len(items), BATCH_METRICS):
+            self.client.log_batch(self.run_id, metrics=items[i : i + BATCH_METRICS])
+
+    def log_artifact(self, path: str | os.PathLike[str], artifact_path: str | None = None) -> None:
+        p = Path(path)
+        if p.is_dir():
+            self.client.log_artifacts(self.run_id, str(p), artifact_path)
+        else:
+            self.client.log_artifact(self.run_id, str(p), artifact_path)
+
+    def log_text(self, text: str, artifact_file: str) -> None:
+        self.client.log_text(self.run_id, text, artifact_file)
+
+    def log_dict(self, obj: Any, artifact_file: str) -> None:
+        self.client.log_text(self.run_id, json.dumps(obj, indent=2, sort_keys=True, default=str), artifact_file)
+
+    def log_table(self, rows: Sequence[Mapping[str, Any]], artifact_file: str) -> None:
+        if not rows:
+            return
+        columns = list(rows[0].keys())
+        data = {c: [_table_value(r.get(c)) for r in rows] for c in columns}
+        self.client.log_table(self.run_id, data=data, artifact_file=artifact_file)
+
+    def finish(self, status: str = "FINISHED") -> None:
+        self.client.set_terminated(self.run_id, status=status)
+
+
+def _param_value(value: Any) -> str:
+    text = json.dumps(value) if isinstance(value, (list, dict)) else str(value)
+    return text if len(text) <= MAX_PARAM_CHARS else text[: MAX_PARAM_CHARS - 3] + "..."
+
+
+def _table_value(value: Any) -> Any:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)
+
+
+def download_artifact(tracking_uri: str, run_id: str, path: str) -> Path:
+    """Fetch one artifact of a run to a temporary directory and return its local path."""
+    client = _client(resolve_tracking_uri(tracking_uri))
+    return Path(client.download_artifacts(run_id, path, tempfile.mkdtemp(prefix="dapo-artifact-")))
