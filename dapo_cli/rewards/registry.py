@@ -1,0 +1,82 @@
+"""Verifiers by name: ``math_dapo`` (default), ``strict_box``, ``math_equiv``.
+
+A verifier maps ``(response, ground_truth)`` to
+``{"score": ±1.0, "acc": bool, "pred": str}``. Strings in, dicts out: nothing here
+knows about configs, tensors or batches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
+
+from dapo_cli.rewards import math_dapo, strict_box
+from dapo_cli.rewards.math_dapo import INVALID, ScoreResult, make_result
+
+Verifier = Callable[[str, str], ScoreResult]
+
+DEFAULT_VERIFIER = "math_dapo"
+
+
+def extract_equiv_answer(response: str) -> str:
+    """The answer ``math_equiv`` compares: last ``Answer:`` line, else last ``\\boxed{}``.
+
+    Both are searched in the same final :data:`~dapo_cli.rewards.math_dapo.WINDOW_CHARS`
+    characters as ``math_dapo``; the result is stripped but not normalised
+    (:func:`~dapo_cli.rewards.math_equiv.is_equivalent` does its own parsing).
+    Returns ``"[INVALID]"`` when neither is present.
+    """
+    window = math_dapo.answer_window(response)
+    answer = math_dapo.extract_answer(window)
+    if answer is None:
+        answer = strict_box.last_boxed_content(window)
+    return INVALID if answer is None else answer.strip()
+
+
+def math_equiv_score(response: str, ground_truth: str) -> ScoreResult:
+    """Score by mathematical equivalence (safe sympy) of the extracted answer and the ground truth."""
+    # Imported here so this module loads without sympy's import cost, and before math_equiv exists.
+    from dapo_cli.rewards.math_equiv import is_equivalent
+
+    pred = extract_equiv_answer(response)
+    return make_result(pred != INVALID and is_equivalent(pred, ground_truth), pred)
+
+
+VERIFIERS: Mapping[str, Verifier] = MappingProxyType(
+    {
+        "math_dapo": math_dapo.compute_score,
+        "strict_box": strict_box.compute_score,
+        "math_equiv": math_equiv_score,
+    }
+)
+"""Every verifier by name (read-only)."""
+
+
+def get_verifier(name: str) -> Verifier:
+    """The verifier called ``name``; ValueError naming the valid ones otherwise."""
+    try:
+        return VERIFIERS[name]
+    except KeyError:
+        valid = ", ".join(VERIFIERS)
+        raise ValueError(f"unknown verifier {name!r}; valid names: {valid}") from None
+
+
+def score_batch(
+    name: str, responses: Sequence[str], ground_truths: Sequence[str]
+) -> tuple[list[float], list[bool], list[str]]:
+    """Score ``responses[i]`` against ``ground_truths[i]``; returns ``(scores, accs, preds)``, each of length B.
+
+    Raises ValueError for an unknown ``name`` or when the two sequences differ in length.
+    """
+    verify = get_verifier(name)
+    if len(responses) != len(ground_truths):
+        raise ValueError(
+            f"score_batch needs one ground truth per response: got {len(responses)} responses "
+            f"and {len(ground_truths)} ground truths"
+        )
+    results = [verify(response, truth) for response, truth in zip(responses, ground_truths, strict=True)]
+    return (
+        [r["score"] for r in results],
+        [r["acc"] for r in results],
+        [r["pred"] for r in results],
+    )
