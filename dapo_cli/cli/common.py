@@ -8,6 +8,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from dapo_cli.errors import UserError
 
@@ -31,7 +32,8 @@ def handles_errors(fn: F) -> F:
             return fn(*args, **kwargs)
         except UserError as exc:
             message = " ".join(str(exc).split()) or type(exc).__name__
-            err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+            # escape: a message quoting a path or value with [brackets] is text, not rich markup
+            err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
             raise typer.Exit(code=2) from None
 
     return wrapper  # type: ignore[return-value]

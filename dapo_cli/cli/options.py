@@ -6,7 +6,8 @@ from typing import Annotated
 
 import typer
 
-from dapo_cli.config import Config, apply_techniques, load_config
+from dapo_cli.config import Config, apply_techniques
+from dapo_cli.config.load import build_config
 from dapo_cli.config.validate import validate
 
 ConfigArg = Annotated[
@@ -16,9 +17,13 @@ ConfigArg = Annotated[
 
 
 def resolve(config: str | None, sets: list[str] | None, **toggles: bool | None) -> Config:
-    """YAML → ``--set`` overrides → technique toggles → validation."""
-    cfg = load_config(config, sets or ())
+    """YAML → ``--set`` overrides → technique toggles → validation (once, of the final config).
+
+    Validating only at the end lets a toggle make a config valid, e.g.
+    ``--set algorithm.overlong_buffer.len=99999 --no-overlong-shaping``.
+    """
+    cfg = build_config(config, sets or ())
     if any(v is not None for v in toggles.values()):
         cfg = apply_techniques(cfg, **toggles)
-        validate(cfg)
+    validate(cfg)
     return cfg

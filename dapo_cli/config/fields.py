@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import copy
 from dataclasses import field
 from typing import Any
 
 
 def setting(default: Any, help: str, *, choices: tuple[str, ...] | None = None) -> Any:
-    """Declare one config field with its default, one-line help and optional choices."""
+    """Declare one config field with its default, one-line help and optional choices.
+
+    A mutable default (list, dict, nested section) is deep-copied for every instance,
+    so it keeps the values it was declared with and no two configs share it.
+    """
     meta = {"help": help, "choices": choices}
-    if isinstance(default, (list, dict)):
-        return field(default_factory=lambda d=default: type(d)(d), metadata=meta)
-    if hasattr(default, "__dataclass_fields__"):
-        return field(default_factory=type(default), metadata=meta)
+    if isinstance(default, (list, dict)) or hasattr(default, "__dataclass_fields__"):
+        return field(default_factory=lambda d=default: copy.deepcopy(d), metadata=meta)
     return field(default=default, metadata=meta)

@@ -33,17 +33,28 @@ def embedded_experiment_path() -> Path:
 
 
 def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] = ()) -> Config:
-    """Resolve a config: the YAML at ``path`` (or the embedded tiny experiment), then overrides."""
-    source = Path(path) if path is not None else embedded_experiment_path()
-    data = read_yaml(source)
-    for item in overrides:
-        key, value = parse_override(item)
-        set_dotted(data, key, value)
-    cfg = from_dict(Config, data)
+    """Resolve a config: the YAML at ``path`` (or the embedded tiny experiment), then overrides, validated."""
+    cfg = build_config(path, overrides)
     from dapo_cli.config.validate import validate
 
     validate(cfg)
     return cfg
+
+
+def build_config(path: str | Path | None = None, overrides: typing.Sequence[str] = ()) -> Config:
+    """YAML + ``--set`` overrides, typed against the schema but not cross-field validated.
+
+    For callers that change the config further before validating it once
+    (``dapo train``'s technique toggles).
+    """
+    source = Path(path) if path is not None else embedded_experiment_path()
+    data = read_yaml(source)
+    for item in overrides:
+        key, value = parse_override(item)
+        if _leaf_type(key) is str:
+            value = _as_text(item.split("=", 1)[1], value)
+        set_dotted(data, key, value)
+    return from_dict(Config, data)
 
 
 def read_yaml(path: Path) -> dict[str, Any]:
@@ -78,6 +89,26 @@ def parse_override(item: str) -> tuple[str, Any]:
     return key, value
 
 
+def _leaf_type(key: str) -> Any:
+    """Schema type of dotted ``key`` (e.g. ``str`` for ``trainer.run_name``), or None if it is no leaf."""
+    tp: Any = Config
+    for part in key.split("."):
+        if not is_section(tp):
+            return None
+        hints = typing.get_type_hints(tp)
+        if part not in hints:
+            return None
+        tp = hints[part]
+    return None if is_section(tp) else tp
+
+
+def _as_text(raw: str, parsed: Any) -> Any:
+    """A string setting keeps what the user typed: ``001``, ``on``, ``1.10`` stay text, not 1, True, 1.1."""
+    if isinstance(parsed, (bool, int, float)):
+        return raw.strip()
+    return parsed
+
+
 def set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
     """Set ``data[a][b] = value`` for ``key = "a.b"``, creating sections as needed."""
     parts = key.split(".")
@@ -92,6 +123,8 @@ def set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
 
 def from_dict(cls: type, data: Any, prefix: str = "") -> Any:
     """Build dataclass ``cls`` from a mapping, typing every value and rejecting unknown keys."""
+    if data is None:  # a section left empty in YAML (`trainer:` with every key commented out)
+        data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"'{prefix or 'config'}' must be a mapping of keys, got {data!r}")
     hints = typing.get_type_hints(cls)

@@ -26,6 +26,7 @@ class DataConfig:
     synthetic_train_size: int = setting(4000, "problems generated for a synthetic:NAME training set")
     synthetic_val_size: int = setting(200, "problems generated for a synthetic:NAME validation set")
     train_batch_size: int = setting(512, "prompts per RL step (after dynamic sampling), verl data.train_batch_size")
+    gen_batch_size: int = setting(0, "prompts per generation round (0: train_batch_size); > train_batch_size oversamples for dynamic sampling")
     max_prompt_length: int = setting(2048, "prompts longer than this many tokens are dropped with a warning")
     shuffle: bool = setting(True, "shuffle the training prompts every epoch")
 
@@ -60,7 +61,7 @@ class OverlongBufferConfig:
 @dataclass
 class FilterGroupsConfig:
     enable: bool = setting(True, "dynamic sampling: keep only groups with mixed accuracy (DAPO Eq. 11)")
-    metric: str = setting("acc", "per-response value that must vary within a kept group", choices=("acc", "score"))
+    metric: str = setting("acc", "value that must vary within a kept group: raw accuracy, or the shaped reward", choices=("acc", "score"))
     max_num_gen_batches: int = setting(10, "generation rounds per step before giving up (<= 0: unlimited)")
     on_exhausted: str = setting("train", "when rounds run out: train on the groups kept so far, or stop with an error", choices=("train", "error"))
 

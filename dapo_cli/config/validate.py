@@ -30,6 +30,7 @@ def validate(cfg: Config) -> None:
     require(rollout.batch_size >= 0, "rollout.batch_size must be >= 0 (0 = all at once)")
     require(bool(data.train_files), "data.train_files is empty; give at least one dataset")
     require(data.train_batch_size >= 1, "data.train_batch_size must be >= 1")
+    require(data.gen_batch_size >= 0, "data.gen_batch_size must be >= 0 (0 = train_batch_size)")
     require(trainer.ppo_mini_batch_size >= 1, "trainer.ppo_mini_batch_size must be >= 1")
     require(
         data.train_batch_size % trainer.ppo_mini_batch_size == 0,

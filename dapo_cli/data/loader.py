@@ -1,0 +1,134 @@
+"""Training/validation prompts from dataset specs, and a resumable seeded prompt stream.
+
+A dataset spec is one of:
+
+* ``synthetic:NAME``: a task of :mod:`dapo_cli.data.synthetic`, generated in memory
+  (fixed generation seed :data:`SYNTHETIC_DATA_SEED`, so every run of an experiment
+  sees the same problems; ``trainer.seed`` only changes their order);
+* a path to a parquet or JSONL file, in the DAPO schema (``dapo prepare-data`` writes
+  them) or raw (converted on the fly);
+* a registered dataset name (``aime24``, ``amc23``, ...) from ``datasets/registry.yaml``.
+
+Everything but ``synthetic:NAME`` goes through :func:`dapo_cli.datasets.load_dataset_rows`,
+so training and ``dapo eval`` accept the same specs.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dapo_cli.data.schema import read_dapo_rows
+from dapo_cli.errors import UserError
+
+SYNTHETIC_PREFIX = "synthetic:"
+SYNTHETIC_DATA_SEED = 0
+"""Generation seed of synthetic datasets: the data are part of the experiment, not of the run seed."""
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One training/validation prompt: the chat-templated text and its ground truth."""
+
+    text: str
+    ground_truth: str
+    problem_id: str
+
+
+def load_rows(spec: str, *, split: str, synthetic_size: int) -> list[dict[str, Any]]:
+    """DAPO-schema rows for one dataset spec (see the module docstring)."""
+    if spec.startswith(SYNTHETIC_PREFIX):
+        from dapo_cli.data.synthetic import generate_rows
+
+        return generate_rows(spec[len(SYNTHETIC_PREFIX) :], synthetic_size, SYNTHETIC_DATA_SEED, split)
+    try:
+        from dapo_cli.datasets import load_dataset_rows
+    except ModuleNotFoundError as exc:  # without the registry module: DAPO parquet paths only
+        if exc.name != "dapo_cli.datasets":
+            raise
+        return read_dapo_rows(Path(spec))  # a missing file is "dataset file not found: ..."
+    rows, _ = load_dataset_rows(spec)  # paths and names, DAPO or raw (converted), parquet or JSONL
+    return rows
+
+
+def build_prompts(
+    rows: Sequence[dict[str, Any]],
+    format_prompt: Callable[[Sequence[dict[str, str]]], str],
+    count_tokens: Callable[[str], int],
+    max_prompt_length: int,
+) -> tuple[list[Prompt], int]:
+    """Template every row; drop prompts over ``max_prompt_length`` tokens. Returns (prompts, dropped)."""
+    prompts: list[Prompt] = []
+    dropped = 0
+    for i, row in enumerate(rows):
+        text = format_prompt(row["prompt"])
+        if count_tokens(text) > max_prompt_length:
+            dropped += 1
+            continue
+        extra = row.get("extra_info") or {}
+        pid = str(extra.get("index", i))
+        prompts.append(Prompt(text=text, ground_truth=str(row["reward_model"]["ground_truth"]), problem_id=pid))
+    return prompts, dropped
+
+
+def dataset_manifest(specs: Sequence[str], rows_per_spec: Sequence[int], synthetic_size: int) -> list[dict[str, Any]]:
+    """What a run trained/validated on: spec, rows, and the file hash or generation recipe."""
+    from dapo_cli.fileio import sha256_file
+
+    out = []
+    for spec, n in zip(specs, rows_per_spec):
+        entry: dict[str, Any] = {"spec": spec, "rows": n}
+        if spec.startswith(SYNTHETIC_PREFIX):
+            entry.update(generator=spec[len(SYNTHETIC_PREFIX) :], size=synthetic_size, seed=SYNTHETIC_DATA_SEED)
+        elif Path(spec).is_file():
+            entry.update(path=str(Path(spec).resolve()), sha256=sha256_file(spec))
+        out.append(entry)
+    return out
+
+
+class PromptStream:
+    """Endless seeded stream of prompts: a fresh permutation every epoch; state is (epoch, position).
+
+    ``next(k)`` returns the next ``k`` prompts, crossing epoch boundaries as needed.
+    The order depends only on ``(seed, epoch)``, so resuming from a saved state
+    replays exactly the same prompts.
+    """
+
+    def __init__(self, prompts: Sequence[Prompt], *, seed: int, shuffle: bool = True) -> None:
+        if not prompts:
+            raise UserError("the training set is empty after filtering; check data.train_files and data.max_prompt_length")
+        self.prompts = list(prompts)
+        self.seed = seed
+        self.shuffle = shuffle
+        self.epoch = 0
+        self.position = 0
+        self._order = self._permutation(0)
+
+    def _permutation(self, epoch: int) -> list[int]:
+        order = list(range(len(self.prompts)))
+        if self.shuffle:
+            random.Random(f"{self.seed}:{epoch}").shuffle(order)
+        return order
+
+    def next(self, k: int) -> list[Prompt]:
+        out: list[Prompt] = []
+        while len(out) < k:
+            if self.position >= len(self._order):
+                self.epoch += 1
+                self.position = 0
+                self._order = self._permutation(self.epoch)
+            take = min(k - len(out), len(self._order) - self.position)
+            out.extend(self.prompts[i] for i in self._order[self.position : self.position + take])
+            self.position += take
+        return out
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch = int(state["epoch"])
+        self.position = int(state["position"])
+        self._order = self._permutation(self.epoch)

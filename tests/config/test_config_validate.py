@@ -1,0 +1,121 @@
+"""Tests for ``dapo_cli.config.validate``: every check fails with the key and the fix, and its boundary passes.
+
+Configs are built from the schema defaults (the paper's values) and changed
+field by field, so these tests do not depend on ``experiments/tiny.yaml``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from dapo_cli.config import Config, ConfigError
+from dapo_cli.config.validate import validate
+
+
+def changed(**paths: object) -> Config:
+    """``Config()`` with ``section__field[__sub]=value`` changes applied."""
+    cfg = Config()
+    for path, value in paths.items():
+        *parents, leaf = path.split("__")
+        node: object = cfg
+        for name in parents:
+            node = getattr(node, name)
+        assert hasattr(node, leaf), path
+        setattr(node, leaf, value)
+    return cfg
+
+
+def test_schema_defaults_are_valid() -> None:
+    validate(Config())
+
+
+# (changes, fragment of the message): each must name the key and say what to do
+INVALID: list[tuple[dict[str, object], str]] = [
+    # the classes the issue names
+    ({"algorithm__clip_ratio_high": -0.01}, "algorithm.clip_ratio_high=-0.01 must be >= 0; the paper uses 0.28"),
+    (
+        {"algorithm__overlong_buffer__len": 20481},
+        "algorithm.overlong_buffer.len=20481 must be in (0, rollout.max_response_length=20480]; lower it or raise max_response_length",
+    ),
+    ({"rollout__n": 1}, "rollout.n=1: group advantages (grpo) need at least 2 responses per prompt; set rollout.n >= 2"),
+    ({"rollout__n": 0, "algorithm__adv_estimator": "rloo"}, "rollout.n=0: group advantages (rloo) need at least 2"),
+    (
+        {"data__train_batch_size": 500},
+        "data.train_batch_size=500 must be a multiple of trainer.ppo_mini_batch_size=32",
+    ),
+    # the rest
+    ({"algorithm__clip_ratio_low": 0.0}, "algorithm.clip_ratio_low=0.0 must be in (0, 1); the paper uses 0.2"),
+    ({"algorithm__clip_ratio_low": 1.0}, "algorithm.clip_ratio_low=1.0 must be in (0, 1)"),
+    ({"algorithm__clip_ratio_c": 1.0}, "algorithm.clip_ratio_c=1.0 must be > 1 (e.g. 3.0) or null"),
+    ({"algorithm__overlong_buffer__len": 0}, "algorithm.overlong_buffer.len=0 must be in (0,"),
+    ({"algorithm__overlong_buffer__penalty_factor": -1.0}, "algorithm.overlong_buffer.penalty_factor=-1.0 must be >= 0"),
+    ({"rollout__max_response_length": 0, "algorithm__overlong_buffer__enable": False}, "rollout.max_response_length must be >= 1"),
+    ({"rollout__temperature": 0.0}, "rollout.temperature=0.0 must be > 0"),
+    ({"rollout__top_p": 0.0}, "rollout.top_p=0.0 must be in (0, 1]"),
+    ({"rollout__top_p": 1.01}, "rollout.top_p=1.01 must be in (0, 1]"),
+    ({"rollout__top_k": -1}, "rollout.top_k must be >= 0 (0 = off)"),
+    ({"rollout__batch_size": -1}, "rollout.batch_size must be >= 0"),
+    ({"data__train_files": []}, "data.train_files is empty; give at least one dataset"),
+    ({"data__train_batch_size": 0}, "data.train_batch_size must be >= 1"),
+    ({"trainer__ppo_mini_batch_size": 0}, "trainer.ppo_mini_batch_size must be >= 1"),
+    ({"trainer__ppo_micro_batch_size": 0}, "trainer.ppo_micro_batch_size must be >= 1"),
+    ({"trainer__ppo_epochs": 0}, "trainer.ppo_epochs must be >= 1"),
+    ({"trainer__total_steps": 0}, "trainer.total_steps must be >= 1"),
+    ({"trainer__lr": 0.0}, "trainer.lr=0.0 must be > 0"),
+    ({"trainer__lr": float("nan")}, "trainer.lr=nan must be > 0"),
+    ({"trainer__lr_warmup_steps": -1}, "trainer.lr_warmup_steps must be >= 0"),
+    ({"validation__k": 0}, "validation.k=0 must be >= 1"),
+    ({"validation__top_p": 0.0}, "validation.top_p must be in (0, 1]"),
+    ({"eval__avg_k": 0}, "eval.avg_k=0 must be >= 1"),
+    ({"eval__pass_k": [1, 0, -2]}, "eval.pass_k has values < 1: [0, -2]"),
+    ({"ablate__seeds": 0}, "ablate.seeds must be >= 1"),
+    ({"engine__zero_stage": 4}, "engine.zero_stage must be 0, 1, 2 or 3"),
+]
+
+
+@pytest.mark.parametrize(("changes", "message"), INVALID, ids=[next(iter(c)) for c, _ in INVALID])
+def test_invalid_value_names_the_key_and_the_fix(changes: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        validate(changed(**changes))
+    assert message in str(info.value)
+
+
+VALID_BOUNDARIES: list[dict[str, object]] = [
+    {"algorithm__clip_ratio_high": 0.0},  # >= 0 is allowed (clip_ratio_high < clip_ratio_low is odd, not invalid)
+    {"algorithm__clip_ratio_high": 0.2},  # = clip_ratio_low: clip-higher off
+    {"algorithm__overlong_buffer__len": 20480},  # = max_response_length
+    {"algorithm__overlong_buffer__len": 99999, "algorithm__overlong_buffer__enable": False},  # unchecked when off
+    {"algorithm__overlong_buffer__penalty_factor": 0.0},
+    {"algorithm__clip_ratio_c": 1.0001},
+    {"algorithm__clip_ratio_c": None},
+    {"rollout__n": 2},
+    {"rollout__top_p": 1.0},
+    {"rollout__top_k": 0},
+    {"data__train_batch_size": 32},  # = ppo_mini_batch_size
+    {"data__train_batch_size": 64, "trainer__ppo_mini_batch_size": 64},
+    {"trainer__lr_warmup_steps": 0},
+    {"eval__pass_k": [1]},
+    {"engine__zero_stage": 0},
+]
+
+
+@pytest.mark.parametrize("changes", VALID_BOUNDARIES, ids=[",".join(c) for c in VALID_BOUNDARIES])
+def test_boundary_values_pass(changes: dict[str, object]) -> None:
+    validate(changed(**changes))
+
+
+@pytest.mark.parametrize(
+    ("tweak", "fragment"),
+    [
+        (lambda c: setattr(c.algorithm, "clip_ratio_high", -1.0), "clip_ratio_high"),
+        (lambda c: setattr(c.rollout, "n", 1), "rollout.n"),
+    ],
+)
+def test_errors_are_one_line(tweak: Callable[[Config], None], fragment: str) -> None:
+    cfg = Config()
+    tweak(cfg)
+    with pytest.raises(ConfigError) as info:
+        validate(cfg)
+    assert fragment in str(info.value) and "\n" not in str(info.value)

@@ -1,0 +1,222 @@
+"""Tracking against a real MLflow SQLite store in a temporary directory.
+
+Creating the store's tables takes seconds, so one store serves the whole module
+(each test uses its own experiment). The module runs from an empty working
+directory, to catch anything MLflow would write relative to it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+pytest.importorskip("mlflow")
+
+from dapo_cli.config import Config, flatten  # noqa: E402
+from dapo_cli.errors import UserError  # noqa: E402
+from dapo_cli.tracking import NullTracker, start_run  # noqa: E402
+from dapo_cli.tracking.mlflow import (  # noqa: E402
+    DEFAULT_TRACKING_URI,
+    MAX_PARAM_CHARS,
+    MlflowTracker,
+    _param_value,
+    download_artifact,
+    resolve_tracking_uri,
+    sqlite_artifact_location,
+)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace]:
+    """A SQLite store in ``<tmp>/db/``; the tests run from ``<tmp>/cwd/``."""
+    root = tmp_path_factory.mktemp("tracking")
+    (root / "db").mkdir()
+    (root / "cwd").mkdir()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(root / "cwd")
+        mp.delenv("MLFLOW_TRACKING_URI", raising=False)
+        uri = f"sqlite:///{root / 'db' / 'mlflow.db'}"  # absolute path: sqlite:////...
+        from mlflow import MlflowClient
+
+        yield SimpleNamespace(root=root, uri=uri, client=MlflowClient(tracking_uri=uri))
+
+
+def cfg(store: SimpleNamespace, experiment: str) -> SimpleNamespace:
+    """A ``TrackingConfig``-like object (the tracker reads only these three fields)."""
+    return SimpleNamespace(backend="mlflow", tracking_uri=store.uri, experiment=experiment)
+
+
+def test_params_tags_metrics_artifacts_and_table(store: SimpleNamespace) -> None:
+    params = flatten(Config())
+    with start_run(cfg(store, "basic"), "run-a", tags={"dapo.variant": "dapo", "seed": 0}) as tracker:
+        run_id = tracker.run_id
+        tracker.log_params(params)
+        tracker.set_tags({"dapo.stage": "train"})
+        tracker.log_dict({"b": [1, 2], "a": "x"}, "config/resolved.json")
+        tracker.log_text("hello\n", "notes/readme.txt")
+        tracker.log_table(
+            [{"prompt": "1+1", "score": 1.0, "acc": True, "ids": [1, 2]}, {"prompt": "2+2", "score": -1.0, "acc": False, "ids": None}],
+            "samples/step_1.json",
+        )
+        tracker.log_table([], "samples/empty.json")  # nothing to log: no artifact
+    run = store.client.get_run(run_id)
+    assert run.info.status == "FINISHED"
+    assert run.info.run_name == "run-a"
+    # params: the flattened config, every value as text (lists as JSON)
+    assert run.data.params == {k: _param_value(v) for k, v in params.items()}
+    assert run.data.params["algorithm.clip_ratio_high"] == "0.28"
+    assert run.data.params["eval.pass_k"] == "[1, 8, 32]"
+    assert run.data.params["algorithm.clip_ratio_c"] == "None"
+    assert run.data.tags["dapo.variant"] == "dapo"
+    assert run.data.tags["seed"] == "0"
+    assert run.data.tags["dapo.stage"] == "train"
+
+    assert json.loads(download_artifact(store.uri, run_id, "config/resolved.json").read_text()) == {"a": "x", "b": [1, 2]}
+    assert download_artifact(store.uri, run_id, "notes/readme.txt").read_text() == "hello\n"
+    table = json.loads(download_artifact(store.uri, run_id, "samples/step_1.json").read_text())
+    assert table["columns"] == ["prompt", "score", "acc", "ids"]
+    assert table["data"] == [["1+1", 1.0, True, "[1, 2]"], ["2+2", -1.0, False, None]]
+    names = {f.path for f in store.client.list_artifacts(run_id, "samples")}
+    assert names == {"samples/step_1.json"}
+
+
+def test_artifacts_live_beside_the_database_not_in_the_working_directory(store: SimpleNamespace) -> None:
+    with start_run(cfg(store, "where/artifacts go"), "run") as tracker:
+        tracker.log_text("x", "a.txt")
+        run_id = tracker.run_id
+    exp = store.client.get_experiment_by_name("where/artifacts go")
+    expected = store.root / "db" / "mlartifacts" / "where_artifacts_go"
+    assert exp.artifact_location == expected.as_uri()
+    assert (expected / run_id / "artifacts" / "a.txt").read_text() == "x"
+    assert list((store.root / "cwd").iterdir()) == []  # no ./mlruns, no ./mlartifacts
+
+
+def test_one_batched_call_per_step_lands_every_metric_at_its_step(store: SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> None:
+    with start_run(cfg(store, "metrics"), "run") as tracker:
+        calls: list[dict[str, Any]] = []
+        original = tracker.client.log_batch
+
+        def spy(run_id: str, **kwargs: Any) -> None:
+            calls.append(kwargs)
+            original(run_id, **kwargs)
+
+        monkeypatch.setattr(tracker.client, "log_batch", spy)
+        for step in (1, 2, 3):
+            tracker.log_metrics(
+                {"reward/score_mean": 0.5 * step, "actor/clipfrac_high": 0.01 * step, "response/len_mean": 10 * step},
+                step=step,
+            )
+        tracker.log_metrics({"actor/loss": float("nan"), "actor/kl": None, "actor/entropy": 1.5}, step=4)  # type: ignore[dict-item]
+        run_id = tracker.run_id
+    assert len(calls) == 4  # one call per step, never one per metric
+    assert [len(c["metrics"]) for c in calls] == [3, 3, 3, 1]  # non-finite and None values are dropped
+    history = store.client.get_metric_history(run_id, "reward/score_mean")
+    assert [(m.step, m.value) for m in history] == [(1, 0.5), (2, 1.0), (3, 1.5)]
+    history = store.client.get_metric_history(run_id, "response/len_mean")
+    assert [(m.step, m.value) for m in history] == [(1, 10.0), (2, 20.0), (3, 30.0)]
+    assert [(m.step, m.value) for m in store.client.get_metric_history(run_id, "actor/entropy")] == [(4, 1.5)]
+    assert store.client.get_metric_history(run_id, "actor/loss") == []
+
+
+def test_child_run_is_nested_under_its_parent(store: SimpleNamespace) -> None:
+    with start_run(cfg(store, "ablation"), "ladder") as parent:
+        with start_run(cfg(store, "ablation"), "grpo-seed0", parent_run_id=parent.run_id, tags={"variant": "grpo"}) as child:
+            child_id = child.run_id
+        parent_id = parent.run_id
+    child_run = store.client.get_run(child_id)
+    assert child_run.data.tags["mlflow.parentRunId"] == parent_id
+    assert child_run.data.tags["variant"] == "grpo"
+    assert child_run.info.status == "FINISHED"
+    assert "mlflow.parentRunId" not in store.client.get_run(parent_id).data.tags
+
+
+def test_resume_keeps_params_and_status_follows_the_resumed_session(store: SimpleNamespace) -> None:
+    with pytest.raises(RuntimeError):
+        with start_run(cfg(store, "resume"), "run") as first:
+            first.log_params({"trainer.lr": 1e-4, "trainer.seed": 0})
+            first.log_metrics({"m": 1.0}, step=1)
+            raise RuntimeError("preempted")
+    run_id = first.run_id
+    assert store.client.get_run(run_id).info.status == "FAILED"
+
+    with start_run(cfg(store, "resume"), "ignored-name", resume_run_id=run_id) as again:
+        assert again.run_id == run_id
+        assert store.client.get_run(run_id).info.status == "RUNNING"
+        # params are immutable in MLflow: a resumed run keeps its originals and may add new ones
+        again.log_params({"trainer.lr": 5e-4, "trainer.total_steps": 60})
+        again.log_metrics({"m": 2.0}, step=2)
+    run = store.client.get_run(run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.params == {"trainer.lr": "0.0001", "trainer.seed": "0", "trainer.total_steps": "60"}
+    assert [(m.step, m.value) for m in store.client.get_metric_history(run_id, "m")] == [(1, 1.0), (2, 2.0)]
+    assert len(store.client.search_runs([store.client.get_experiment_by_name("resume").experiment_id])) == 1
+
+
+def test_resuming_an_unknown_run_is_a_user_error(store: SimpleNamespace) -> None:
+    with pytest.raises(UserError, match=f"MLflow store {store.uri} failed"):
+        MlflowTracker(store.uri, "resume", "x", resume_run_id="0" * 32)
+
+
+def test_exception_ends_the_run_failed_and_propagates(store: SimpleNamespace) -> None:
+    with pytest.raises(ValueError, match="boom"):
+        with start_run(cfg(store, "failures"), "crash") as tracker:
+            raise ValueError("boom")
+    assert store.client.get_run(tracker.run_id).info.status == "FAILED"
+    with pytest.raises(KeyboardInterrupt):
+        with start_run(cfg(store, "failures"), "ctrl-c") as tracker:
+            raise KeyboardInterrupt
+    assert store.client.get_run(tracker.run_id).info.status == "KILLED"
+
+
+def test_long_param_values_are_truncated() -> None:
+    assert _param_value("x" * MAX_PARAM_CHARS) == "x" * MAX_PARAM_CHARS
+    long = _param_value("x" * (MAX_PARAM_CHARS + 1))
+    assert len(long) == MAX_PARAM_CHARS and long.endswith("...")
+    assert _param_value({"a": [1]}) == '{"a": [1]}'
+    assert _param_value(None) == "None"
+
+
+def test_null_tracker_accepts_everything(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    with start_run(SimpleNamespace(backend="null", tracking_uri="", experiment="x"), "run", tags={"a": 1}) as tracker:
+        assert isinstance(tracker, NullTracker)
+        assert tracker.run_id == ""
+        tracker.log_params(flatten(Config()))
+        tracker.set_tags({"a": 1})
+        tracker.log_metrics({"a": 1.0, "b": math.nan}, step=3)
+        tracker.log_metrics({})
+        tracker.log_artifact(tmp_path / "does-not-exist.txt", "x")
+        tracker.log_text("t", "t.txt")
+        tracker.log_dict({"a": object()}, "d.json")
+        tracker.log_table([{"a": 1}], "t.json")
+    with pytest.raises(ValueError):
+        with start_run(SimpleNamespace(backend="null", tracking_uri="", experiment="x"), "run"):
+            raise ValueError
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_tracking_uri_resolution(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert resolve_tracking_uri("") == DEFAULT_TRACKING_URI == "sqlite:///mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://server:5000")
+    assert resolve_tracking_uri("") == "http://server:5000"
+    assert resolve_tracking_uri("sqlite:///x.db") == "sqlite:///x.db"  # the config wins
+
+
+def test_sqlite_artifact_location(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    # sqlite:///rel.db is relative to the working directory; sqlite:////abs.db absolute
+    assert sqlite_artifact_location("sqlite:///mlflow.db", "dapo") == (tmp_path / "mlartifacts" / "dapo").as_uri()
+    assert sqlite_artifact_location("sqlite:///runs/m.db", "dapo-tiny") == (tmp_path / "runs" / "mlartifacts" / "dapo-tiny").as_uri()
+    assert sqlite_artifact_location("sqlite:////srv/ml/m.db?timeout=5", "e") == "file:///srv/ml/mlartifacts/e"
+    assert sqlite_artifact_location("sqlite:////srv/m.db", "../../etc x") == "file:///srv/mlartifacts/_.._etc_x"  # no separator survives
+    assert sqlite_artifact_location("sqlite:///:memory:", "e") is None
+    assert sqlite_artifact_location("sqlite://", "e") is None
+    assert sqlite_artifact_location("http://server:5000", "e") is None
+    assert sqlite_artifact_location("file:///tmp/mlruns", "e") is None
