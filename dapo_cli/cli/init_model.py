@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -14,16 +16,43 @@ def init_model(
     config: ConfigArg = None,
     sets: SetOption = None,
     output: Annotated[
-        str | None, typer.Option("--output", "-o", help="Directory to write the model to (default: the builtin:tiny cache).")
+        str | None, typer.Option("--output", "-o", help="Write the model here instead of the builtin:tiny cache.")
     ] = None,
-    force: Annotated[bool, typer.Option("--force", help="Rebuild even if the cached model exists.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Rebuild even if the model already exists.")] = False,
 ) -> None:
-    """Build the tiny character-level policy with a supervised warm-start (deterministic, a few minutes on 2 cores)."""
-    from dapo_cli.models.init import run_init_model
+    """Build the tiny character-level policy with its supervised warm-start (deterministic; minutes on 2 cores).
+
+    `dapo train` builds it on first use too; this command does it ahead of time and shows
+    the base accuracy that RL starts from.
+    """
+    import json
+
+    from dapo_cli.fileio import atomic_dir
+    from dapo_cli.models import default_cache_dir, resolve_model, warm_start
+    from dapo_cli.models.warmstart import MODEL_CARD
 
     cfg = resolve(config, sets)
-    summary = run_init_model(cfg, output=output, force=force)
+    if output is not None:
+        path = Path(output)
+        if path.exists() and not force:
+            raise_exists(path)
+        with atomic_dir(path) as tmp:
+            warm_start(cfg.model.tiny, tmp)
+    else:
+        path = default_cache_dir() / f"tiny-{cfg.model.tiny.fingerprint()}"
+        if force and path.exists():
+            shutil.rmtree(path)
+        path = resolve_model("builtin:tiny", cfg.model.tiny)
+    card = json.loads((path / MODEL_CARD).read_text(encoding="utf-8"))
     console.print(
-        f"tiny model at [bold]{summary['path']}[/]: base accuracy {summary['base_acc']:.1%} at T=1.0, "
-        f"{summary['base_acc_greedy']:.1%} greedy ({summary['sft_steps']} warm-start steps)"
+        f"tiny policy at [bold]{path}[/] ({card['num_parameters']:,} parameters, task {card['config']['task']}, "
+        f"{card['sft_steps']} warm-start steps): base accuracy {card['base_accuracy_t1']:.1%} at T=1.0, "
+        f"{card['base_accuracy_greedy']:.1%} greedy on {card['eval_problems']} held-out problems",
+        highlight=False,
     )
+
+
+def raise_exists(path: Path) -> None:
+    from dapo_cli.errors import UserError
+
+    raise UserError(f"{path} already exists; pass --force to rebuild it")

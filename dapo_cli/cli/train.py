@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import sys
+import shlex
 from typing import Annotated
 
 import typer
@@ -43,4 +43,24 @@ def train(
         return
     from dapo_cli.train import run_train
 
-    run_train(cfg, resume=resume, command=" ".join(["dapo", *sys.argv[1:]]))
+    toggles = {
+        "clip-higher": clip_higher,
+        "dynamic-sampling": dynamic_sampling,
+        "token-level-loss": token_level_loss,
+        "overlong-shaping": overlong_shaping,
+        "overlong-filtering": overlong_filtering,
+    }
+    run_train(cfg, resume=resume, command=command_line("train", config, sets, toggles, resume=resume))
+
+
+def command_line(
+    name: str, config: str | None, sets: list[str] | None, toggles: dict[str, bool | None], *, resume: bool = False
+) -> str:
+    """The command as parsed (recorded as the run's ``dapo.command`` tag), quoted for a shell."""
+    words = ["dapo", name, *([config] if config else [])]
+    for item in sets or ():
+        words += ["--set", item]
+    words += [f"--{k}" if v else f"--no-{k}" for k, v in toggles.items() if v is not None]
+    if resume:
+        words.append("--resume")
+    return shlex.join(words)

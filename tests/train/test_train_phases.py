@@ -1,0 +1,132 @@
+"""The trainer's phases with scripted rollouts: each DAPO technique's observable effect."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from fakes import ScriptedRollout  # noqa: E402
+
+from dapo_cli.config import apply_techniques, load_config  # noqa: E402
+from dapo_cli.data.loader import Prompt, PromptStream  # noqa: E402
+from dapo_cli.errors import UserError  # noqa: E402
+from dapo_cli.train import collect_batch, compute_advantages, score_and_shape  # noqa: E402
+
+# Prompt "pK" has ground truth "K". Its kind decides how the G=4 samples answer:
+#   all-right prompts (K % 3 == 0), all-wrong (K % 3 == 1), mixed 2/4 (K % 3 == 2).
+PROMPTS = [Prompt(text=f"p{k}", ground_truth=str(k), problem_id=str(k)) for k in range(12)]
+
+
+def answer_script(prompt: str, j: int) -> tuple[str, int, bool]:
+    k = int(prompt[1:])
+    kind = k % 3
+    right = kind == 0 or (kind == 2 and j < 2)
+    return (f"Answer: {k if right else k + 100}", 4, False)
+
+
+def make_cfg(**sets: object):
+    overrides = [f"{k}={v}" for k, v in {
+        "rollout.n": 4, "data.train_batch_size": 2, "trainer.ppo_mini_batch_size": 1,
+        "rollout.max_response_length": 10, "algorithm.overlong_buffer.len": 4, **sets,
+    }.items()]
+    return load_config(None, overrides)
+
+
+def collect(cfg, script=answer_script, prompts=PROMPTS):
+    stream = PromptStream(prompts, seed=0, shuffle=False)
+    rollout = ScriptedRollout(script)
+    return collect_batch(rollout, stream, cfg, step=1, pad_id=0), rollout
+
+
+def test_dynamic_sampling_keeps_only_mixed_groups_and_fills_the_batch():
+    cfg = make_cfg()
+    collected, rollout = collect(cfg)
+    batch = collected.batch
+    # Rounds of 2 prompts in stream order: (p0 right, p1 wrong) keeps nothing,
+    # (p2 mixed, p3 right) keeps p2, (p4 wrong, p5 mixed) keeps p5 → 2 groups after 3 rounds.
+    assert rollout.calls == [2, 2, 2]
+    assert sorted(set(batch.ground_truths)) == ["2", "5"]
+    for g in batch.group_ids.unique():
+        acc = batch.acc[batch.group_ids == g].float()
+        assert 0 < acc.mean() < 1  # every trained group has non-constant accuracy
+    assert collected.metrics["train/num_gen_batches"] == 3
+    assert collected.metrics["train/samples_generated"] == 24
+    assert collected.metrics["train/kept_group_frac"] == pytest.approx(2 / 6)
+    assert len(collected.generated) == 24
+
+
+def test_without_dynamic_sampling_one_round_trains_every_group():
+    cfg = apply_techniques(make_cfg(), dynamic_sampling=False)
+    collected, rollout = collect(cfg)
+    assert rollout.calls == [2]
+    assert sorted(set(collected.batch.ground_truths)) == ["0", "1"]  # all-right and all-wrong groups stay
+    assert collected.metrics["train/kept_group_frac"] == 0.0  # neither carries signal
+    compute_advantages(collected.batch, cfg)
+    assert torch.all(collected.batch.advantages == 0)
+
+
+def test_dynamic_sampling_exhausted_trains_on_partial_or_raises():
+    cfg = make_cfg(**{"algorithm.filter_groups.max_num_gen_batches": 2})
+    collected, rollout = collect(cfg)
+    assert rollout.calls == [2, 2]
+    assert sorted(set(collected.batch.ground_truths)) == ["2"]  # one of the two groups wanted
+    cfg = make_cfg(**{"algorithm.filter_groups.max_num_gen_batches": 2, "algorithm.filter_groups.on_exhausted": "error"})
+    with pytest.raises(UserError, match="dynamic sampling kept 1/2 groups in 2 rounds"):
+        collect(cfg)
+
+
+def test_dynamic_sampling_with_no_informative_group_returns_no_batch():
+    cfg = make_cfg(**{"algorithm.filter_groups.max_num_gen_batches": 1})
+    collected, _ = collect(cfg)  # first round: p0 all right, p1 all wrong
+    assert collected.batch is None
+    assert collected.metrics["train/kept_group_frac"] == 0.0
+
+
+def lengths_script(prompt: str, j: int) -> tuple[str, int, bool]:
+    # lengths 5, 8, 10 (truncated), 3 for the four samples; all answer correctly.
+    length, truncated = [(5, False), (8, False), (10, True), (3, False)][j]
+    return (f"Answer: {prompt[1:]}", length, truncated)
+
+
+def test_soft_overlong_punishment_shapes_rewards_in_the_buffer():
+    # L_max = 10, L_cache = 4: no penalty up to 6; inside the buffer ((10-4) - L)/4:
+    #   L=5 → 0; L=8 → (6-8)/4 = -0.5; L=10 → (6-10)/4 = -1.0; L=3 → 0.
+    cfg = apply_techniques(make_cfg(), dynamic_sampling=False, overlong_shaping=True)
+    batch = collect(cfg, lengths_script)[0].batch
+    assert batch.scores[:4].tolist() == [1.0, 1.0, 1.0, 1.0]
+    assert batch.rewards[:4].tolist() == pytest.approx([1.0, 0.5, 0.0, 1.0], abs=1e-6)
+    off = apply_techniques(cfg, overlong_shaping=False)
+    batch = collect(off, lengths_script)[0].batch
+    assert torch.equal(batch.rewards, batch.scores)
+
+
+def test_overlong_filtering_drops_truncated_responses_from_the_loss():
+    cfg = apply_techniques(make_cfg(), dynamic_sampling=False, overlong_filtering=True)
+    batch = collect(cfg, lengths_script)[0].batch
+    assert batch.loss_mask[2].sum() == 0 and batch.response_mask[2].sum() == 10
+    assert torch.equal(batch.loss_mask[[0, 1, 3]], batch.response_mask[[0, 1, 3]])
+    off = apply_techniques(cfg, overlong_filtering=False)
+    batch = collect(off, lengths_script)[0].batch
+    assert torch.equal(batch.loss_mask, batch.response_mask)
+
+
+def test_dynamic_sampling_on_shaped_score_keeps_groups_that_differ_only_in_length():
+    # All four samples are right (acc constant) but their shaped rewards differ (lengths 5, 8, 10, 3).
+    cfg = make_cfg(**{"algorithm.filter_groups.metric": "score", "algorithm.filter_groups.max_num_gen_batches": 1})
+    assert collect(cfg, lengths_script)[0].batch is not None
+    cfg = dataclasses.replace(cfg, algorithm=dataclasses.replace(cfg.algorithm, filter_groups=dataclasses.replace(cfg.algorithm.filter_groups, metric="acc")))
+    assert collect(cfg, lengths_script)[0].batch is None
+
+
+def test_score_and_shape_uses_the_configured_verifier():
+    cfg = apply_techniques(make_cfg(**{"reward.verifier": "strict_box"}), dynamic_sampling=False)
+    batch = collect(cfg)[0].batch  # "Answer: K" has no \boxed{} → strict_box marks all wrong
+    assert not batch.acc.any()
+    score_and_shape(batch, make_cfg())
+    assert batch.acc.any()
