@@ -271,6 +271,11 @@ class TrainingSession:
         )
         metrics = tracking_metrics(result.metrics, "val/")
         tracker.log_metrics(metrics, step=step)
+        # per-problem correct counts: what paired comparisons between runs (dapo ablate/report) need
+        tracker.log_table(
+            [{k: row[k] for k in ("problem_id", "correct", "samples", "majority", "ground_truth")} for row in result.per_problem],
+            f"val/per_problem_step_{step:06d}.json",
+        )
         acc = result.metrics.get(f"avg@{v.k}")
         if acc is not None:
             if step == 0:

@@ -37,7 +37,10 @@ def policy_forward(
     position_ids = (attention.long().cumsum(-1) - 1).clamp(min=0)
     t = batch.response_ids.shape[1]
     out = model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids, logits_to_keep=t + 1, use_cache=False)
-    logits = out.logits[:, :-1, :].float() / temperature
+    logits = out.logits[:, :-1, :]
+    if logits.dtype in (torch.float16, torch.bfloat16):  # log-softmax in at least float32
+        logits = logits.float()
+    logits = logits / temperature
     logp = token_log_probs(logits, batch.response_ids.to(device))
     ent = entropy_from_logits(logits) if with_entropy else None
     return logp, ent
