@@ -1,0 +1,218 @@
+"""Named datasets (``aime24``, ``dapo-math-17k``, …) resolved to local files, and dataset loading.
+
+The registry is data: ``datasets/registry.yaml`` (shipped in the package as
+``dapo_cli/presets/datasets.yaml``). A name resolves to a local file, first found of:
+
+1. ``$DAPO_DATA_DIR/<filename>`` when ``DAPO_DATA_DIR`` is set;
+2. ``$DAPO_CACHE/datasets/<filename>`` (``~/.cache/dapo/datasets/`` by default);
+3. a download from the public Hugging Face hub into that cache (entries with a
+   ``repo_id`` only), which fails with a one-line :class:`UserError` saying which
+   file to place where when the machine is offline or the hub unreachable.
+
+A known ``sha256`` is verified every time a file is resolved.
+
+:func:`load_dataset_rows` turns any dataset spec (a path or a name) into DAPO-schema
+rows: DAPO parquet or JSONL directly, raw files (``problem``/``answer`` …) through
+the ``dapo prepare-data`` library.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from dapo_cli.data.schema import read_dapo_rows
+from dapo_cli.errors import UserError
+from dapo_cli.fileio import atomic_path, sha256_file
+
+REGISTRY_RESOURCE = "datasets.yaml"
+FORMATS = ("dapo", "raw")
+
+
+@dataclass(frozen=True)
+class DatasetEntry:
+    """One registered dataset (see the header of ``datasets/registry.yaml`` for the fields)."""
+
+    name: str
+    filename: str
+    format: str
+    description: str
+    license: str
+    source_url: str
+    repo_id: str | None = None
+    path_in_repo: str | None = None
+    sha256: str | None = None
+    num_rows: int | None = None
+
+
+def registry_path() -> Path:
+    """The registry file inside the installed package."""
+    return Path(str(resources.files("dapo_cli") / "presets" / REGISTRY_RESOURCE))
+
+
+def parse_registry(data: Any) -> dict[str, DatasetEntry]:
+    """Validate the registry mapping ``name -> fields`` into :class:`DatasetEntry` objects."""
+    if not isinstance(data, dict) or not data:
+        raise ValueError("the dataset registry must be a non-empty mapping of name -> entry")
+    entries: dict[str, DatasetEntry] = {}
+    for name, fields in data.items():
+        try:
+            entry = DatasetEntry(name=str(name), **fields)
+        except TypeError as exc:
+            raise ValueError(f"dataset registry entry {name!r}: {exc}") from None
+        if entry.format not in FORMATS:
+            raise ValueError(f"dataset registry entry {name!r}: format must be one of {', '.join(FORMATS)}")
+        if entry.repo_id is not None and entry.path_in_repo is None:
+            raise ValueError(f"dataset registry entry {name!r}: repo_id needs path_in_repo")
+        entries[entry.name] = entry
+    return entries
+
+
+@lru_cache(maxsize=1)
+def load_registry() -> dict[str, DatasetEntry]:
+    """Every registered dataset by name."""
+    return parse_registry(yaml.safe_load(registry_path().read_text(encoding="utf-8")))
+
+
+def get_dataset_entry(name: str) -> DatasetEntry:
+    """The registry entry ``name``; an unknown name raises :class:`UserError` listing the valid ones."""
+    registry = load_registry()
+    if name not in registry:
+        raise UserError(
+            f"unknown dataset '{name}' (not a file either); registered names: {', '.join(registry)}"
+        )
+    return registry[name]
+
+
+def cache_dir() -> Path:
+    """Where downloaded datasets live: ``$DAPO_CACHE/datasets`` or ``~/.cache/dapo/datasets``."""
+    root = os.environ.get("DAPO_CACHE")
+    return (Path(root) if root else Path.home() / ".cache" / "dapo") / "datasets"
+
+
+def candidate_paths(entry: DatasetEntry) -> list[Path]:
+    """Local places checked for ``entry``'s file, in order."""
+    paths = []
+    data_dir = os.environ.get("DAPO_DATA_DIR")
+    if data_dir:
+        paths.append(Path(data_dir) / entry.filename)
+    paths.append(cache_dir() / entry.filename)
+    return paths
+
+
+def verify_sha256(path: Path, entry: DatasetEntry) -> Path:
+    """``path`` when its sha256 matches the registry (or none is known); UserError otherwise."""
+    if entry.sha256 is not None:
+        actual = sha256_file(path)
+        if actual != entry.sha256:
+            raise UserError(
+                f"{path} does not match the registered '{entry.name}' file (sha256 {actual[:12]}…, "
+                f"expected {entry.sha256[:12]}…); remove it or pass the file as a path"
+            )
+    return path
+
+
+def download(entry: DatasetEntry, target: Path) -> Path:
+    """Fetch ``entry`` from the Hugging Face hub to ``target`` (atomically, sha256 checked)."""
+    where = ", or ".join(str(p) for p in candidate_paths(entry))
+    if entry.repo_id is None or entry.path_in_repo is None:
+        raise UserError(
+            f"dataset '{entry.name}' is not cached and has no hub copy: download {entry.source_url} "
+            f"and place it at {where} (or pass its path)"
+        )
+    from huggingface_hub import hf_hub_download
+
+    from dapo_cli.models.loading import hub_offline, hub_reachable
+
+    if hub_offline() or not hub_reachable():  # fail in seconds, not after the hub client's retries
+        raise UserError(
+            f"dataset '{entry.name}' is not cached and the hub cannot be reached (offline); "
+            f"place {entry.filename} from {entry.source_url} at {where} (or pass its path)"
+        )
+    with tempfile.TemporaryDirectory(prefix="dapo-download-") as tmp:
+        try:
+            fetched = Path(
+                hf_hub_download(entry.repo_id, entry.path_in_repo, repo_type="dataset", cache_dir=tmp)
+            )
+        except Exception as exc:  # any failure of the network call: offline, DNS, HTTP, hub errors
+            reason = (str(exc).split(". ")[0].splitlines() or [type(exc).__name__])[0]
+            raise UserError(
+                f"cannot download dataset '{entry.name}' from the hub ({type(exc).__name__}: {reason}); "
+                f"place {entry.filename} from {entry.source_url} at {where} (or pass its path)"
+            ) from None
+        verify_sha256(fetched, entry)
+        with atomic_path(target) as part:
+            shutil.copyfile(fetched, part)
+    return target
+
+
+def resolve_dataset(name: str) -> Path:
+    """The local file of registered dataset ``name`` (found, or downloaded when online)."""
+    entry = get_dataset_entry(name)
+    for path in candidate_paths(entry):
+        if path.is_file():
+            return verify_sha256(path, entry)
+    return download(entry, cache_dir() / entry.filename)
+
+
+def resolve_dataset_path(spec: str) -> Path:
+    """The local file of a dataset spec: an existing path as it is, else a registered name."""
+    path = Path(spec).expanduser()
+    if path.exists():
+        if not path.is_file():
+            raise UserError(f"dataset {path} is a directory; give a parquet or JSONL file")
+        return path
+    return resolve_dataset(spec)
+
+
+@dataclass(frozen=True)
+class DatasetRows:
+    """DAPO-schema rows of a dataset, the file they came from, and for a raw file how many rows it had."""
+
+    rows: list[dict[str, Any]]
+    source: Path
+    raw_rows: int | None = None
+    """Rows of the raw file before conversion (None when the file was already in the DAPO schema)."""
+
+    def describe(self) -> str:
+        """E.g. ``raw-minerva_math.jsonl: 272 raw rows, 65 kept by the prepare-data conversion``."""
+        if self.raw_rows is None:
+            return self.source.name
+        return f"{self.source.name}: {self.raw_rows} raw rows, {len(self.rows)} kept by the prepare-data conversion"
+
+
+def convert_raw(path: Path) -> list[dict[str, Any]]:
+    """DAPO rows from a raw file through the ``dapo prepare-data`` library (integer answers only)."""
+    try:
+        from dapo_cli.data import prepare
+    except ImportError:
+        raise UserError(
+            f"{path} is not in the DAPO schema; convert it with `dapo prepare-data` and pass the parquet"
+        ) from None
+    with tempfile.TemporaryDirectory(prefix="dapo-eval-prepare-") as tmp:
+        out = Path(tmp) / "prepared.parquet"
+        prepare.run_prepare(prepare.PrepareOptions(output=out, inputs=(path,), track=False))
+        return read_dapo_rows(out)
+
+
+def load_dataset_rows(spec: str) -> DatasetRows:
+    """DAPO-schema rows of a dataset spec (path or registered name).
+
+    The file is read by the ``prepare-data`` reader (parquet, JSONL or JSON, sniffed):
+    DAPO rows are returned as they are; raw problems go through :func:`convert_raw`.
+    """
+    from dapo_cli.data.readers import read_input
+
+    path = resolve_dataset_path(spec)
+    found = read_input(path)
+    if found.kind == "dapo":
+        return DatasetRows(list(found.dapo_rows), path)
+    return DatasetRows(convert_raw(path), path, raw_rows=found.rows_read)

@@ -1,0 +1,550 @@
+"""Sample K responses per problem, score them, summarise; outputs and resume for ``dapo eval``.
+
+Two layers:
+
+* the library the trainer also calls for validation, :func:`evaluate_problems`
+  (engine + problems + prompts in, :class:`EvalResult` out; no Typer, no rich, no
+  config objects), built from :func:`generate_records` and :func:`summarize`;
+* :func:`run_eval`, the whole command: resolve checkpoint and dataset, resume from
+  ``--output DIR``, generate, write ``generations.parquet`` / ``summary.json``, and
+  record an MLflow run.
+
+Problems are generated in fixed batches of ``batch_problems`` problems (batch ``b``
+always holds the same problems), and batch ``b`` samples with seed ``seed + b``, so a
+resumed run produces exactly the samples an uninterrupted run would have.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from dapo_cli.errors import UserError
+from dapo_cli.eval import metrics as M
+from dapo_cli.eval.problems import Problem
+from dapo_cli.fileio import atomic_path, write_json_atomic
+from dapo_cli.rollout.base import RolloutEngine, SamplingParams
+
+CHECKPOINT_FILE = "generations.partial.jsonl"
+GENERATIONS_FILE = "generations.parquet"
+SUMMARY_FILE = "summary.json"
+
+
+@dataclass(frozen=True)
+class SampleRecord:
+    """One scored response: sample ``sample_index`` (0..K-1) of problem ``problem_id``."""
+
+    problem_id: str
+    sample_index: int
+    response: str
+    pred: str
+    acc: bool
+    score: float
+    ground_truth: str
+    length: int
+    truncated: bool
+
+
+@dataclass
+class EvalResult:
+    """Metrics (keys from :func:`~dapo_cli.eval.metrics.metric_keys`), every sample, and one dict per problem."""
+
+    metrics: dict[str, float]
+    records: list[SampleRecord]
+    per_problem: list[dict[str, Any]]
+
+
+class ProgressSink(Protocol):
+    """Receives progress in samples (the CLI shows a rich bar; the library default shows nothing)."""
+
+    def start(self, total: int, completed: int) -> None: ...
+
+    def advance(self, samples: int) -> None: ...
+
+
+class NullProgress:
+    """A progress sink that shows nothing."""
+
+    def start(self, total: int, completed: int) -> None:
+        pass
+
+    def advance(self, samples: int) -> None:
+        pass
+
+
+def check_k(k: int, pass_k: Sequence[int]) -> None:
+    """K >= 1 and 1 <= k <= K for every pass@k; UserError naming the fix otherwise."""
+    if k < 1:
+        raise UserError(f"--avg must be at least 1 (got {k})")
+    bad = [j for j in pass_k if not 1 <= j <= k]
+    if bad:
+        raise UserError(f"--pass-k values must lie in 1..{k} (= --avg); got {', '.join(map(str, bad))}")
+
+
+def problem_batches(num_problems: int, batch_problems: int) -> list[range]:
+    """Fixed consecutive batches of problem indices (``batch_problems <= 0``: one batch)."""
+    size = batch_problems if batch_problems > 0 else max(num_problems, 1)
+    return [range(start, min(start + size, num_problems)) for start in range(0, num_problems, size)]
+
+
+def batch_params(params: SamplingParams, batch_index: int) -> SamplingParams:
+    """``params`` with seed ``seed + batch_index`` (unseeded stays unseeded)."""
+    if params.seed is None:
+        return params
+    return dataclasses.replace(params, seed=params.seed + batch_index)
+
+
+def generate_batch(
+    engine: RolloutEngine,
+    problems: Sequence[Problem],
+    prompts: Sequence[str],
+    *,
+    k: int,
+    params: SamplingParams,
+    verifier: str,
+) -> list[SampleRecord]:
+    """Sample ``k`` responses for each of ``problems`` (templated ``prompts``) and score them."""
+    from dapo_cli.rewards import score_batch
+
+    rollouts = engine.generate(list(prompts), k, params)
+    owners = [problems[int(i)] for i in rollouts.prompt_index.tolist()]
+    scores, accs, preds = score_batch(verifier, rollouts.texts, [p.ground_truth for p in owners])
+    lengths = rollouts.lengths.tolist()
+    truncated = rollouts.truncated.tolist()
+    seen: dict[str, int] = {}
+    records = []
+    for i, problem in enumerate(owners):
+        index = seen[problem.problem_id] = seen.get(problem.problem_id, -1) + 1
+        records.append(
+            SampleRecord(
+                problem.problem_id, index, rollouts.texts[i], preds[i], bool(accs[i]), float(scores[i]),
+                problem.ground_truth, int(lengths[i]), bool(truncated[i]),
+            )
+        )
+    return records
+
+
+def generate_records(
+    engine: RolloutEngine,
+    problems: Sequence[Problem],
+    prompts: Sequence[str],
+    *,
+    k: int,
+    params: SamplingParams,
+    verifier: str,
+    batch_problems: int = 0,
+    skip_batches: frozenset[int] = frozenset(),
+    on_batch: Callable[[int, list[SampleRecord]], None] | None = None,
+) -> list[SampleRecord]:
+    """Records of every batch not in ``skip_batches``; ``on_batch(b, records)`` after each."""
+    if len(prompts) != len(problems):
+        raise ValueError(f"{len(problems)} problems but {len(prompts)} prompts")
+    out: list[SampleRecord] = []
+    for b, idx in enumerate(problem_batches(len(problems), batch_problems)):
+        if b in skip_batches:
+            continue
+        records = generate_batch(
+            engine,
+            [problems[i] for i in idx],
+            [prompts[i] for i in idx],
+            k=k,
+            params=batch_params(params, b),
+            verifier=verifier,
+        )
+        if on_batch is not None:
+            on_batch(b, records)
+        out.extend(records)
+    return out
+
+
+def summarize(problems: Sequence[Problem], records: Sequence[SampleRecord], *, k: int, pass_k: Sequence[int] = ()) -> EvalResult:
+    r"""Metrics over ``problems`` from exactly ``k`` records per problem.
+
+    * ``avg@K`` = mean ``acc`` over all :math:`P K` samples (= mean per-problem accuracy);
+    * ``pass@k`` = mean over problems of the unbiased estimator (:func:`~dapo_cli.eval.metrics.pass_at_k`);
+    * ``maj@K`` = share of problems whose majority answer is correct (:func:`~dapo_cli.eval.metrics.majority_correct`);
+    * ``avg@K_stderr`` and ``avg@K_ci95_low/high`` over per-problem accuracies;
+    * ``mean_length`` (tokens) and ``truncation_rate`` over all samples.
+    """
+    check_k(k, pass_k)
+    by_problem: dict[str, list[SampleRecord]] = {p.problem_id: [] for p in problems}
+    for r in records:
+        if r.problem_id not in by_problem:
+            raise ValueError(f"record for unknown problem {r.problem_id}")
+        by_problem[r.problem_id].append(r)
+    per_problem = []
+    ordered: list[SampleRecord] = []
+    for problem in problems:
+        samples = sorted(by_problem[problem.problem_id], key=lambda r: r.sample_index)
+        if len(samples) != k:
+            raise ValueError(f"problem {problem.problem_id} has {len(samples)} samples, expected {k}")
+        ordered.extend(samples)
+        majority, maj_ok = M.majority_correct([r.pred for r in samples], [r.acc for r in samples])
+        correct = sum(r.acc for r in samples)
+        per_problem.append(
+            {
+                "problem_id": problem.problem_id,
+                "correct": correct,
+                "samples": k,
+                "accuracy": correct / k,
+                "majority": majority,
+                "majority_correct": maj_ok,
+                "ground_truth": problem.ground_truth,
+                "problem": problem.raw_problem,
+            }
+        )
+    accuracy = [row["accuracy"] for row in per_problem]
+    low, high = M.bootstrap_ci(accuracy)
+    values: dict[str, float] = {
+        f"avg@{k}": sum(r.acc for r in ordered) / len(ordered),
+        **{f"pass@{j}": M.mean_pass_at_k([(k, row["correct"]) for row in per_problem], j) for j in pass_k},
+        f"maj@{k}": sum(row["majority_correct"] for row in per_problem) / len(per_problem),
+        f"avg@{k}_stderr": M.standard_error(accuracy),
+        f"avg@{k}_ci95_low": low,
+        f"avg@{k}_ci95_high": high,
+        "mean_length": sum(r.length for r in ordered) / len(ordered),
+        "truncation_rate": sum(r.truncated for r in ordered) / len(ordered),
+        "num_problems": float(len(problems)),
+        "num_samples": float(len(ordered)),
+    }
+    return EvalResult(metrics={key: values[key] for key in M.metric_keys(k, pass_k)}, records=ordered, per_problem=per_problem)
+
+
+def evaluate_problems(
+    engine: RolloutEngine,
+    problems: list[Problem],
+    prompts: list[str],
+    *,
+    k: int,
+    params: SamplingParams,
+    verifier: str,
+    pass_k: Sequence[int] = (),
+    batch_problems: int = 0,
+) -> EvalResult:
+    """Sample ``k`` responses per problem with ``engine``, score with ``verifier``, summarise.
+
+    ``prompts[i]`` is ``problems[i]``'s templated prompt. ``batch_problems`` problems go
+    to the engine per call (0: all at once). The trainer may prefix the metric keys
+    (``val/``) and must pass them through :func:`~dapo_cli.eval.metrics.tracking_metrics`
+    for MLflow.
+    """
+    check_k(k, pass_k)
+    records = generate_records(
+        engine, problems, prompts, k=k, params=params, verifier=verifier, batch_problems=batch_problems
+    )
+    return summarize(problems, records, k=k, pass_k=pass_k)
+
+
+# --------------------------------------------------------------------------- resume checkpoint
+
+
+class GenerationCheckpoint:
+    """Finished batches, kept in memory and (with a directory) in ``DIR/generations.partial.jsonl``.
+
+    The file is append-only JSONL: line 1 is ``{"settings": {...}}``, every later line
+    ``{"batch": b, "records": [...]}``, flushed and fsynced when batch ``b`` finishes. A
+    torn last line (killed mid-write) is dropped; other settings are a :class:`UserError`.
+    Without a directory nothing is written (a null checkpoint).
+    """
+
+    def __init__(self, directory: Path | None, settings: Mapping[str, Any]) -> None:
+        self.path = None if directory is None else directory / CHECKPOINT_FILE
+        self.settings = json.loads(json.dumps(dict(settings)))
+        self.done: dict[int, list[SampleRecord]] = {}
+        if self.path is not None and self.path.exists():
+            self._load(self.path)
+        elif self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._write_line({"settings": self.settings}, mode="w")
+
+    def _load(self, path: Path) -> None:
+        lines = path.read_text(encoding="utf-8").splitlines()
+        entries = []
+        for number, line in enumerate(lines):
+            try:
+                entries.append(json.loads(line))
+            except json.JSONDecodeError:
+                if number == len(lines) - 1:
+                    break  # torn final write: that batch is simply redone
+                raise UserError(f"{path} is corrupt at line {number + 1}; delete it or use another --output DIR") from None
+        if not entries or "settings" not in entries[0]:
+            raise UserError(f"{path} has no settings header; delete it or use another --output DIR")
+        old = entries[0]["settings"]
+        if old != self.settings:
+            diff = sorted(key for key in set(old) | set(self.settings) if old.get(key) != self.settings.get(key))
+            detail = "; ".join(f"{key}: {old.get(key)!r} then, {self.settings.get(key)!r} now" for key in diff)
+            raise UserError(
+                f"{path.parent} holds generations made with other settings ({detail}); use another --output DIR"
+            )
+        for entry in entries[1:]:
+            self.done[int(entry["batch"])] = [SampleRecord(**r) for r in entry["records"]]
+        if len(lines) > len(entries):  # drop the torn line so appends start on a clean line
+            with atomic_path(path) as tmp:
+                tmp.write_text("".join(json.dumps(e) + "\n" for e in entries), encoding="utf-8")
+
+    def _write_line(self, obj: Mapping[str, Any], mode: str = "a") -> None:
+        if self.path is None:
+            return
+        with self.path.open(mode, encoding="utf-8") as handle:
+            handle.write(json.dumps(obj) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+
+    def append(self, batch: int, records: Sequence[SampleRecord]) -> None:
+        """Record a finished batch."""
+        self._write_line({"batch": batch, "records": [asdict(r) for r in records]})
+        self.done[batch] = list(records)
+
+    def records(self) -> list[SampleRecord]:
+        """Every record of the finished batches."""
+        return [r for b in sorted(self.done) for r in self.done[b]]
+
+
+# --------------------------------------------------------------------------- outputs
+
+
+def finite_or_none(value: float) -> float | None:
+    """JSON has no NaN: undefined statistics (e.g. stderr of one problem) become null."""
+    return value if math.isfinite(value) else None
+
+
+def summary_dict(result: EvalResult, settings: Mapping[str, Any]) -> dict[str, Any]:
+    """What ``summary.json`` holds: ``metrics`` (exact metric keys), ``settings``, ``per_problem``."""
+    return {
+        "metrics": {key: finite_or_none(v) for key, v in result.metrics.items()},
+        "settings": dict(settings),
+        "per_problem": result.per_problem,
+    }
+
+
+def write_outputs(directory: Path, result: EvalResult, settings: Mapping[str, Any]) -> dict[str, Path]:
+    """Write ``generations.parquet`` and ``summary.json`` into ``directory`` (each atomically)."""
+    paths = {"generations": directory / GENERATIONS_FILE, "summary": directory / SUMMARY_FILE}
+    from dapo_cli.eval.compare import write_generations
+
+    write_generations(result.records, paths["generations"])
+    write_json_atomic(paths["summary"], summary_dict(result, settings))
+    return paths
+
+
+# --------------------------------------------------------------------------- checkpoint and engine
+
+def resolve_checkpoint(spec: str) -> str:
+    """A loadable model: a ``save_pretrained`` dir, ``<ckpt>/model/``, ``builtin:tiny``, or a hub id.
+
+    A checkpoint of ours (``<ckpt>/model/`` + ``<ckpt>/trainer_state.pt``) resolves to
+    its ``model/``. ``builtin:tiny`` is built (once, cached) with the embedded tiny
+    experiment's ``model.tiny`` settings, as ``dapo train`` would.
+    """
+    if spec.startswith("builtin:"):
+        from dapo_cli.config import load_config
+        from dapo_cli.models.loading import resolve_model
+
+        return str(resolve_model(spec, load_config(None).model.tiny))
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        for candidate in (path / "model", path):
+            if (candidate / "config.json").is_file():
+                return str(candidate.resolve())
+        raise UserError(
+            f"{path} holds no config.json: give a save_pretrained directory, a checkpoint dir containing "
+            "model/, or builtin:tiny"
+        )
+    if path.exists():
+        raise UserError(f"checkpoint {path} is a file; give a save_pretrained directory")
+    from dapo_cli.models.loading import is_hub_id
+
+    if is_hub_id(spec):
+        return spec  # load_policy fetches it, or fails with a one-line error offline
+    raise UserError(f"checkpoint not found: {spec} (give a save_pretrained directory or builtin:tiny)")
+
+
+PromptFormatter = Callable[[Sequence[Mapping[str, str]]], str]
+EngineLoader = Callable[[str, int, Callable[[str], None]], tuple[RolloutEngine, PromptFormatter]]
+
+
+def load_hf_engine(model: str, batch_size: int, log: Callable[[str], None]) -> tuple[RolloutEngine, PromptFormatter]:
+    """transformers ``generate`` on CUDA (bfloat16) when available, else CPU (float32)."""
+    import torch
+
+    from dapo_cli.models.loading import load_policy
+    from dapo_cli.models.tokenizer import format_prompt
+    from dapo_cli.rollout.hf import HFRolloutEngine
+
+    device, dtype = ("cuda", torch.bfloat16) if torch.cuda.is_available() else ("cpu", torch.float32)
+    log(f"loading {model} on {device}")
+    policy, tokenizer = load_policy(model, device=device, dtype=dtype)
+    engine = HFRolloutEngine(policy, tokenizer, batch_size=batch_size or None)
+    return engine, lambda messages: format_prompt(tokenizer, messages)
+
+
+def load_vllm_engine(model: str, batch_size: int, log: Callable[[str], None]) -> tuple[RolloutEngine, PromptFormatter]:
+    """vLLM (GPU). Contract used: ``dapo_cli.rollout.vllm.load_vllm_engine(path) -> (engine, tokenizer)``."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        raise UserError("--engine vllm needs vLLM: install it with `pip install 'dapo-cli[gpu]'`")
+    try:
+        from dapo_cli.rollout import vllm as vllm_rollout
+    except ImportError as exc:
+        raise UserError(f"the vllm engine cannot be loaded ({exc}); use --engine hf") from None
+    from dapo_cli.models.tokenizer import format_prompt
+
+    log(f"loading {model} with vLLM")
+    engine, tokenizer = vllm_rollout.load_vllm_engine(model)
+    return engine, lambda messages: format_prompt(tokenizer, messages)
+
+
+ENGINE_LOADERS: dict[str, EngineLoader] = {"hf": load_hf_engine, "vllm": load_vllm_engine}
+
+
+def get_engine_loader(name: str) -> EngineLoader:
+    """The loader of rollout engine ``name``; UserError listing the valid names otherwise."""
+    try:
+        return ENGINE_LOADERS[name]
+    except KeyError:
+        raise UserError(f"unknown engine '{name}'; valid names: {', '.join(ENGINE_LOADERS)}") from None
+
+
+# --------------------------------------------------------------------------- the whole command
+
+
+@dataclass(frozen=True)
+class EvalOptions:
+    """Everything ``dapo eval`` needs, defaults already resolved from ``EvalConfig``."""
+
+    checkpoint: str
+    dataset: str
+    k: int
+    pass_k: tuple[int, ...]
+    temperature: float
+    top_p: float
+    max_tokens: int
+    verifier: str
+    engine: str
+    batch_size: int
+    seed: int
+    output: Path | None = None
+    limit: int | None = None
+    tracking_backend: str = "mlflow"
+    tracking_uri: str = ""
+    experiment: str = "dapo"
+
+
+@dataclass
+class EvalReport:
+    """What :func:`run_eval` did: the result, its settings, where things went."""
+
+    result: EvalResult
+    settings: dict[str, Any]
+    layout: str
+    resumed_problems: int
+    run_id: str
+    outputs: dict[str, Path]
+
+
+def batch_problems_for(k: int, batch_size: int) -> int:
+    """Problems per generate call and per checkpoint line: ``batch_size // k`` (at least 1; 0 → 1)."""
+    return max(1, batch_size // k) if batch_size > 0 else 1
+
+
+def eval_settings(opts: EvalOptions, model: str, source: Path, num_problems: int) -> dict[str, Any]:
+    """Everything that determines the samples; a resumed run must match them exactly."""
+    from dapo_cli.fileio import sha256_file
+
+    return {
+        "checkpoint": model,
+        "dataset": opts.dataset,
+        "dataset_sha256": sha256_file(source),
+        "num_problems": num_problems,
+        "avg_k": opts.k,
+        "pass_k": list(opts.pass_k),
+        "temperature": opts.temperature,
+        "top_p": opts.top_p,
+        "max_tokens": opts.max_tokens,
+        "verifier": opts.verifier,
+        "engine": opts.engine,
+        "batch_size": opts.batch_size,
+        "batch_problems": batch_problems_for(opts.k, opts.batch_size),
+        "seed": opts.seed,
+        "limit": opts.limit,
+    }
+
+
+def run_name(model: str, dataset: str, k: int) -> str:
+    """``eval-<model dir or its checkpoint>-<dataset>-avg<K>``."""
+    path = Path(model)
+    label = path.parent.name if path.name == "model" else path.name
+    return f"eval-{label}-{Path(dataset).stem}-avg{k}"
+
+
+def run_eval(
+    opts: EvalOptions,
+    *,
+    progress: ProgressSink | None = None,
+    log: Callable[[str], None] = lambda _message: None,
+) -> EvalReport:
+    """Evaluate ``opts.checkpoint`` on ``opts.dataset`` (see the module docstring)."""
+    from dapo_cli.config.schema import TrackingConfig
+    from dapo_cli.datasets import load_dataset_rows
+    from dapo_cli.eval.problems import describe_layout, group_problems
+    from dapo_cli.rewards import VERIFIERS
+    from dapo_cli.tracking import start_run
+
+    sink = progress if progress is not None else NullProgress()
+    check_k(opts.k, opts.pass_k)
+    if opts.verifier not in VERIFIERS:
+        raise UserError(f"unknown verifier '{opts.verifier}'; valid names: {', '.join(VERIFIERS)}")
+    if opts.limit is not None and opts.limit < 1:
+        raise UserError(f"--limit must be at least 1 (got {opts.limit})")
+    load_engine = get_engine_loader(opts.engine)
+    model = resolve_checkpoint(opts.checkpoint)
+    data = load_dataset_rows(opts.dataset)
+    problems = group_problems(data.rows)
+    layout = f"{data.describe()}: {describe_layout(problems)}"
+    problems = problems[: opts.limit] if opts.limit is not None else problems
+    settings = eval_settings(opts, model, data.source, len(problems))
+    checkpoint = GenerationCheckpoint(opts.output, settings)
+    previous = checkpoint.records()
+    batches = problem_batches(len(problems), settings["batch_problems"])
+    resumed = sum(len(batches[b]) for b in checkpoint.done)
+    params = SamplingParams(temperature=opts.temperature, top_p=opts.top_p, max_tokens=opts.max_tokens, seed=opts.seed)
+    tracking = TrackingConfig(backend=opts.tracking_backend, tracking_uri=opts.tracking_uri, experiment=opts.experiment)
+    with start_run(tracking, run_name(model, opts.dataset, opts.k), tags={"dapo.command": "eval"}) as tracker:
+        tracker.log_params(settings)
+        new: list[SampleRecord] = []
+        if len(checkpoint.done) < len(batches):
+            engine, format_prompt = load_engine(model, opts.batch_size, log)
+
+            def on_batch(b: int, records: list[SampleRecord]) -> None:
+                checkpoint.append(b, records)
+                sink.advance(len(records))
+
+            sink.start(len(problems) * opts.k, resumed * opts.k)
+            new = generate_records(
+                engine, problems, [format_prompt(p.messages) for p in problems], k=opts.k, params=params,
+                verifier=opts.verifier, batch_problems=settings["batch_problems"],
+                skip_batches=frozenset(checkpoint.done), on_batch=on_batch,
+            )
+        result = summarize(problems, previous + new, k=opts.k, pass_k=opts.pass_k)
+        tracker.log_metrics(M.tracking_metrics(result.metrics))
+        tracker.log_table(result.per_problem, "per_problem.json")
+        with tempfile.TemporaryDirectory(prefix="dapo-eval-") as tmp:
+            outputs = write_outputs(opts.output if opts.output is not None else Path(tmp), result, settings)
+            tracker.log_artifact(outputs["generations"], "eval")
+            tracker.log_artifact(outputs["summary"], "eval")
+    return EvalReport(
+        result=result,
+        settings=settings,
+        layout=layout,
+        resumed_problems=resumed,
+        run_id=tracker.run_id,
+        outputs=outputs if opts.output is not None else {},
+    )

@@ -1,0 +1,166 @@
+"""`dapo eval` through the CLI: the tiny model on the real AIME file, MLflow, resume, compare, bad inputs."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from dapo_cli.cli import app
+from dapo_cli.data.schema import make_row, write_dapo_parquet
+from dapo_cli.eval.compare import write_generations
+from dapo_cli.eval.run import CHECKPOINT_FILE, SampleRecord
+
+DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
+AIME = DATA / "aime-2024.parquet"
+needs_data = pytest.mark.skipif(not AIME.is_file(), reason=f"shared data not found at {DATA}")
+runner = CliRunner()
+
+
+@pytest.fixture
+def model_dir(tiny_model_dir: Path) -> Path:
+    """The untrained tiny policy from tests/conftest.py (session-wide)."""
+    return tiny_model_dir
+
+
+def error_line(result) -> str:
+    """The single line a user error prints (exit 2)."""
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: ")
+    return lines[0]
+
+
+@needs_data
+def test_eval_tiny_model_on_aime_records_mlflow(model_dir: Path, tmp_path: Path) -> None:
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    out = tmp_path / "out"
+    args = ["eval", str(model_dir), "--dataset", str(AIME), "--avg", "4", "--max-tokens", "32", "--batch-size", "120"]
+    result = runner.invoke(app, [*args, "--pass-k", "1", "--pass-k", "4", "--output", str(out), "--tracking-uri", uri, "--experiment", "eval-e2e"])
+    assert result.exit_code == 0, result.output
+    assert "960 rows → 30 problems (32 copies each)" in result.stdout
+
+    summary = json.loads((out / "summary.json").read_text())
+    metrics = summary["metrics"]
+    generations = pq.read_table(out / "generations.parquet").to_pylist()
+    # 30 distinct problems × 4 samples, not 960 × 4
+    assert len(generations) == 120 and metrics["num_samples"] == 120 and metrics["num_problems"] == 30
+    assert {r["problem_id"] for r in generations} == {str(i) for i in range(30)}
+    assert all(r["length"] <= 32 for r in generations)
+    avg = sum(r["acc"] for r in generations) / len(generations)
+    assert metrics["avg@4"] == pytest.approx(avg, abs=1e-12)
+    assert metrics["truncation_rate"] == pytest.approx(sum(r["truncated"] for r in generations) / 120, abs=1e-12)
+    assert set(metrics) >= {"avg@4", "pass@1", "pass@4", "maj@4", "avg@4_stderr", "avg@4_ci95_low", "avg@4_ci95_high"}
+
+    client = MlflowClient(tracking_uri=uri)
+    [run] = client.search_runs([client.get_experiment_by_name("eval-e2e").experiment_id])
+    assert run.info.status == "FINISHED"
+    assert run.data.metrics["avg_at_4"] == pytest.approx(metrics["avg@4"], abs=1e-12)
+    assert run.data.metrics["num_samples"] == 120
+    assert run.data.params["avg_k"] == "4" and run.data.params["max_tokens"] == "32"
+    assert run.data.params["temperature"] == "1.0" and run.data.params["top_p"] == "0.7"  # EvalConfig defaults
+    assert {a.path for a in client.list_artifacts(run.info.run_id, "eval")} == {
+        "eval/generations.parquet", "eval/summary.json",
+    }
+    assert "per_problem.json" in {a.path for a in client.list_artifacts(run.info.run_id)}
+    artifact = client.download_artifacts(run.info.run_id, "eval/generations.parquet", str(tmp_path))
+    assert pq.read_table(artifact).to_pylist() == generations
+
+
+@needs_data
+def test_eval_resumes_only_the_missing_problems(model_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    args = ["eval", str(model_dir), "--dataset", str(AIME), "--avg", "2", "--max-tokens", "8", "--limit", "2", "--no-track"]
+    first = runner.invoke(app, [*args, "--output", str(out)])
+    assert first.exit_code == 0, first.output
+    complete = pq.read_table(out / "generations.parquet").to_pylist()
+
+    # simulate a kill after the first batch (problem 0): keep the header and batch 0 only
+    checkpoint = out / CHECKPOINT_FILE
+    lines = checkpoint.read_text().splitlines()
+    assert [json.loads(line).get("batch") for line in lines] == [None, 0, 1]
+    checkpoint.write_text("\n".join(lines[:2]) + "\n")
+    (out / "generations.parquet").unlink()
+
+    second = runner.invoke(app, [*args, "--output", str(out)])
+    assert second.exit_code == 0, second.output
+    assert "resumed: 1 problems were already done" in second.stdout
+    assert "4/4" in second.stderr
+    # batch b samples with seed + b, so the resumed run equals the uninterrupted one
+    assert pq.read_table(out / "generations.parquet").to_pylist() == complete
+
+    other = runner.invoke(app, [*args, "--output", str(out), "--seed", "1"])
+    assert "holds generations made with other settings (seed: 0 then, 1 now)" in error_line(other)
+
+
+def test_compare_prints_the_paired_difference(tmp_path: Path) -> None:
+    # A beats B by 1/2 on problem 0 and ties on 1 → diff 0.25; resample means 0.5, 0.25, 0
+    for name, acc0 in (("a", [True, True]), ("b", [True, False])):
+        records = [SampleRecord("0", j, "r", "1", acc0[j], 1.0, "1", 1, False) for j in range(2)]
+        records += [SampleRecord("1", j, "r", "1", False, -1.0, "1", 1, False) for j in range(2)]
+        write_generations(records, tmp_path / f"{name}.parquet")
+    result = runner.invoke(app, ["eval", "--compare", str(tmp_path / "a.parquet"), str(tmp_path / "b.parquet")])
+    assert result.exit_code == 0, result.output
+    assert "+0.2500" in result.stdout and "[+0.0000, +0.5000]" in result.stdout
+    assert "2 common problems" in result.stdout
+
+
+def test_missing_checkpoint_exits_2_with_one_line(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["eval", str(tmp_path / "nope"), "--no-track"])
+    assert "checkpoint not found" in error_line(result)
+
+
+def test_dataset_without_ground_truth_exits_2(tmp_path: Path) -> None:
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "config.json").write_text("{}")
+    row = make_row("What is 1+1?", "2", index=0)
+    row["reward_model"]["ground_truth"] = ""
+    write_dapo_parquet([row], tmp_path / "no-answers.parquet")
+    result = runner.invoke(app, ["eval", str(tmp_path / "ckpt"), "--dataset", str(tmp_path / "no-answers.parquet"), "--no-track"])
+    assert "has no reward_model.ground_truth" in error_line(result)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--avg", "0"], "--avg must be at least 1 (got 0)"),
+        (["--avg", "4", "--pass-k", "8"], "--pass-k values must lie in 1..4"),
+        (["--dataset", "aime25"], "registered names: aime24, dapo-math-17k"),
+        (["--verifier", "nope"], "unknown verifier 'nope'; valid names: math_dapo"),
+        pytest.param(
+            ["--engine", "vllm"],
+            "install it with `pip install 'dapo-cli[gpu]'`",
+            marks=pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed"),
+        ),
+    ],
+)
+def test_bad_inputs_exit_2_with_one_line(tmp_path: Path, extra: list[str], message: str) -> None:
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "config.json").write_text("{}")
+    write_dapo_parquet([make_row("What is 1+1?", "2", index=0)], tmp_path / "set.parquet")
+    args = ["eval", str(tmp_path / "ckpt"), "--dataset", str(tmp_path / "set.parquet"), "--no-track", *extra]
+    if extra[0] == "--dataset":
+        args = ["eval", str(tmp_path / "ckpt"), "--no-track", *extra]
+    assert message in error_line(runner.invoke(app, args))
+
+
+def test_report_prints_untrusted_text_literally(capsys: pytest.CaptureFixture[str]) -> None:
+    from dapo_cli.cli.eval import print_report
+    from dapo_cli.eval.run import EvalReport, EvalResult
+
+    # rich markup in a model's answer or a problem text must neither crash nor style the output
+    row = {"problem_id": "0", "correct": 1, "samples": 2, "accuracy": 0.5, "majority": "[/]", "majority_correct": False,
+           "ground_truth": "[bold]7", "problem": "What is [red]x[/red]?"}
+    result = EvalResult(metrics={"avg@2": 0.5, "num_problems": 1.0}, records=[], per_problem=[row])
+    report = EvalReport(result=result, settings={"dataset": "d.parquet", "checkpoint": "[m]"}, layout="[x]",
+                        resumed_problems=0, run_id="", outputs={})
+    print_report(report, 2)
+    out = capsys.readouterr().out
+    assert "✗ [/]" in out and "[bold]7" in out and "What is [red]x[/red]?" in out and "[m]" in out

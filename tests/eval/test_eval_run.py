@@ -1,0 +1,211 @@
+"""Generation, scoring, summary and resume of dapo_cli/eval/run.py with a scripted fake engine."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Sequence
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from dapo_cli.data.schema import make_row
+from dapo_cli.errors import UserError
+from dapo_cli.eval.problems import group_problems
+from dapo_cli.eval.run import (
+    CHECKPOINT_FILE,
+    GenerationCheckpoint,
+    SampleRecord,
+    evaluate_problems,
+    generate_records,
+    problem_batches,
+    resolve_checkpoint,
+    summarize,
+    write_outputs,
+)
+from dapo_cli.rollout.base import Rollouts, SamplingParams
+
+
+class ScriptedEngine:
+    """Returns ``script[prompt][j]`` as the j-th response (or a seeded random answer when no script)."""
+
+    def __init__(self, script: dict[str, list[str]] | None = None) -> None:
+        self.script = script or {}
+        self.calls: list[tuple[list[str], int, int | None]] = []
+
+    def sync_weights(self) -> None:
+        pass
+
+    def generate(self, prompts: Sequence[str], n: int, params: SamplingParams) -> Rollouts:
+        self.calls.append((list(prompts), n, params.seed))
+        texts = []
+        for prompt in prompts:
+            if prompt in self.script:
+                texts.extend(self.script[prompt][:n])
+            else:
+                rng = random.Random(f"{prompt}|{params.seed}")
+                texts.extend(f"Answer: {rng.randint(1, 3)}" for _ in range(n))
+        lengths = torch.tensor([min(len(t), params.max_tokens) for t in texts])
+        big = len(texts)
+        return Rollouts(
+            prompt_ids=torch.zeros(big, 1, dtype=torch.long),
+            prompt_mask=torch.ones(big, 1, dtype=torch.bool),
+            response_ids=torch.zeros(big, 1, dtype=torch.long),
+            response_mask=torch.ones(big, 1, dtype=torch.bool),
+            lengths=lengths,
+            truncated=torch.tensor([len(t) >= params.max_tokens for t in texts]),
+            texts=texts,
+            prompt_index=torch.arange(len(prompts)).repeat_interleave(n),
+        )
+
+
+PARAMS = SamplingParams(temperature=1.0, top_p=0.7, max_tokens=10, seed=5)
+
+
+def two_problems():
+    rows = [make_row("one plus one", "2", index=0), make_row("two plus two", "4", index=1)]
+    return group_problems(rows)
+
+
+def test_evaluate_problems_hand_computed_metrics() -> None:
+    problems = two_problems()
+    prompts = ["P0", "P1"]
+    script = {
+        # problem 0 (truth 2): correct, wrong "3", correct, invalid → c = 2; majority "2" (2×) → right
+        "P0": ["Answer: 2", "Answer: 3", "Answer: 2", "no answer here at all"],
+        # problem 1 (truth 4): "5", "5", "4", "4" → c = 2; tie 5/4 → earliest first occurrence "5" → wrong
+        "P1": ["Answer: 5", "Answer: 5", "Answer: 4", "Answer: 4"],
+    }
+    result = evaluate_problems(
+        ScriptedEngine(script), problems, prompts, k=4, params=PARAMS, verifier="math_dapo", pass_k=(1, 2, 4)
+    )
+    m = result.metrics
+    assert list(m) == [
+        "avg@4", "pass@1", "pass@2", "pass@4", "maj@4", "avg@4_stderr", "avg@4_ci95_low", "avg@4_ci95_high",
+        "mean_length", "truncation_rate", "num_problems", "num_samples",
+    ]
+    # 4 of 8 samples correct
+    assert m["avg@4"] == pytest.approx(0.5, abs=1e-12)
+    assert m["pass@1"] == pytest.approx(0.5, abs=1e-12)
+    # both problems have c = 2 of n = 4: pass@2 = 1 - C(2,2)/C(4,2) = 5/6; pass@4 = 1
+    assert m["pass@2"] == pytest.approx(5 / 6, abs=1e-12)
+    assert m["pass@4"] == pytest.approx(1.0, abs=1e-12)
+    assert m["maj@4"] == pytest.approx(0.5, abs=1e-12)
+    # per-problem accuracies are both 0.5 → stderr 0 and a degenerate CI
+    assert m["avg@4_stderr"] == pytest.approx(0.0, abs=1e-12)
+    assert (m["avg@4_ci95_low"], m["avg@4_ci95_high"]) == pytest.approx((0.5, 0.5), abs=1e-12)
+    # lengths: min(len, 10): "Answer: 2" is 9 chars; "no answer here at all" 21 → 10 (truncated)
+    # P0: 9 + 9 + 9 + 10, P1: 9 × 4 → 73 / 8; one of eight truncated
+    assert m["mean_length"] == pytest.approx(73 / 8, abs=1e-12)
+    assert m["truncation_rate"] == pytest.approx(1 / 8, abs=1e-12)
+    assert (m["num_problems"], m["num_samples"]) == (2.0, 8.0)
+    assert [(r["problem_id"], r["correct"], r["majority"], r["majority_correct"]) for r in result.per_problem] == [
+        ("0", 2, "2", True),
+        ("1", 2, "5", False),
+    ]
+    first = result.records[0]
+    assert (first.problem_id, first.sample_index, first.pred, first.acc, first.score) == ("0", 0, "2", True, 1.0)
+    assert result.records[3].pred == "[INVALID]" and result.records[3].truncated
+
+
+def test_summary_metrics_on_unequal_problems() -> None:
+    # problem 0: 3/4 correct, problem 1: 0/4 → avg@4 = 3/8, per-problem accs 0.75, 0:
+    # s = sqrt(((0.375)^2 * 2) / 1) = 0.53033..., stderr = s / sqrt(2) = 0.375
+    problems = two_problems()
+    records = [
+        SampleRecord("0", j, "x", "2", j < 3, 1.0 if j < 3 else -1.0, "2", 5, False) for j in range(4)
+    ] + [SampleRecord("1", j, "x", "9", False, -1.0, "4", 5, False) for j in range(4)]
+    m = summarize(problems, records, k=4, pass_k=(1,)).metrics
+    assert m["avg@4"] == pytest.approx(3 / 8, abs=1e-12)
+    assert m["avg@4_stderr"] == pytest.approx(0.375, abs=1e-12)
+    # bootstrap over {0.75, 0}: resample means ∈ {0, 0.375, 0.75}; 95% interval = extremes
+    assert (m["avg@4_ci95_low"], m["avg@4_ci95_high"]) == (0.0, 0.75)
+    assert m["maj@4"] == pytest.approx(0.5, abs=1e-12)
+
+
+def test_k_and_pass_k_checked() -> None:
+    problems = two_problems()
+    with pytest.raises(UserError, match="--avg must be at least 1"):
+        evaluate_problems(ScriptedEngine(), problems, ["a", "b"], k=0, params=PARAMS, verifier="math_dapo")
+    with pytest.raises(UserError, match="--pass-k values must lie in 1..4"):
+        evaluate_problems(ScriptedEngine(), problems, ["a", "b"], k=4, params=PARAMS, verifier="math_dapo", pass_k=(8,))
+
+
+def test_batches_are_fixed_and_seeded_per_batch() -> None:
+    assert problem_batches(5, 2) == [range(0, 2), range(2, 4), range(4, 5)]
+    assert problem_batches(3, 0) == [range(0, 3)]
+    engine = ScriptedEngine()
+    rows = [make_row(f"q{i}", "1", index=i) for i in range(5)]
+    problems = group_problems(rows)
+    generate_records(engine, problems, [f"p{i}" for i in range(5)], k=2, params=PARAMS, verifier="math_dapo", batch_problems=2)
+    assert [(prompts, seed) for prompts, _, seed in engine.calls] == [
+        (["p0", "p1"], 5), (["p2", "p3"], 6), (["p4"], 7),
+    ]
+
+
+def test_resume_skips_finished_batches_and_matches_an_uninterrupted_run(tmp_path: Path) -> None:
+    rows = [make_row(f"q{i}", str(1 + i % 3), index=i) for i in range(5)]
+    problems = group_problems(rows)
+    prompts = [f"p{i}" for i in range(5)]
+    settings = {"k": 3, "seed": 5}
+    full = generate_records(ScriptedEngine(), problems, prompts, k=3, params=PARAMS, verifier="math_dapo", batch_problems=2)
+
+    # a "killed" run: batch 0 finished and was checkpointed, batch 1 was being written (torn line)
+    ckpt = GenerationCheckpoint(tmp_path, settings)
+    ckpt.append(0, [r for r in full if r.problem_id in {"0", "1"}])
+    with (tmp_path / CHECKPOINT_FILE).open("a") as handle:
+        handle.write('{"batch": 1, "records": [{"problem_')
+
+    resumed = GenerationCheckpoint(tmp_path, settings)
+    assert sorted(resumed.done) == [0]
+    engine = ScriptedEngine()
+    new = generate_records(
+        engine, problems, prompts, k=3, params=PARAMS, verifier="math_dapo", batch_problems=2,
+        skip_batches=frozenset(resumed.done), on_batch=resumed.append,
+    )
+    assert [p for p, _, _ in engine.calls] == [["p2", "p3"], ["p4"]]  # only the rest was generated
+    assert resumed.records() == full == resumed.records()[:6] + new
+    lines = (tmp_path / CHECKPOINT_FILE).read_text().splitlines()
+    assert [json.loads(line).get("batch") for line in lines] == [None, 0, 1, 2]  # torn line dropped
+
+
+def test_resume_with_other_settings_is_a_user_error(tmp_path: Path) -> None:
+    GenerationCheckpoint(tmp_path, {"k": 3, "seed": 5})
+    with pytest.raises(UserError, match=r"other settings \(seed: 5 then, 6 now\); use another --output DIR"):
+        GenerationCheckpoint(tmp_path, {"k": 3, "seed": 6})
+
+
+def test_outputs_are_written_with_exact_keys(tmp_path: Path) -> None:
+    problems = two_problems()
+    script = {"P0": ["Answer: 2"] * 2, "P1": ["Answer: 1", "Answer: 4"]}
+    result = evaluate_problems(ScriptedEngine(script), problems, ["P0", "P1"], k=2, params=PARAMS, verifier="math_dapo", pass_k=(1,))
+    paths = write_outputs(tmp_path, result, {"avg_k": 2})
+    summary = json.loads(paths["summary"].read_text())
+    assert set(summary["metrics"]) == {
+        "avg@2", "pass@1", "maj@2", "avg@2_stderr", "avg@2_ci95_low", "avg@2_ci95_high",
+        "mean_length", "truncation_rate", "num_problems", "num_samples",
+    }
+    table = pq.read_table(paths["generations"]).to_pylist()
+    assert [(r["problem_id"], r["sample_index"], r["acc"]) for r in table] == [
+        ("0", 0, True), ("0", 1, True), ("1", 0, False), ("1", 1, True),
+    ]
+    # avg@2 = 3/4 = mean of the saved acc column
+    assert summary["metrics"]["avg@2"] == pytest.approx(sum(r["acc"] for r in table) / len(table), abs=1e-12)
+
+
+def test_resolve_checkpoint_layouts(tmp_path: Path) -> None:
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "config.json").write_text("{}")
+    ours = tmp_path / "step_20"
+    (ours / "model").mkdir(parents=True)
+    (ours / "model" / "config.json").write_text("{}")
+    assert resolve_checkpoint(str(plain)) == str(plain.resolve())
+    assert resolve_checkpoint(str(ours)) == str((ours / "model").resolve())
+    assert resolve_checkpoint("Qwen/Qwen2.5-Math-7B") == "Qwen/Qwen2.5-Math-7B"
+    with pytest.raises(UserError, match="checkpoint not found"):
+        resolve_checkpoint(str(tmp_path / "nope"))
+    with pytest.raises(UserError, match="holds no config.json"):
+        resolve_checkpoint(str(tmp_path))
