@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dapo_cli.data.schema import read_dapo_rows
 from dapo_cli.errors import UserError
 
 SYNTHETIC_PREFIX = "synthetic:"
@@ -44,14 +43,9 @@ def load_rows(spec: str, *, split: str, synthetic_size: int) -> list[dict[str, A
         from dapo_cli.data.synthetic import generate_rows
 
         return generate_rows(spec[len(SYNTHETIC_PREFIX) :], synthetic_size, SYNTHETIC_DATA_SEED, split)
-    try:
-        from dapo_cli.datasets import load_dataset_rows
-    except ModuleNotFoundError as exc:  # without the registry module: DAPO parquet paths only
-        if exc.name != "dapo_cli.datasets":
-            raise
-        return read_dapo_rows(Path(spec))  # a missing file is "dataset file not found: ..."
-    rows, _ = load_dataset_rows(spec)  # paths and names, DAPO or raw (converted), parquet or JSONL
-    return rows
+    from dapo_cli.datasets import load_dataset_rows
+
+    return load_dataset_rows(spec).rows  # paths and names, DAPO or raw (converted), parquet or JSONL
 
 
 def build_prompts(

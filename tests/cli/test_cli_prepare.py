@@ -1,0 +1,137 @@
+"""`dapo prepare-data` through the CLI: every shared file with MLflow, the manifest, and bad inputs."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from dapo_cli.cli import app
+from dapo_cli.fileio import sha256_file
+
+DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
+needs_data = pytest.mark.skipif(not DATA.is_dir(), reason=f"shared data not found at {DATA}")
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def tracking_uri(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """One SQLite store for the module (creating a store costs about a second)."""
+    return f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
+
+
+@needs_data
+@pytest.mark.parametrize(
+    ("name", "rows", "problems", "kept", "dropped"),
+    [
+        ("aime-2024.parquet", 960, 30, {"integer": 960}, 0),
+        ("raw-amc23.jsonl", 40, 40, {"integer": 40}, 0),
+        ("raw-gaokao2023en.jsonl", 263, 263, {"integer": 196, "fraction": 37, "surd": 27, "pi": 3}, 122),
+        ("raw-minerva_math.jsonl", 65, 65, {"integer": 64, "pi": 1}, 207),
+    ],
+)
+def test_prepare_each_shared_file_records_mlflow(
+    tmp_path: Path, tracking_uri: str, name: str, rows: int, problems: int, kept: dict, dropped: int
+) -> None:
+    from mlflow import MlflowClient
+
+    out = tmp_path / "prepared.parquet"
+    args = ["prepare-data", str(DATA / name), "-o", str(out), "--tracking-uri", tracking_uri, "--experiment", "prep-test"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    table = pq.read_table(out).to_pylist()
+    assert len(table) == rows and len({r["extra_info"]["index"] for r in table}) == problems
+    assert all(re.fullmatch(r"-?\d+", r["reward_model"]["ground_truth"]) for r in table)
+
+    manifest = json.loads((tmp_path / "prepared.parquet.manifest.json").read_text())
+    assert manifest["counts"]["kept_by_conversion"] == kept and manifest["counts"]["dropped"] == dropped
+    assert manifest["counts"]["rows_read"] == rows + dropped
+    [source] = manifest["inputs"]
+    assert source["sha256"] == sha256_file(DATA / name)
+    assert manifest["outputs"] == [{"split": "train", "path": str(out), "rows": rows, "sha256": sha256_file(out)}]
+    assert manifest["command"] == "prepare-data" and manifest["options"]["seed"] == 0
+
+    run_id = re.search(r"MLflow run: (\w+)", result.stdout).group(1)
+    client = MlflowClient(tracking_uri=tracking_uri)
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED" and run.info.run_name == "prepare-data-prepared"
+    assert run.data.params["inputs"] == str(DATA / name) and run.data.params["output"] == str(out)
+    assert run.data.params["repeat"] == "1" and run.data.params["val_fraction"] == "0.0"
+    assert run.data.metrics["data/kept"] == rows and run.data.metrics["data/dropped"] == dropped
+    assert run.data.metrics["data/train_rows"] == rows
+    assert all(run.data.metrics[f"data/kept_{c}"] == n for c, n in kept.items())
+    assert [a.path for a in client.list_artifacts(run_id)] == ["prepared.parquet.manifest.json"]
+    assert "prepare-data" in result.stdout and "total" in result.stdout
+
+
+@needs_data
+def test_gaokao_summary_lists_drop_reasons(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["prepare-data", str(DATA / "raw-gaokao2023en.jsonl"), "-o", str(tmp_path / "g.parquet"), "--no-track"])
+    assert result.exit_code == 0, result.output
+    # gaokao line 170: "answer": "A" — one of 46 multiple-choice letters
+    assert re.search(r"choice\s*│\s*46", result.stdout)
+    assert "MLflow run" not in result.stdout
+
+
+@needs_data
+def test_split_repeat_and_no_track(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    args = ["prepare-data", str(DATA / "raw-amc23.jsonl"), "-o", "amc.parquet", "--val-fraction", "0.1", "--seed", "2"]
+    result = runner.invoke(app, [*args, "--repeat", "4", "--no-track"])
+    assert result.exit_code == 0, result.output
+    train, val = pq.read_table("amc.parquet").to_pylist(), pq.read_table("amc.val.parquet").to_pylist()
+    assert (len(train), len(val)) == (36 * 4, 4 * 4)  # round(40 · 0.1) = 4 val problems, each 4 times
+    assert not (tmp_path / "mlflow.db").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["missing.jsonl"], "input file not found: missing.jsonl"),
+        (["notes.txt"], "cannot tell the format of notes.txt"),
+        (["nofield.jsonl"], "no problem field"),
+        (["empty.jsonl"], "holds no rows"),
+        (["choices.jsonl"], r"every row was dropped \(choice 2\)"),
+        (["good.jsonl", "--template", "no placeholder"], "--template must contain"),
+        (["good.jsonl", "--val-fraction", "2"], "--val-fraction must be in"),
+        ([], "give input files or --synthetic NAME"),
+    ],
+)
+def test_bad_inputs_exit_2_with_one_line_and_no_output(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str], message: str
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    Path("notes.txt").write_text("hello\n")
+    Path("nofield.jsonl").write_text('{"text": "a", "answer": 1}\n')
+    Path("empty.jsonl").write_text("")
+    Path("choices.jsonl").write_text('{"problem": "Pick.", "answer": "A"}\n{"problem": "Again.", "answer": "(B)"}\n')
+    Path("good.jsonl").write_text('{"problem": "1+1?", "answer": "2"}\n')
+    result = runner.invoke(app, ["prepare-data", *args, "-o", "out.parquet", "--no-track"])
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and re.search(message, lines[0]), result.stderr
+    assert not Path("out.parquet").exists() and not Path("out.parquet.manifest.json").exists()
+
+
+def test_missing_output_is_one_line(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["prepare-data", str(tmp_path / "x.jsonl")])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == "error: missing -o/--output: where to write the parquet file"
+
+
+def test_synthetic_through_the_cli(tmp_path: Path) -> None:
+    pytest.importorskip("dapo_cli.data.synthetic")
+    out = tmp_path / "syn.parquet"
+    result = runner.invoke(app, ["prepare-data", "--synthetic", "add-2digit", "--n", "12", "--seed", "5", "-o", str(out), "--no-track"])
+    assert result.exit_code == 0, result.output
+    table = pq.read_table(out).to_pylist()
+    assert len(table) == 12 and all(r["data_source"] == "synthetic/add-2digit" for r in table)
+    manifest = json.loads((tmp_path / "syn.parquet.manifest.json").read_text())
+    assert manifest["options"]["synthetic"] == "add-2digit" and manifest["counts"]["kept"] == 12
+    bad = runner.invoke(app, ["prepare-data", "--synthetic", "nope", "-o", str(tmp_path / "x.parquet"), "--no-track"])
+    assert bad.exit_code == 2 and "unknown synthetic task 'nope'" in bad.stderr

@@ -1,0 +1,257 @@
+"""The prepare-data library: shared files end to end, dedup, K-copies layout, split, repeat, limit, atomicity."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from dapo_cli.data import prepare as P
+from dapo_cli.data.prepare import PrepareOptions, run_prepare
+from dapo_cli.data.schema import DAPO_INSTRUCTION, DAPO_SCHEMA, make_row, write_dapo_parquet
+from dapo_cli.errors import UserError
+from dapo_cli.fileio import sha256_file
+
+DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
+needs_data = pytest.mark.skipif(not DATA.is_dir(), reason=f"shared data not found at {DATA}")
+
+
+def prepare(tmp_path: Path, *inputs: Path, **options: object) -> P.PrepareResult:
+    return run_prepare(PrepareOptions(output=tmp_path / "out.parquet", inputs=inputs, track=False, **options))
+
+
+def rows(path: Path) -> list[dict]:
+    return pq.read_table(path).to_pylist()
+
+
+def write_jsonl(path: Path, records: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return path
+
+
+@needs_data
+def test_aime_k_copies_layout_is_kept(tmp_path: Path) -> None:
+    result = prepare(tmp_path, DATA / "aime-2024.parquet")
+    source, out = rows(DATA / "aime-2024.parquet"), rows(tmp_path / "out.parquet")
+    assert len(out) == 960 and result.train_rows == 960
+    copies = Counter(r["extra_info"]["index"] for r in out)
+    assert len(copies) == 30 and set(copies.values()) == {32}
+    for before, after in zip(source, out, strict=True):  # same rows, same order
+        assert after["prompt"] == before["prompt"]
+        assert after["reward_model"] == before["reward_model"]
+        assert after["data_source"] == before["data_source"] == "math_dapo"
+        assert after["extra_info"]["index"] == before["extra_info"]["index"]
+        assert after["extra_info"]["raw_problem"] == before["extra_info"]["raw_problem"]
+        assert after["extra_info"]["conversion"] == "integer"
+        assert after["extra_info"]["original_answer"] == before["reward_model"]["ground_truth"]
+    assert pq.read_schema(tmp_path / "out.parquet").names == DAPO_SCHEMA.names  # no __index_level_0__
+    [report] = result.manifest["inputs"]
+    assert (report["layout"], report["kind"], report["kept"], report["dropped"]) == ("32 per problem", "dapo", {"integer": 960}, {})
+
+
+@needs_data
+def test_amc23_float_answers_become_integer_rows(tmp_path: Path) -> None:
+    prepare(tmp_path, DATA / "raw-amc23.jsonl")
+    out = rows(tmp_path / "out.parquet")
+    source = [json.loads(line) for line in (DATA / "raw-amc23.jsonl").read_text().splitlines()]
+    assert [r["extra_info"]["index"] for r in out] == list(range(40))
+    assert [r["reward_model"]["ground_truth"] for r in out] == [str(int(s["answer"])) for s in source]
+    first = out[0]  # line 1: "answer":27.0
+    assert first["reward_model"] == {"ground_truth": "27", "style": "rule-lighteval/MATH_v2"}
+    assert first["prompt"] == [{"content": DAPO_INSTRUCTION.replace("{problem}", source[0]["problem"]), "role": "user"}]
+    assert first["extra_info"] == {
+        "index": 0, "raw_problem": source[0]["problem"], "split": None, "original_answer": "27.0", "conversion": "integer"
+    }  # fmt: skip
+    assert (first["data_source"], first["ability"]) == ("math_dapo", "MATH")
+
+
+@needs_data
+@pytest.mark.parametrize(
+    ("name", "kept", "dropped"),
+    [
+        (
+            "raw-gaokao2023en.jsonl",
+            {"integer": 196, "fraction": 37, "surd": 27, "pi": 3},
+            {
+                "choice": 46, "non_integer_decimal": 22, "equation_or_inequality": 12, "interval_or_set": 10,
+                "tuple": 6, "has_variables": 6, "complex": 4, "multiple_answers": 4, "text": 3, "unparseable": 3,
+                "irrational": 3, "no_answer": 2, "integer_expression": 1,
+            },
+        ),
+        (
+            "raw-minerva_math.jsonl",
+            {"integer": 64, "pi": 1},
+            {
+                "non_integer_decimal": 68, "scientific_notation": 58, "has_variables": 36, "unparseable": 29,
+                "equation_or_inequality": 12, "complex": 3, "text": 1,
+            },
+        ),
+    ],
+)  # fmt: skip
+def test_shared_raw_files_counts(tmp_path: Path, name: str, kept: dict, dropped: dict) -> None:
+    result = prepare(tmp_path, DATA / name)
+    assert dict(result.kept) == kept and dict(result.dropped) == dropped
+    assert result.train_rows == sum(kept.values()) == len(rows(tmp_path / "out.parquet"))
+    assert result.rows_read == sum(kept.values()) + sum(dropped.values())
+    counts = result.manifest["counts"]
+    assert counts["kept_by_conversion"] == kept and counts["dropped_by_reason"] == dict(sorted(dropped.items()))
+    assert all(r["reward_model"]["ground_truth"].lstrip("-").isdigit() for r in rows(tmp_path / "out.parquet"))
+
+
+def test_duplicates_are_dropped_by_folded_problem_text(tmp_path: Path) -> None:
+    raw = write_jsonl(
+        tmp_path / "raw.jsonl",
+        [
+            {"problem": "What is 1+1?", "answer": "2"},
+            {"problem": "  what IS\n1+1? ", "answer": "2"},  # same text up to case and whitespace
+            {"problem": "What is 2+2?", "answer": 4.0},
+        ],
+    )
+    result = prepare(tmp_path, raw)
+    assert dict(result.dropped) == {"duplicate": 1}
+    assert [r["extra_info"]["raw_problem"] for r in rows(tmp_path / "out.parquet")] == ["What is 1+1?", "What is 2+2?"]
+
+
+def _amc_like(tmp_path: Path, n: int = 40) -> Path:
+    return write_jsonl(tmp_path / "raw.jsonl", [{"question": f"Problem {i}?", "answer": str(i)} for i in range(n)])
+
+
+def test_split_is_seeded_deterministic_and_by_problem(tmp_path: Path) -> None:
+    raw = _amc_like(tmp_path)
+    first = prepare(tmp_path, raw, val_fraction=0.25, seed=7)
+    train, val = rows(tmp_path / "out.parquet"), rows(tmp_path / "out.val.parquet")
+    assert (len(train), len(val)) == (30, 10)  # round(40 · 0.25) = 10 problems
+    assert {r["extra_info"]["split"] for r in train} == {"train"} and {r["extra_info"]["split"] for r in val} == {"val"}
+    assert not {r["extra_info"]["index"] for r in train} & {r["extra_info"]["index"] for r in val}
+    again = prepare(tmp_path, raw, val_fraction=0.25, seed=7)
+    assert again.manifest["outputs"] == first.manifest["outputs"]  # byte-identical files (sha256)
+    other = prepare(tmp_path, raw, val_fraction=0.25, seed=8)
+    assert other.manifest["outputs"][1]["sha256"] != first.manifest["outputs"][1]["sha256"]
+
+
+@needs_data
+def test_k_copies_split_keeps_copies_together(tmp_path: Path) -> None:
+    prepare(tmp_path, DATA / "aime-2024.parquet", val_fraction=0.2, seed=1)
+    train, val = rows(tmp_path / "out.parquet"), rows(tmp_path / "out.val.parquet")
+    # 30 problems → round(6.0) = 6 val problems × 32 copies
+    assert (len(train), len(val)) == (24 * 32, 6 * 32)
+    assert set(Counter(r["extra_info"]["index"] for r in val).values()) == {32}
+
+
+def test_repeat_writes_the_avg_at_k_layout(tmp_path: Path) -> None:
+    result = prepare(tmp_path, _amc_like(tmp_path, 5), repeat=3)
+    assert [r["extra_info"]["index"] for r in rows(tmp_path / "out.parquet")] == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3, 4, 4, 4]
+    assert result.train_rows == 15
+
+
+def test_k_copies_input_refuses_repeat(tmp_path: Path) -> None:
+    copies = [make_row(f"P{i}?", str(i), index=i) for i in range(3) for _ in range(4)]
+    write_dapo_parquet(copies, tmp_path / "k.parquet")
+    with pytest.raises(UserError, match="already in the 4-copies layout; drop --repeat"):
+        prepare(tmp_path, tmp_path / "k.parquet", repeat=2)
+
+
+def test_limit_keeps_the_first_problems(tmp_path: Path) -> None:
+    result = prepare(tmp_path, _amc_like(tmp_path), limit=10)
+    assert [r["reward_model"]["ground_truth"] for r in rows(tmp_path / "out.parquet")] == [str(i) for i in range(10)]
+    assert dict(result.dropped) == {"limit": 30} and dict(result.kept) == {"integer": 10}
+
+
+def test_prepared_rows_are_revalidated_and_deduplicated(tmp_path: Path) -> None:
+    empty = make_row("C?", "7", index=3)
+    empty["prompt"] = [{"content": "  ", "role": "user"}]
+    prepared = [
+        make_row("A?", "5", index=0),
+        make_row("A?", "5", index=0),  # uneven copies (2, 1, 1, 1): not the K-copies layout → deduplicated
+        make_row("B?", "1.5", index=1),
+        make_row("D?", "-4", index=2),
+        empty,
+    ]
+    write_dapo_parquet(prepared, tmp_path / "p.parquet")
+    result = prepare(tmp_path, tmp_path / "p.parquet")
+    assert dict(result.dropped) == {"duplicate": 1, "non_integer_ground_truth": 1, "empty_prompt": 1}
+    out = rows(tmp_path / "out.parquet")
+    assert [(r["extra_info"]["index"], r["reward_model"]["ground_truth"]) for r in out] == [(0, "5"), (2, "-4")]
+
+
+def test_indices_of_later_inputs_never_collide(tmp_path: Path) -> None:
+    write_dapo_parquet([make_row("A?", "1", index=0), make_row("B?", "2", index=1)], tmp_path / "one.parquet")
+    write_dapo_parquet([make_row("C?", "3", index=0), make_row("D?", "4", index=1)], tmp_path / "two.parquet")
+    raw = write_jsonl(tmp_path / "raw.jsonl", [{"problem": "E?", "answer": "5"}])
+    prepare(tmp_path, tmp_path / "one.parquet", tmp_path / "two.parquet", raw)
+    out = rows(tmp_path / "out.parquet")
+    # second file shifted by max(0, 1) + 1 - 0 = 2; the raw problem numbered after the highest index
+    assert [(r["extra_info"]["raw_problem"], r["extra_info"]["index"]) for r in out] == [
+        ("A?", 0), ("B?", 1), ("C?", 2), ("D?", 3), ("E?", 4)
+    ]  # fmt: skip
+
+
+def test_template_and_data_source(tmp_path: Path) -> None:
+    prepare(tmp_path, _amc_like(tmp_path, 2), template="Q: {problem}\nA:", data_source="my_source")
+    first = rows(tmp_path / "out.parquet")[0]
+    assert first["prompt"] == [{"content": "Q: Problem 0?\nA:", "role": "user"}] and first["data_source"] == "my_source"
+
+
+def test_every_row_dropped_writes_nothing(tmp_path: Path) -> None:
+    raw = write_jsonl(tmp_path / "raw.jsonl", [{"problem": "Pick one.", "answer": "A"}, {"problem": "x?", "answer": "[1,2)"}])
+    with pytest.raises(UserError, match=r"every row was dropped \((choice 1, interval_or_set 1|interval_or_set 1, choice 1)\)"):
+        prepare(tmp_path, raw)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["raw.jsonl"]
+
+
+def test_failed_write_leaves_no_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    raw = _amc_like(tmp_path, 10)
+    calls = []
+
+    def failing_write(rows: list, path: Path) -> None:
+        calls.append(path)
+        if len(calls) == 2:  # the validation file, after the training file is complete
+            raise OSError("disk full")
+        P.pq.write_table(P.pa.Table.from_pylist(rows, schema=DAPO_SCHEMA), path)
+
+    monkeypatch.setattr(P, "_write_parquet", failing_write)
+    with pytest.raises(OSError, match="disk full"):
+        prepare(tmp_path, raw, val_fraction=0.5)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["raw.jsonl"]  # no output, manifest or temporary file
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"val_fraction": 1.0}, r"--val-fraction must be in \[0, 1\)"),
+        ({"repeat": 0}, "--repeat must be >= 1"),
+        ({"limit": 0}, "--limit must be >= 1"),
+        ({"template": "no placeholder"}, "--template must contain {problem}"),
+    ],
+)
+def test_bad_options(tmp_path: Path, options: dict, message: str) -> None:
+    with pytest.raises(UserError, match=message):
+        prepare(tmp_path, _amc_like(tmp_path, 3), **options)
+
+
+def test_output_must_not_be_an_input(tmp_path: Path) -> None:
+    raw = _amc_like(tmp_path, 3)
+    with pytest.raises(UserError, match="is also an input"):
+        run_prepare(PrepareOptions(output=raw, inputs=(raw,), track=False))
+    with pytest.raises(UserError, match="exactly one of them"):
+        run_prepare(PrepareOptions(output=tmp_path / "o.parquet", track=False))
+
+
+def test_synthetic_task_splits_from_disjoint_partitions(tmp_path: Path) -> None:
+    pytest.importorskip("dapo_cli.data.synthetic")
+    result = run_prepare(
+        PrepareOptions(output=tmp_path / "syn.parquet", synthetic="add-3digit", n=20, val_fraction=0.25, seed=3, track=False)
+    )
+    train, val = rows(tmp_path / "syn.parquet"), rows(tmp_path / "syn.val.parquet")
+    assert (len(train), len(val), result.train_rows, result.val_rows) == (15, 5, 15, 5)
+    assert {r["extra_info"]["split"] for r in train} == {"train"} and {r["extra_info"]["split"] for r in val} == {"val"}
+    assert not {r["extra_info"]["raw_problem"] for r in train} & {r["extra_info"]["raw_problem"] for r in val}
+    assert all(r["data_source"] == "synthetic/add-3digit" for r in train + val)
+    again = run_prepare(
+        PrepareOptions(output=tmp_path / "syn2.parquet", synthetic="add-3digit", n=20, val_fraction=0.25, seed=3, track=False)
+    )
+    assert sha256_file(tmp_path / "syn.parquet") == sha256_file(tmp_path / "syn2.parquet")
+    assert again.manifest["counts"] == result.manifest["counts"]
