@@ -1,5 +1,5 @@
 # dapo: two commands from a fresh clone.
-#   make demo   set up .venv and run the main job (tiny DAPO training on CPU, recorded in MLflow)
+#   make demo   set up .venv, build the tiny policy once (cached), train it with DAPO on CPU (MLflow)
 #   make test   set up .venv and run the test suite
 PYTHON ?= python3
 VENV   := .venv
@@ -20,6 +20,7 @@ $(STAMP): pyproject.toml | $(PY)
 setup: $(STAMP)
 
 demo: $(STAMP)
+	$(VENV)/bin/dapo init-model
 	$(VENV)/bin/dapo train experiments/tiny.yaml
 	@echo
 	@echo "Look at the run:  $(VENV)/bin/mlflow ui --backend-store-uri sqlite:///mlflow.db"
