@@ -1,0 +1,27 @@
+"""Policies: the tiny built-in model, its character tokenizer, warm-start and loading.
+
+``resolve_model(spec, tiny)`` -> path (builds ``builtin:tiny`` once, cached by the
+config fingerprint); ``load_policy(path)`` -> ``(model, tokenizer)`` for any
+``save_pretrained`` folder or hub id; ``format_prompt(tokenizer, messages)``
+renders a DAPO prompt for generation.
+"""
+
+from dapo_cli.models.loading import BUILTIN_MODELS, default_cache_dir, load_policy, resolve_model
+from dapo_cli.models.tiny import ARCHITECTURES, build_tiny_model, count_parameters, save_policy
+from dapo_cli.models.tokenizer import build_char_tokenizer, format_prompt
+from dapo_cli.models.warmstart import MODEL_CARD, warm_start
+
+__all__ = [
+    "ARCHITECTURES",
+    "BUILTIN_MODELS",
+    "MODEL_CARD",
+    "build_char_tokenizer",
+    "build_tiny_model",
+    "count_parameters",
+    "default_cache_dir",
+    "format_prompt",
+    "load_policy",
+    "resolve_model",
+    "save_policy",
+    "warm_start",
+]

@@ -1,0 +1,182 @@
+"""Find and load a policy: ``builtin:tiny``, a local ``save_pretrained`` folder, or a hub id.
+
+``resolve_model`` turns a model spec into a path (building and caching the tiny
+policy on first use); ``load_policy`` loads a path or hub id into a causal LM and
+a left-padding tokenizer. Everything works offline for local folders; a hub id
+needs network access (or the local Hugging Face cache) and otherwise fails with
+a one-line :class:`UserError` that says to give a local directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import sys
+from pathlib import Path
+from urllib.parse import urlparse
+
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    PreTrainedTokenizerFast,
+)
+
+from dapo_cli.config.tiny import TinyModelConfig
+from dapo_cli.errors import UserError
+from dapo_cli.fileio import atomic_dir
+from dapo_cli.models.tiny import quiet_hf_progress
+from dapo_cli.models.tokenizer import format_prompt
+from dapo_cli.models.warmstart import MODEL_CARD, warm_start
+
+__all__ = ["BUILTIN_MODELS", "default_cache_dir", "format_prompt", "load_policy", "resolve_model"]
+
+BUILTIN_MODELS: tuple[str, ...] = ("builtin:tiny",)
+"""Model specs the project builds itself."""
+
+GENERIC_TOKENIZER_CLASSES = frozenset({"PreTrainedTokenizerFast", "TokenizersBackend"})
+"""``tokenizer_class`` values that mean "exactly the tokenizer.json in this folder".
+
+``AutoTokenizer`` overrides them by model type (beside a ``qwen2`` config it builds a
+byte-level Qwen2 tokenizer that drops spaces and newlines), so such folders -- all
+tiny-policy folders and their checkpoints -- are loaded with
+``PreTrainedTokenizerFast`` directly."""
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+
+def default_cache_dir() -> Path:
+    """Where built-in models are cached: ``$DAPO_CACHE`` if set, else ``~/.cache/dapo``."""
+    env = os.environ.get("DAPO_CACHE", "")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "dapo"
+
+
+def resolve_model(spec: str, tiny: TinyModelConfig, cache_dir: Path | None = None) -> Path:
+    """Path (or, for a hub id, a ``Path`` whose string is the id) that :func:`load_policy` accepts.
+
+    ``builtin:tiny`` resolves to ``<cache_dir>/tiny-<tiny.fingerprint()>``; when that
+    folder is missing the policy is warm-started into a temporary sibling and renamed
+    into place (so an interrupted build leaves nothing behind), with one line on
+    stderr saying so. Any other spec is returned as a path (``~`` expanded);
+    :func:`load_policy` treats one that does not exist locally as a hub id.
+    """
+    if spec.startswith("builtin:"):
+        if spec not in BUILTIN_MODELS:
+            raise UserError(f"unknown built-in model '{spec}' (valid: {', '.join(BUILTIN_MODELS)})")
+        path = (cache_dir or default_cache_dir()) / f"tiny-{tiny.fingerprint()}"
+        if not (path / MODEL_CARD).is_file():
+            print(
+                f"building {spec} (task {tiny.task}, {tiny.sft_steps} SFT steps) into {path}",
+                file=sys.stderr,
+                flush=True,
+            )
+            with atomic_dir(path) as tmp:
+                warm_start(tiny, tmp)
+        return path
+    return Path(spec).expanduser()
+
+
+def is_hub_id(spec: str) -> bool:
+    """True for ``name`` or ``owner/name`` specs (letters, digits, ``_ . -``), not for paths like ``./x``."""
+    return bool(_HUB_ID.match(spec))
+
+
+def hub_offline() -> bool:
+    """True when ``HF_HUB_OFFLINE`` is set to a true value (1/true/yes/on)."""
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def hub_reachable(timeout_s: float = 3.0) -> bool:
+    """Whether a TCP connection to the hub endpoint (``$HF_ENDPOINT``) opens within ``timeout_s``.
+
+    Checked first so an offline machine fails in seconds instead of after the
+    hub client's retries (~30 s).
+    """
+    url = urlparse(os.environ.get("HF_ENDPOINT", "") or "https://huggingface.co")
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        with socket.create_connection((url.hostname or "", port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def load_policy(
+    path: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load a causal LM and its tokenizer from a local folder or a hub id.
+
+    The tokenizer pads on the left (prompts end where generation starts) and uses
+    EOS as pad when it has no pad token. Raises :class:`UserError` for a missing or
+    invalid folder, and for a hub id that cannot be fetched (offline, unreachable,
+    unknown) unless it is in the local Hugging Face cache.
+    """
+    spec = str(path)
+    local = Path(path).expanduser()
+    if local.exists():
+        model, tokenizer = _load_local(local, dtype)
+    elif is_hub_id(spec):
+        model, tokenizer = _load_hub(spec, dtype)
+    else:
+        raise UserError(f"model directory not found: {spec} (give a folder written by save_pretrained)")
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    return model.to(device), tokenizer
+
+
+def _load_local(path: Path, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    if not path.is_dir() or not (path / "config.json").is_file():
+        raise UserError(
+            f"{path} is not a model directory (no config.json); give a folder written by "
+            "save_pretrained (a dapo checkpoint, a downloaded Qwen2.5) or builtin:tiny"
+        )
+    try:
+        with quiet_hf_progress():
+            tokenizer = _tokenizer_class(path).from_pretrained(path)
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    except (OSError, ValueError, KeyError) as exc:
+        raise UserError(f"cannot load model from {path}: {_first_line(exc)}") from None
+    return model, tokenizer
+
+
+def _tokenizer_class(path: Path) -> type[PreTrainedTokenizerBase]:
+    """``PreTrainedTokenizerFast`` for our own folders (see :data:`GENERIC_TOKENIZER_CLASSES`), else Auto."""
+    if (path / MODEL_CARD).is_file():
+        return PreTrainedTokenizerFast
+    config_file = path / "tokenizer_config.json"
+    if config_file.is_file() and (path / "tokenizer.json").is_file():
+        declared = json.loads(config_file.read_text(encoding="utf-8")).get("tokenizer_class")
+        if declared in GENERIC_TOKENIZER_CLASSES:
+            return PreTrainedTokenizerFast
+    return AutoTokenizer
+
+
+def _load_hub(spec: str, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    online = not hub_offline() and hub_reachable()
+    try:
+        with quiet_hf_progress():
+            tokenizer = AutoTokenizer.from_pretrained(spec, local_files_only=not online)
+            model = AutoModelForCausalLM.from_pretrained(spec, dtype=dtype, local_files_only=not online)
+    except (OSError, ValueError) as exc:
+        why = (
+            "HF_HUB_OFFLINE is set"
+            if hub_offline()
+            else "the Hugging Face hub cannot be reached"
+            if not online
+            else _first_line(exc)
+        )
+        raise UserError(
+            f"cannot load model '{spec}': {why} and it is not a local directory or in the local "
+            "cache; give a local directory (a save_pretrained folder) or builtin:tiny"
+        ) from None
+    return model, tokenizer
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -1,0 +1,185 @@
+"""Rollouts with transformers' ``model.generate`` (CPU, or one GPU without vLLM).
+
+The engine holds the *trainer's own model object*, so the weights it samples
+with are always the latest ones and :meth:`HFRolloutEngine.sync_weights` is a
+no-op. Sampling is plain ancestral sampling from
+
+.. math:: \\pi_\\theta(o_t \\mid q, o_{<t}) \\propto \\exp(z_t / \\tau)
+
+restricted by ``top_k`` / ``top_p`` when asked; ``temperature == 0`` means greedy.
+Every logits processor that a model's ``generation_config.json`` could switch on
+(e.g. Qwen2.5's ``repetition_penalty=1.05``, ``top_k=20``) is set explicitly to
+its neutral value, so the sampled distribution is the one the loss assumes.
+
+Seeding: with ``params.seed`` set, the engine calls ``torch.manual_seed(seed)``
+inside ``torch.random.fork_rng`` (``generate`` draws from torch's global RNG and
+accepts no ``torch.Generator``), so equal seeds give equal samples and the
+caller's global RNG state is left as it was. With ``seed=None`` it draws from,
+and advances, the global RNG.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
+
+from dapo_cli.rollout.base import Rollouts, SamplingParams
+
+NEUTRAL_PROCESSORS: dict[str, float | int] = {
+    "repetition_penalty": 1.0,
+    "no_repeat_ngram_size": 0,
+    "min_new_tokens": 0,
+    "num_beams": 1,
+    "num_return_sequences": 1,
+}
+"""Settings pinned to no-ops in every mode, so a checkpoint's defaults cannot reshape decoding."""
+
+NEUTRAL_WARPERS: dict[str, float] = {"typical_p": 1.0, "min_p": 0.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0}
+"""Sampling-only truncations pinned to no-ops when sampling (greedy ignores them)."""
+
+
+def eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """Ids that end a response: the tokenizer's EOS plus any in the model's generation config.
+
+    Chat checkpoints (Qwen2.5-Instruct) list several, e.g. ``<|im_end|>`` and ``<|endoftext|>``.
+    """
+    ids: list[int] = [] if tokenizer.eos_token_id is None else [int(tokenizer.eos_token_id)]
+    extra = model.generation_config.eos_token_id
+    for i in [extra] if isinstance(extra, int) else list(extra or []):
+        if int(i) not in ids:
+            ids.append(int(i))
+    if not ids:
+        raise ValueError("the tokenizer and the model's generation config define no EOS token")
+    return ids
+
+
+def generation_config(params: SamplingParams, pad_token_id: int, eos_ids: list[int]) -> GenerationConfig:
+    """A complete ``GenerationConfig`` for ``params`` (greedy when ``temperature == 0``)."""
+    if params.temperature > 0:
+        mode = {
+            "do_sample": True,
+            "temperature": params.temperature,
+            "top_k": params.top_k,
+            "top_p": params.top_p,
+            **NEUTRAL_WARPERS,
+        }
+    else:
+        mode = {"do_sample": False}  # sampling-only flags left unset: transformers warns about them
+    return GenerationConfig(
+        max_new_tokens=params.max_tokens,
+        pad_token_id=pad_token_id,
+        eos_token_id=eos_ids,
+        use_cache=True,
+        **mode,
+        **NEUTRAL_PROCESSORS,
+    )
+
+
+def response_mask(response_ids: torch.Tensor, eos_ids: list[int]) -> torch.Tensor:
+    """True on generated tokens up to and including the first EOS of each row.
+
+    response_ids: LongTensor [N, T] as returned by ``generate`` after the prompt
+    (rows that ended early are filled with pad, which may equal EOS).
+    Returns BoolTensor [N, T]: position t is kept iff no EOS occurs strictly before t.
+    """
+    is_eos = torch.isin(response_ids, torch.tensor(eos_ids, device=response_ids.device))
+    eos_before = torch.cumsum(is_eos.long(), dim=-1) - is_eos.long()  # EOS count in [0, t)
+    return eos_before == 0
+
+
+class HFRolloutEngine:
+    """:class:`~dapo_cli.rollout.base.RolloutEngine` on a transformers causal LM.
+
+    ``batch_size`` caps the sequences per ``generate`` call (``None``: all at once);
+    chunking only bounds memory: greedy results do not depend on it.
+    """
+
+    def __init__(
+        self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, batch_size: int | None = None
+    ) -> None:
+        if batch_size is not None and batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1 or None, got {batch_size}")
+        if tokenizer.pad_token_id is None:
+            raise ValueError("the tokenizer has no pad token (load_policy sets it to EOS)")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size
+
+    def sync_weights(self) -> None:
+        """No-op: the engine samples with the trainer's own model object."""
+
+    def generate(self, prompts: Sequence[str], n: int, params: SamplingParams) -> Rollouts:
+        """Sample ``n`` responses per already-templated prompt; see :class:`Rollouts` for shapes.
+
+        Prompts are tokenised without added special tokens, left-padded to the
+        longest, and each is repeated ``n`` times (response ``i`` answers prompt
+        ``i // n``).
+        """
+        if n < 1:
+            raise ValueError(f"n must be >= 1, got {n}")
+        if not prompts:
+            raise ValueError("generate needs at least one prompt")
+        pad_id = int(self.tokenizer.pad_token_id)
+        eos_ids = eos_token_ids(self.model, self.tokenizer)
+        enc = self.tokenizer(
+            list(prompts), padding=True, padding_side="left", add_special_tokens=False, return_tensors="pt"
+        )
+        prompt_ids = enc["input_ids"].repeat_interleave(n, dim=0)  # [N, S]
+        prompt_mask = enc["attention_mask"].bool().repeat_interleave(n, dim=0)  # [N, S]
+        gen_config = generation_config(params, pad_id, eos_ids)
+        chunk = self.batch_size or prompt_ids.shape[0]
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.random.fork_rng(devices=self._rng_devices(), enabled=params.seed is not None):
+                if params.seed is not None:
+                    torch.manual_seed(params.seed)
+                pieces = [
+                    self._generate_chunk(prompt_ids[i : i + chunk], prompt_mask[i : i + chunk], gen_config)
+                    for i in range(0, prompt_ids.shape[0], chunk)
+                ]
+        finally:
+            self.model.train(was_training)
+        response_ids = _right_pad_cat(pieces, pad_id)  # [N, T]
+        mask = response_mask(response_ids, eos_ids)  # [N, T]
+        ended = (torch.isin(response_ids, torch.tensor(eos_ids)) & mask).any(-1)  # [N]
+        response_ids = response_ids.masked_fill(~mask, pad_id)
+        lengths = mask.sum(-1)
+        texts = [
+            self.tokenizer.decode(row[:length].tolist(), skip_special_tokens=True)
+            for row, length in zip(response_ids, lengths.tolist())
+        ]
+        return Rollouts(
+            prompt_ids=prompt_ids,
+            prompt_mask=prompt_mask,
+            response_ids=response_ids,
+            response_mask=mask,
+            lengths=lengths,
+            truncated=~ended,
+            texts=texts,
+            prompt_index=torch.arange(len(prompts)).repeat_interleave(n),
+        )
+
+    def _rng_devices(self) -> list[int]:
+        """CUDA devices whose RNG ``fork_rng`` must save and restore (none on CPU)."""
+        device = self.model.device
+        return [device.index or 0] if device.type == "cuda" else []
+
+    @torch.inference_mode()
+    def _generate_chunk(
+        self, ids: torch.Tensor, mask: torch.Tensor, gen_config: GenerationConfig
+    ) -> torch.Tensor:
+        """Generated tokens only, on CPU: LongTensor [B, T_chunk] (T_chunk <= max_tokens)."""
+        device = self.model.device
+        out = self.model.generate(
+            input_ids=ids.to(device), attention_mask=mask.long().to(device), generation_config=gen_config
+        )
+        return out[:, ids.shape[1] :].cpu()
+
+
+def _right_pad_cat(pieces: list[torch.Tensor], pad_id: int) -> torch.Tensor:
+    """Concatenate [B_i, T_i] LongTensors along rows, right-padding each to max T_i with ``pad_id``."""
+    width = max(p.shape[1] for p in pieces)
+    return torch.cat([torch.nn.functional.pad(p, (0, width - p.shape[1]), value=pad_id) for p in pieces])

@@ -1,0 +1,158 @@
+"""resolve_model / load_policy: builtin:tiny cache, local folders, hub ids offline, errors."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import PreTrainedTokenizerFast
+
+import dapo_cli.models.loading as loading
+from dapo_cli.config.tiny import TinyModelConfig
+from dapo_cli.errors import UserError
+from dapo_cli.models.loading import default_cache_dir, is_hub_id, load_policy, resolve_model
+from dapo_cli.models.tiny import build_tiny_model_for, save_policy
+from dapo_cli.models.tokenizer import build_char_tokenizer, char_vocab
+from dapo_cli.models.warmstart import MODEL_CARD
+
+SMALL = TinyModelConfig(
+    hidden_size=32,
+    num_layers=2,
+    num_heads=2,
+    intermediate_size=64,
+    sft_steps=3,
+    sft_batch_size=8,
+    sft_warmup_steps=1,
+    eval_problems=4,
+    eval_max_tokens=8,
+)
+TEXT = "What is 1+2?\n\n x"
+
+
+@pytest.fixture(scope="module")
+def builtin_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return resolve_model("builtin:tiny", SMALL, cache_dir=tmp_path_factory.mktemp("cache"))
+
+
+def test_builtin_tiny_is_built_once_into_the_fingerprinted_cache(tmp_path, capsys, monkeypatch):
+    path = resolve_model("builtin:tiny", SMALL, cache_dir=tmp_path)
+    assert path == tmp_path / f"tiny-{SMALL.fingerprint()}"
+    card = json.loads((path / MODEL_CARD).read_text())
+    assert card["fingerprint"] == SMALL.fingerprint() and card["sft_steps"] == 3
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "building builtin:tiny" in err and str(path) in err
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary sibling left behind
+
+    def no_rebuild(*args, **kwargs):
+        raise AssertionError("the cached model was rebuilt")
+
+    monkeypatch.setattr(loading, "warm_start", no_rebuild)
+    assert resolve_model("builtin:tiny", SMALL, cache_dir=tmp_path) == path
+    assert capsys.readouterr().err == ""
+    other = dataclasses.replace(SMALL, seed=1)
+    with pytest.raises(AssertionError, match="rebuilt"):  # another config is another cache entry
+        resolve_model("builtin:tiny", other, cache_dir=tmp_path)
+    assert not (tmp_path / f"tiny-{other.fingerprint()}").exists()  # the failed build left nothing
+
+
+def test_cache_dir_defaults_to_env_then_home(monkeypatch, tmp_path):
+    monkeypatch.setenv("DAPO_CACHE", str(tmp_path / "c"))
+    assert default_cache_dir() == tmp_path / "c"
+    monkeypatch.delenv("DAPO_CACHE")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert default_cache_dir() == tmp_path / ".cache" / "dapo"
+
+
+def test_resolve_model_other_specs(tmp_path):
+    assert resolve_model(str(tmp_path), SMALL) == tmp_path
+    assert str(resolve_model("Qwen/Qwen2.5-0.5B", SMALL)) == "Qwen/Qwen2.5-0.5B"
+    with pytest.raises(UserError, match=r"unknown built-in model 'builtin:huge' \(valid: builtin:tiny\)"):
+        resolve_model("builtin:huge", SMALL)
+
+
+def test_load_builtin_gives_a_char_tokenizer_padding_left(builtin_dir):
+    model, tok = load_policy(builtin_dir)
+    assert isinstance(tok, PreTrainedTokenizerFast) and tok.padding_side == "left"
+    assert tok(TEXT)["input_ids"] == [char_vocab()[c] for c in TEXT]
+    assert tok.decode(tok(TEXT)["input_ids"]) == TEXT
+    assert model.dtype == torch.float32 and model.device.type == "cpu"
+    assert model.config.vocab_size == len(tok) == 114
+
+
+@pytest.mark.parametrize("architecture", ["llama", "qwen2"])
+def test_load_a_plain_save_pretrained_dir_keeps_the_char_tokenizer(tmp_path, architecture):
+    # no dapo_model.json here (like a training checkpoint); qwen2 is the AutoTokenizer trap
+    tok = build_char_tokenizer()
+    cfg = dataclasses.replace(SMALL, architecture=architecture)
+    original = build_tiny_model_for(cfg, tok)
+    save_policy(original, tok, tmp_path)
+    model, loaded = load_policy(tmp_path, dtype=torch.bfloat16)
+    assert loaded(TEXT)["input_ids"] == tok(TEXT)["input_ids"]
+    assert model.dtype == torch.bfloat16 and model.config.model_type == architecture
+    ids = torch.tensor([tok(TEXT)["input_ids"]])
+    with torch.no_grad():
+        expected = original(ids).logits
+        got = model.float()(ids).logits
+    assert torch.allclose(got, expected, atol=0.1)  # bfloat16 weights: ~3 significant digits
+
+
+def test_tokenizer_without_pad_gets_eos_as_pad(tmp_path):
+    tok = build_char_tokenizer()
+    save_policy(build_tiny_model_for(SMALL, tok), tok, tmp_path)
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    del config["pad_token"]
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    _, loaded = load_policy(tmp_path)
+    assert loaded.pad_token == "<eos>" and loaded.pad_token_id == loaded.eos_token_id == 1
+
+
+def test_missing_or_invalid_directories_raise_user_error(tmp_path):
+    with pytest.raises(UserError, match="model directory not found: ./nope"):
+        load_policy("./nope")
+    with pytest.raises(UserError, match="is not a model directory \\(no config.json\\)"):
+        load_policy(tmp_path)
+    (tmp_path / "file.txt").write_text("x")
+    with pytest.raises(UserError, match="is not a model directory"):
+        load_policy(tmp_path / "file.txt")
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(UserError, match="cannot load model from"):
+        load_policy(tmp_path)
+
+
+def test_hub_id_offline_raises_user_error(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    expected = r"cannot load model 'dapo-test/absent-model': HF_HUB_OFFLINE is set.*give a local directory"
+    with pytest.raises(UserError, match=expected):
+        load_policy("dapo-test/absent-model")
+
+
+def test_hub_id_unreachable_raises_user_error_without_waiting(monkeypatch):
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(loading, "hub_reachable", lambda timeout_s=3.0: False)
+    expected = r"cannot load model 'dapo-test/absent-model': the Hugging Face hub cannot be reached"
+    with pytest.raises(UserError, match=expected):
+        load_policy("dapo-test/absent-model")
+
+
+def test_hub_reachable_is_false_for_a_closed_port(monkeypatch):
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # discard port: nothing listens
+    assert loading.hub_reachable(timeout_s=1.0) is False
+
+
+@pytest.mark.parametrize(
+    ("spec", "hub"),
+    [
+        ("Qwen/Qwen2.5-0.5B", True),
+        ("gpt2", True),
+        ("runs/exp/ckpt", False),
+        ("./model", False),
+        ("/abs/model", False),
+        ("~/model", False),
+        ("a b/c", False),
+    ],
+)
+def test_is_hub_id(spec, hub):
+    assert is_hub_id(spec) is hub

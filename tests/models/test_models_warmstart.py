@@ -1,0 +1,117 @@
+"""Warm-start pieces by hand (LR schedule, label masking, answer check) and a 20-step build."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import torch
+
+from dapo_cli.config.tiny import TinyModelConfig
+from dapo_cli.models.tokenizer import build_char_tokenizer, char_vocab
+from dapo_cli.models.warmstart import (
+    IGNORE_INDEX,
+    MODEL_CARD,
+    answer_checker,
+    local_answer_check,
+    sft_batch,
+    sft_lr,
+    sft_pairs,
+    warm_start,
+)
+
+V = char_vocab()
+SMALL = TinyModelConfig(
+    hidden_size=32,
+    num_layers=2,
+    num_heads=2,
+    intermediate_size=64,
+    sft_steps=20,
+    sft_batch_size=16,
+    sft_warmup_steps=2,
+    eval_problems=16,
+    eval_max_tokens=40,
+)
+
+
+def test_sft_lr_warmup_then_linear_decay_to_ten_percent():
+    cfg = TinyModelConfig(sft_lr=1e-3, sft_warmup_steps=4, sft_steps=14)
+    # warm-up: (s+1)/4 * 1e-3 for s = 0..3
+    assert [sft_lr(s, cfg) for s in range(4)] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3], abs=1e-12)
+    # decay over s = 4..13: 1 - 0.9 (s-4)/9 -> 1.0 at s=4, 0.6 at s=8, 0.1 at the last step s=13
+    assert sft_lr(4, cfg) == pytest.approx(1e-3, abs=1e-12)
+    assert sft_lr(8, cfg) == pytest.approx(6e-4, abs=1e-12)
+    assert sft_lr(13, cfg) == pytest.approx(1e-4, abs=1e-12)
+    # no warm-up: the first step already uses the peak
+    assert sft_lr(0, TinyModelConfig(sft_lr=2e-3, sft_warmup_steps=0, sft_steps=5)) == pytest.approx(2e-3)
+
+
+def test_sft_batch_masks_prompt_and_padding():
+    tok = build_char_tokenizer()
+    batch = sft_batch(tok, [("1+1?\n", "2"), ("9?\n", "Answer: 9")])
+    # row 0: prompt "1+1?\n" (5 tokens) + "2" + <eos> = 7 tokens, padded to row 1's 3 + 9 + 1 = 13
+    row0 = [V[c] for c in "1+1?\n"] + [V["2"], 1]
+    assert batch["input_ids"][0].tolist() == row0 + [0] * 6
+    assert batch["attention_mask"][0].tolist() == [1] * 7 + [0] * 6
+    assert batch["labels"][0].tolist() == [IGNORE_INDEX] * 5 + [V["2"], 1] + [IGNORE_INDEX] * 6
+    assert batch["labels"][1].tolist() == [IGNORE_INDEX] * 3 + [V[c] for c in "Answer: 9"] + [1]
+    assert batch["attention_mask"][1].tolist() == [1] * 13
+
+
+def test_sft_pairs_mix_direct_and_worked_answers_deterministically():
+    tok = build_char_tokenizer()
+    cfg = TinyModelConfig(sft_batch_size=200, sft_direct_frac=0.25)
+    batch = next(sft_pairs(tok, cfg))
+    assert batch == next(sft_pairs(tok, cfg))
+    direct = sum(response.startswith("Answer: ") for _, response in batch)
+    # binomial(200, 0.25): mean 50, sd ~6.1
+    assert 30 <= direct <= 70
+    assert all(prompt.startswith("What is ") and prompt.endswith("?\n") for prompt, _ in batch)
+    assert all(response.split("\n")[-1].startswith("Answer: ") for _, response in batch)
+    assert sum(r.startswith("Answer: ") for _, r in next(sft_pairs(tok, TinyModelConfig(sft_direct_frac=0.0)))) == 0
+
+
+@pytest.mark.parametrize(
+    ("response", "correct"),
+    [
+        ("5+7+0=12\n8+4+1=13\n3+0+1=4\nAnswer: 432", True),
+        ("Answer: 432", True),
+        ("answer : 432", True),  # case-insensitive, spaces around the colon
+        ("Answer: 4 32", True),  # spaces are dropped, as in the DAPO normalisation
+        ("Answer: 432\nAnswer: 431", False),  # the last Answer: line counts
+        ("Answer: 0432", False),
+        ("432", False),  # no Answer: line
+        ("Answer: 432\n" + "x" * 288, True),  # 12 + 288 = 300 chars: the whole line is inside the window
+        ("Answer: 432\n" + "x" * 289, False),  # 301 chars: the window starts at "nswer:"
+    ],
+)
+def test_local_answer_check(response, correct):
+    assert local_answer_check(response, 432) is correct
+
+
+def test_answer_checker_uses_the_dapo_verifier_or_falls_back(monkeypatch):
+    monkeypatch.setitem(sys.modules, "dapo_cli.rewards.math_dapo", None)  # import raises ImportError
+    assert answer_checker() is local_answer_check
+    monkeypatch.undo()
+    check = answer_checker()
+    for response in ("Answer: 432", "x\nAnswer: 431", "Answer: 432\n" + "x" * 300):
+        assert check(response, 432) is local_answer_check(response, 432)
+
+
+def test_warm_start_builds_saves_and_is_deterministic(tmp_path):
+    card = warm_start(SMALL, tmp_path / "a", progress=False)
+    assert json.loads((tmp_path / "a" / MODEL_CARD).read_text()) == card
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        assert (tmp_path / "a" / name).is_file(), name
+    assert card["spec"] == "builtin:tiny" and card["fingerprint"] == SMALL.fingerprint()
+    assert card["sft_steps"] == 20 and card["config"]["hidden_size"] == 32 and card["eval_problems"] == 16
+    for key in ("base_accuracy_t1", "base_accuracy_greedy"):
+        assert 0.0 <= card[key] <= 1.0 and (card[key] * 16).is_integer()  # a share of 16 problems
+    assert card["sft_final_loss"] < 4.0  # learnt something: a random init scores about log(114) = 4.74
+    assert card["wall_time_s"] > 0 and card["num_parameters"] > 0
+    state = torch.get_rng_state()
+    again = warm_start(SMALL, tmp_path / "b", progress=False)
+    assert torch.equal(torch.get_rng_state(), state)
+    assert again["sft_final_loss"] == card["sft_final_loss"]
+    assert (tmp_path / "a" / "model.safetensors").read_bytes() == (tmp_path / "b" / "model.safetensors").read_bytes()
