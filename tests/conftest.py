@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -36,3 +37,12 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("tiny-model")
     save_policy(model, tokenizer, out)
     return out
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """One torch thread: the tiny models gain nothing from more, and on a busy 2-core
+    machine two threads per process oversubscribe the cores (measured 5-20x slower)."""
+    import torch
+
+    torch.set_num_threads(1)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # subprocesses started by the e2e tests
