@@ -32,6 +32,10 @@ def init_model(
     from dapo_cli.models.warmstart import MODEL_CARD
 
     cfg = resolve(config, sets)
+    if cfg.engine.num_threads > 0:
+        import torch
+
+        torch.set_num_threads(cfg.engine.num_threads)
     if output is not None:
         path = Path(output)
         if path.exists() and not force:
