@@ -13,6 +13,7 @@ from dapo_cli.cli import config_cmd as _config
 from dapo_cli.cli import eval as _eval
 from dapo_cli.cli import init_model as _init_model
 from dapo_cli.cli import prepare as _prepare
+from dapo_cli.cli import report as _report
 from dapo_cli.cli import train as _train
 from dapo_cli.cli.common import handles_errors
 
@@ -29,6 +30,7 @@ app.command("init-model")(handles_errors(_init_model.init_model))
 app.command("train")(handles_errors(_train.train))
 app.command("eval")(handles_errors(_eval.eval_command))
 app.command("ablate")(handles_errors(_ablate.ablate))
+app.command("report")(handles_errors(_report.report))
 app.command("config")(handles_errors(_config.config_command))
 
 

@@ -1,18 +1,192 @@
-"""`dapo ablate` (placeholder until the ablation issue lands)."""
+"""`dapo ablate`: the DAPO ladder or a technique grid as MLflow parent/child runs, resumable, reported.
+
+The work happens in :mod:`dapo_cli.ablate`; this module parses, prints the plan and the table.
+"""
 
 from __future__ import annotations
 
-from typing import Annotated
+import shlex
+from enum import Enum
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+from rich.table import Table
+from rich.text import Text
 
-from dapo_cli.cli.common import not_built
+from dapo_cli.cli.common import SetOption, console, err_console
+from dapo_cli.errors import UserError
+
+if TYPE_CHECKING:
+    from dapo_cli.ablate.plan import AblationPlan
+
+
+class Launcher(str, Enum):
+    local = "local"
+    print = "print"
+
+
+def split_arguments(args: list[str], grid: bool) -> tuple[str | None, str | None]:
+    """``[CONFIG] [TECHNIQUES]`` in any order → (config path, technique list); TECHNIQUES only with --grid.
+
+    A word that names an existing file is the config; a comma-separated list of technique
+    names is the grid's subset (``--grid clip_higher,dynamic_sampling``).
+    """
+    from dapo_cli.ablate.plan import looks_like_techniques
+
+    config: str | None = None
+    techniques: str | None = None
+    for word in args:
+        if not Path(word).exists() and looks_like_techniques(word):
+            if not grid:
+                raise UserError(f"'{word}' lists techniques; that subset is for --grid (the ladder always adds all five)")
+            if techniques is not None:
+                raise UserError(f"two technique lists ('{techniques}', '{word}'); give one comma-separated list")
+            techniques = word
+        elif config is None:
+            config = word
+        else:
+            raise UserError(f"unexpected argument '{word}'; usage: dapo ablate [CONFIG] (--ladder | --grid [TECHNIQUES])")
+    return config, techniques
 
 
 def ablate(
-    config: Annotated[str | None, typer.Argument(help="Experiment YAML (default: the embedded tiny experiment).")] = None,
-    ladder: Annotated[bool, typer.Option("--ladder", help="The paper's cumulative ladder (naive GRPO → DAPO).")] = False,
-    grid: Annotated[bool, typer.Option("--grid", help="The full factorial of the technique toggles.")] = False,
+    args: Annotated[
+        list[str] | None,
+        typer.Argument(
+            metavar="[CONFIG] [TECHNIQUES]",
+            help="Experiment YAML (default: the embedded tiny experiment); after --grid, the techniques to vary "
+            "(comma-separated, default all five).",
+            show_default=False,
+        ),
+    ] = None,
+    ladder: Annotated[bool, typer.Option("--ladder", help="The paper's cumulative ladder (naive GRPO → DAPO), 6 variants.")] = False,
+    grid: Annotated[bool, typer.Option("--grid", help="The full factorial of the technique toggles (all five: 32 variants).")] = False,
+    only: Annotated[list[str] | None, typer.Option("--only", help="Run only this variant (repeatable).")] = None,
+    skip: Annotated[list[str] | None, typer.Option("--skip", help="Leave out this variant (repeatable).")] = None,
+    seeds: Annotated[int | None, typer.Option("--seeds", help="Seeds per variant: trainer.seed + 0..N-1 (default ablate.seeds).")] = None,
+    sets: SetOption = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan and a time estimate, train nothing.")] = False,
+    calibrate: Annotated[
+        bool, typer.Option("--calibrate/--no-calibrate", help="With --dry-run: time one RL step to estimate the total.")
+    ] = True,
+    launcher: Annotated[
+        Launcher | None, typer.Option(help="local: train here, one child after another; print: emit dapo train commands.")
+    ] = None,
+    html: Annotated[bool, typer.Option("--html", help="Also write report.html.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", help="No per-step lines from the children.")] = False,
 ) -> None:
-    """Run the DAPO ablation ladder or a technique grid as MLflow parent/child runs."""
-    not_built("ablate", "the ablation runner lands with the ablation issue")
+    """Run the DAPO ablation ladder or a technique grid as MLflow parent/child runs, then report."""
+    from dapo_cli.ablate.plan import make_plan, parse_techniques
+    from dapo_cli.cli.options import resolve
+
+    if ladder == grid:
+        raise UserError("give exactly one of --ladder (the paper's progression) or --grid (a factorial of the toggles)")
+    words = list(args or [])
+    config, techniques = split_arguments(words, grid)
+    cfg = resolve(config, sets)
+    plan = make_plan(
+        cfg,
+        mode="ladder" if ladder else "grid",
+        techniques=parse_techniques(techniques),
+        only=only or [],
+        skip=skip or [],
+        seeds=cfg.ablate.seeds if seeds is None else seeds,
+    )
+    command = command_line(words, ladder=ladder, only=only, skip=skip, seeds=seeds, sets=sets)
+    if dry_run:
+        print_plan(plan)
+        print_estimate(plan, calibrate)
+        return
+    chosen = launcher.value if launcher is not None else cfg.ablate.launcher
+    if chosen == "print":
+        from dapo_cli.ablate.runner import PARENT_ENV, print_launch
+
+        outcome = print_launch(plan, command=command, config_path=config, sets=sets or [])
+        for line in outcome.commands:
+            typer.echo(line)
+        err_console.print(
+            f"parent run {outcome.parent_run_id} ({plan.name}); each command nests under it through ${PARENT_ENV}. "
+            f"When they finish: dapo report {outcome.parent_run_id}",
+            highlight=False,
+            markup=False,
+        )
+        return
+    from dapo_cli.ablate.runner import run_ablation
+    from dapo_cli.cli.report import print_report
+
+    print_plan(plan)
+    outcome = run_ablation(
+        plan,
+        command=command,
+        config_path=config,
+        sets=sets or [],
+        quiet=quiet,
+        html=html,
+        log=lambda m: err_console.print(m, highlight=False, markup=False),
+    )
+    if outcome.report is not None:
+        print_report(outcome.report)
+    for name, path in outcome.files.items():
+        console.print(f"{name}: {path}", highlight=False, markup=False)
+    console.print(f"MLflow parent run: {outcome.parent_run_id}", highlight=False, markup=False)
+
+
+def command_line(
+    words: list[str], *, ladder: bool, only: list[str] | None, skip: list[str] | None, seeds: int | None, sets: list[str] | None
+) -> str:
+    """The command as parsed (the parent's ``dapo.command`` tag)."""
+    out = ["dapo", "ablate", *words, "--ladder" if ladder else "--grid"]
+    for flag, values in (("--only", only), ("--skip", skip), ("--set", sets)):
+        for v in values or ():
+            out += [flag, v]
+    if seeds is not None:
+        out += ["--seeds", str(seeds)]
+    return shlex.join(out)
+
+
+SHORT = {"overlong_filtering": "OF", "clip_higher": "CH", "overlong_shaping": "SOP", "token_level_loss": "TLL",
+         "dynamic_sampling": "DS"}
+"""Column heads of the plan table (the legend is printed under it)."""
+
+
+def print_plan(plan: AblationPlan) -> None:
+    """Variants (with their technique state and the paper's row), seeds, run dirs and the ablation id."""
+    from dapo_cli.config import TECHNIQUES
+
+    table = Table(title=Text(f"{plan.name}: {plan.mode}, {len(plan.variants)} variants × {len(plan.seeds)} seeds"))
+    table.add_column("rung", justify="right")
+    for t in TECHNIQUES:
+        table.add_column(SHORT[t], justify="center")
+    table.add_column("paper row (AIME24 avg@32)")
+    table.add_column("variant", overflow="fold")
+    for i, v in enumerate(plan.variants):
+        state = dict(v.state)
+        paper = f"{v.label} ({v.paper:.0f})" if v.paper is not None else "—"
+        table.add_row(str(i), *("✓" if state[t] else "·" for t in TECHNIQUES), paper, Text(v.name))
+    console.print(table)
+    console.print(
+        "  ".join(f"{SHORT[t]} = {t}" for t in TECHNIQUES) + "\n"
+        f"seeds {', '.join(map(str, plan.seeds))}; {plan.base.trainer.total_steps} steps per child; "
+        f"run dirs {plan.base.trainer.output_dir}/{plan.base.tracking.experiment}/{plan.name}/<variant>-s<seed>; "
+        f"ablation id {plan.ablation_id}",
+        highlight=False,
+        markup=False,
+    )
+
+
+def print_estimate(plan: AblationPlan, calibrate: bool) -> None:
+    """The number of children and, unless --no-calibrate, a wall-time estimate from one timed step."""
+    from dapo_cli.ablate.runner import calibrate as run_calibration
+
+    n = len(plan.children())
+    if not calibrate:
+        console.print(f"{n} child runs; time estimate skipped (--no-calibrate)", highlight=False, markup=False)
+        return
+    est = run_calibration(plan)
+    console.print(
+        f"{n} child runs; one step of {est.variant} took {est.step_s:.1f} s (incl. model load and a checkpoint) → "
+        f"≈ {est.total_s / 60:.1f} min for {n} × {est.steps} steps, plus validations and extra dynamic-sampling rounds",
+        highlight=False,
+        markup=False,
+    )

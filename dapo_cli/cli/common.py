@@ -37,8 +37,3 @@ def handles_errors(fn: F) -> F:
             raise typer.Exit(code=2) from None
 
     return wrapper  # type: ignore[return-value]
-
-
-def not_built(command: str, missing: str) -> None:
-    """A command whose implementation has not landed: one line, exit 2."""
-    raise UserError(f"`dapo {command}` is not built yet: {missing}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 from typing import Annotated
 
@@ -9,6 +10,7 @@ import typer
 
 from dapo_cli.cli.common import SetOption
 from dapo_cli.cli.options import ConfigArg, resolve
+from dapo_cli.tracking import PARENT_RUN_ENV
 
 
 def _toggle(name: str, what: str) -> object:
@@ -50,7 +52,10 @@ def train(
         "overlong-shaping": overlong_shaping,
         "overlong-filtering": overlong_filtering,
     }
-    run_train(cfg, resume=resume, command=command_line("train", config, sets, toggles, resume=resume))
+    # `dapo ablate --launcher print` hands each child to a scheduler with DAPO_PARENT_RUN_ID set,
+    # so the child's MLflow run nests under the ablation's parent run.
+    parent = os.environ.get(PARENT_RUN_ENV) or None
+    run_train(cfg, resume=resume, command=command_line("train", config, sets, toggles, resume=resume), parent_run_id=parent)
 
 
 def command_line(

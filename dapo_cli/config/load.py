@@ -104,7 +104,7 @@ def _leaf_type(key: str) -> Any:
 
 def _as_text(raw: str, parsed: Any) -> Any:
     """A string setting keeps what the user typed: ``001``, ``on``, ``1.10`` stay text, not 1, True, 1.1."""
-    if isinstance(parsed, (bool, int, float)):
+    if parsed is None or isinstance(parsed, (bool, int, float)):  # `null` too: tracking.backend=null
         return raw.strip()
     return parsed
 
@@ -212,7 +212,7 @@ def to_dict(cfg: Any) -> dict[str, Any]:
 
 def dump_yaml(cfg: Any) -> str:
     """The resolved config as YAML, sections in schema order."""
-    return yaml.safe_dump(to_dict(cfg), sort_keys=False, default_flow_style=None)
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False, default_flow_style=False)
 
 
 def flatten(cfg: Any, prefix: str = "") -> dict[str, Any]:

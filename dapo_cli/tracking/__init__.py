@@ -16,6 +16,10 @@ from typing import Any
 
 from dapo_cli.tracking.base import NullTracker, Tracker
 
+PARENT_RUN_ENV = "DAPO_PARENT_RUN_ID"
+"""Environment variable naming the MLflow parent run of a child run started elsewhere
+(``dapo ablate --launcher print`` emits one ``dapo train`` command per child with it)."""
+
 
 @contextlib.contextmanager
 def start_run(
@@ -53,4 +57,4 @@ def start_run(
         tracker.finish("FINISHED")
 
 
-__all__ = ["NullTracker", "Tracker", "start_run"]
+__all__ = ["PARENT_RUN_ENV", "NullTracker", "Tracker", "start_run"]

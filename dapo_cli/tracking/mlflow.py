@@ -28,6 +28,9 @@ MAX_PARAM_CHARS = 6000
 BATCH_PARAMS = 100
 BATCH_METRICS = 1000
 
+# log_table downloads the table to append to it; its progress bar would break our step lines.
+os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+
 for _name in ("alembic", "mlflow", "mlflow.store.db.utils"):
     logging.getLogger(_name).setLevel(logging.WARNING)
 

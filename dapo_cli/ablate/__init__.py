@@ -1,0 +1,30 @@
+"""`dapo ablate` / `dapo report`: the DAPO ladder and technique grids as one resumable, reported experiment.
+
+``plan`` decides what runs (variants × seeds, names, the ablation id; pure),
+``runner`` runs it as an MLflow parent with nested children (or prints the
+``dapo train`` commands), ``report`` reads everything back from MLflow and
+recomputes the table, the curves and ``report.md``.
+"""
+
+from dapo_cli.ablate.plan import LADDER_LABELS, LADDER_NAMES, PAPER_AIME24_AVG32, AblationPlan, Child, Variant, make_plan
+from dapo_cli.ablate.report import AblationReport, build_report, resolve_parent, write_report
+from dapo_cli.ablate.runner import PARENT_ENV, AblationOutcome, calibrate, print_launch, run_ablation
+
+__all__ = [
+    "LADDER_LABELS",
+    "LADDER_NAMES",
+    "PAPER_AIME24_AVG32",
+    "PARENT_ENV",
+    "AblationOutcome",
+    "AblationPlan",
+    "AblationReport",
+    "Child",
+    "Variant",
+    "build_report",
+    "calibrate",
+    "make_plan",
+    "print_launch",
+    "resolve_parent",
+    "run_ablation",
+    "write_report",
+]

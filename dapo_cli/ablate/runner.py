@@ -1,0 +1,333 @@
+"""Run an ablation plan: one MLflow parent run, one nested child run per variant × seed, resumable.
+
+Layout (``output_dir/experiment`` as for ``dapo train``)::
+
+    runs/dapo-tiny/dapo-tiny-ladder-1a2b3c4d/          the ablation (= the parent run's name)
+        grpo-s0/ ... dapo-s0/                          child run dirs (trainer.run_name = <ablation>/<variant>-s<seed>)
+        report/                                        report.md, report.json, PNG curves (also parent artifacts)
+
+Rerunning the same command finds the same parent (tag ``ablate.id``, a hash of the resolved
+config, mode, variants and seeds) and decides per child (:func:`decide`):
+
+* a child whose MLflow run is FINISHED and whose run dir has ``summary.json`` is skipped;
+* else, a run dir with a complete checkpoint is resumed (``run_train(resume=True)``, which
+  continues the same MLflow run from the checkpoint);
+* else the child starts afresh, and its earlier MLflow runs (FAILED, KILLED, or RUNNING ones
+  left by a killed process, none of which reached a checkpoint) are tagged
+  ``ablate.superseded=true``: kept for the record, ignored by the report and by later reruns.
+
+``--launcher print`` creates (or finds) the same parent and prints one ``dapo train``
+command per child instead of running it; a cluster child attaches to the parent through
+the environment variable ``DAPO_PARENT_RUN_ID`` (read by ``dapo train``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import shlex
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dapo_cli.ablate.plan import AblationPlan, Child, config_hash
+from dapo_cli.ablate.report import (
+    SUPERSEDED_TAG,
+    AblationReport,
+    build_report,
+    child_runs,
+    find_parent,
+    mlflow_client,
+    write_report,
+)
+from dapo_cli.config import dump_yaml
+from dapo_cli.errors import UserError
+from dapo_cli.tracking import PARENT_RUN_ENV, start_run
+
+PARENT_ENV = PARENT_RUN_ENV
+"""Environment variable through which a printed ``dapo train`` command nests its run under the parent."""
+
+TrainFn = Callable[..., dict[str, Any]]
+"""``run_train(cfg, *, resume, command, parent_run_id, extra_tags, quiet) -> summary``."""
+
+
+def _run_train() -> TrainFn:
+    from dapo_cli.train import run_train
+
+    return run_train
+
+
+def _noop(_: str) -> None:
+    pass
+
+
+# ---------------------------------------------------------------- per-child decisions
+
+
+@dataclass(frozen=True)
+class PriorRun:
+    """An earlier MLflow run of the same child (same parent, variant and seed, not superseded)."""
+
+    run_id: str
+    status: str
+    has_summary: bool
+
+
+def decide(prior: Sequence[PriorRun], has_checkpoint: bool) -> tuple[str, list[str]]:
+    """``("skip" | "resume" | "fresh", run ids to tag superseded)`` for one child.
+
+    skip: some prior run is FINISHED with its summary; resume: the run dir has a checkpoint
+    (the checkpoint names the MLflow run to continue); fresh: everything prior is superseded.
+    """
+    if any(p.status == "FINISHED" and p.has_summary for p in prior):
+        return "skip", []
+    if has_checkpoint:
+        return "resume", []
+    return "fresh", [p.run_id for p in prior]
+
+
+def prior_runs(runs: Sequence[Any], child: Child) -> list[PriorRun]:
+    """The MLflow child runs (of one parent) that belong to ``child``, by their ``dapo.variant``/``dapo.seed`` tags."""
+    out = []
+    for run in runs:
+        tags = run.data.tags
+        if tags.get("dapo.variant") == child.variant.name and tags.get("dapo.seed") == str(child.seed):
+            run_dir = tags.get("dapo.run_dir")
+            out.append(PriorRun(run.info.run_id, run.info.status, bool(run_dir) and (Path(run_dir) / "summary.json").is_file()))
+    return out
+
+
+def has_checkpoint(cfg: Any) -> bool:
+    from dapo_cli.checkpoint import CheckpointManager, run_dir_for
+
+    return CheckpointManager(run_dir_for(cfg.trainer.output_dir, cfg.tracking.experiment, cfg.trainer.run_name)).latest() is not None
+
+
+# ---------------------------------------------------------------- tags and commands
+
+
+def ablation_dir(plan: AblationPlan) -> Path:
+    """``output_dir/experiment/<ablation name>``: the child run dirs and the report."""
+    return Path(plan.base.trainer.output_dir) / plan.base.tracking.experiment / plan.name
+
+
+def parent_tags(plan: AblationPlan, *, command: str, launcher: str) -> dict[str, str]:
+    return {
+        "ablate.id": plan.ablation_id,
+        "ablate.name": plan.name,
+        "ablate.mode": plan.mode,
+        "ablate.variants": ",".join(v.name for v in plan.variants),
+        "ablate.techniques": ",".join(plan.techniques),
+        "ablate.seeds": ",".join(str(s) for s in plan.seeds),
+        "ablate.config_hash": config_hash(plan.base),
+        "ablate.launcher": launcher,
+        "ablate.report_dir": str((ablation_dir(plan) / "report").resolve()),
+        "dapo.command": command,
+    }
+
+
+def child_tags(plan: AblationPlan, child: Child, parent_id: str) -> dict[str, str]:
+    """Tags of a child run besides ``technique.*``/``dapo.*`` (set by run_train); rung = position in the plan.
+
+    Only the parent carries ``ablate.id`` (that is how reruns find it).
+    """
+    return {
+        "ablate.variant": child.variant.name,
+        **({"ablate.label": child.variant.label} if child.variant.label else {}),
+        "ablate.rung": str(child.index),
+        "ablate.seed": str(child.seed),
+        "ablate.parent": parent_id,
+    }
+
+
+def train_words(plan: AblationPlan, child: Child, config_path: str | None, sets: Sequence[str]) -> list[str]:
+    """``dapo train [CONFIG] --set ... --set trainer.seed=S --set trainer.run_name=R --[no-]toggle ...``.
+
+    Resolved by ``dapo train``, these give exactly :meth:`AblationPlan.child_config`.
+    """
+    words = ["dapo", "train", *([config_path] if config_path else [])]
+    for item in [*sets, f"trainer.seed={child.seed}", f"trainer.run_name={child.run_name}"]:
+        words += ["--set", item]
+    for name, on in child.variant.toggles:
+        flag = name.replace("_", "-")
+        words.append(f"--{flag}" if on else f"--no-{flag}")
+    return words
+
+
+# ---------------------------------------------------------------- running
+
+
+@dataclass
+class ChildOutcome:
+    child: Child
+    action: str
+    """skip / resume / fresh (trained here) or, with the print launcher, the printed command."""
+    superseded: list[str]
+    summary: dict[str, Any] | None = None
+
+
+@dataclass
+class AblationOutcome:
+    parent_run_id: str
+    children: list[ChildOutcome]
+    report: AblationReport | None = None
+    files: dict[str, Path] = dataclasses.field(default_factory=dict)
+    commands: list[str] = dataclasses.field(default_factory=list)
+
+
+def _require_mlflow(plan: AblationPlan) -> None:
+    if plan.base.tracking.backend != "mlflow":
+        raise UserError(
+            "dapo ablate records a parent run and its children in MLflow (that is how reruns resume and the report is "
+            "built); set tracking.backend=mlflow"
+        )
+
+
+@contextlib.contextmanager
+def _parent_run(client: Any, plan: AblationPlan, *, command: str, launcher: str) -> Iterator[tuple[Any, list[Any]]]:
+    """Open the ablation's parent run (found by ``ablate.id``, else created) → (tracker, its current child runs).
+
+    A new parent gets the base config and the plan as artifacts; a found one is continued
+    (status RUNNING again) and shows the latest command and launcher. It ends FINISHED, or
+    FAILED/KILLED with the exception that left the block.
+    """
+    parent = find_parent(client, plan.base.tracking.experiment, plan.ablation_id)
+    tags = parent_tags(plan, command=command, launcher=launcher)
+    resume_id = parent.info.run_id if parent is not None else None
+    with start_run(plan.base.tracking, plan.name, tags=tags, resume_run_id=resume_id) as tracker:
+        if parent is None:
+            _record_plan(tracker, plan)
+        else:
+            tracker.set_tags(tags)
+        yield tracker, child_runs(client, parent) if parent is not None else []
+
+
+def _prepare_child(client: Any, plan: AblationPlan, child: Child, runs: Sequence[Any]) -> tuple[str, list[str], Any]:
+    """Decide what to do for ``child`` and tag its superseded runs; returns (action, superseded, child config)."""
+    cfg = plan.child_config(child)
+    action, stale = decide(prior_runs(runs, child), has_checkpoint(cfg))
+    for run_id in stale:
+        client.set_tag(run_id, SUPERSEDED_TAG, "true")
+    return action, stale, cfg
+
+
+def run_ablation(
+    plan: AblationPlan,
+    *,
+    command: str,
+    config_path: str | None,
+    sets: Sequence[str] = (),
+    train: TrainFn | None = None,
+    quiet: bool = False,
+    html: bool = False,
+    log: Callable[[str], None] = _noop,
+) -> AblationOutcome:
+    """Train every missing child here, one after the other, then write the report (also logged to the parent)."""
+    _require_mlflow(plan)
+    train = train or _run_train()
+    client = mlflow_client(plan.base.tracking.tracking_uri)
+    outcomes: list[ChildOutcome] = []
+    with _parent_run(client, plan, command=command, launcher="local") as (tracker, runs):
+        parent_id = tracker.run_id
+        children = plan.children()
+        for i, child in enumerate(children, start=1):
+            action, stale, cfg = _prepare_child(client, plan, child, runs)
+            where = f"[{i}/{len(children)}] {child.variant.name} seed {child.seed}"
+            if stale:
+                log(f"{where}: superseding {len(stale)} earlier run(s) that never reached a checkpoint")
+            if action == "skip":
+                log(f"{where}: finished earlier, skipped")
+                outcomes.append(ChildOutcome(child, action, stale))
+                continue
+            log(f"{where}: {'resuming from its checkpoint' if action == 'resume' else 'training'} ({child.run_name})")
+            summary = train(
+                cfg,
+                resume=action == "resume",
+                command=shlex.join(train_words(plan, child, config_path, sets)),
+                parent_run_id=parent_id,
+                extra_tags=child_tags(plan, child, parent_id),
+                quiet=quiet,
+            )
+            outcomes.append(ChildOutcome(child, action, stale, summary))
+        report = build_report(client, client.get_run(parent_id))
+        report_dir = ablation_dir(plan) / "report"
+        files = write_report(report, report_dir, html_too=html)
+        tracker.log_artifact(report_dir, "report")
+    return AblationOutcome(parent_id, outcomes, report, files)
+
+
+def print_launch(
+    plan: AblationPlan, *, command: str, config_path: str | None, sets: Sequence[str] = ()
+) -> AblationOutcome:
+    """Create (or find) the parent and return one shell line per child still to run (``#`` comment when done)."""
+    _require_mlflow(plan)
+    client = mlflow_client(plan.base.tracking.tracking_uri)
+    lines: list[str] = []
+    outcomes: list[ChildOutcome] = []
+    with _parent_run(client, plan, command=command, launcher="print") as (tracker, runs):
+        parent_id = tracker.run_id
+        for child in plan.children():
+            action, stale, _ = _prepare_child(client, plan, child, runs)
+            words = train_words(plan, child, config_path, sets) + (["--resume"] if action == "resume" else [])
+            line = f"{PARENT_ENV}={parent_id} {shlex.join(words)}"
+            lines.append(f"# done: {child.run_name}" if action == "skip" else line)
+            outcomes.append(ChildOutcome(child, lines[-1], stale))
+    return AblationOutcome(parent_id, outcomes, commands=lines)
+
+
+def _record_plan(tracker: Any, plan: AblationPlan) -> None:
+    """The base config and the plan as parent artifacts (once, when the parent is created)."""
+    tracker.log_text(dump_yaml(plan.base), "ablation_config.yaml")
+    tracker.log_dict(
+        {
+            "mode": plan.mode,
+            "seeds": list(plan.seeds),
+            "children": [
+                {"variant": c.variant.name, "label": c.variant.label, "seed": c.seed, "rung": c.index,
+                 "toggles": c.variant.toggle_dict(), "state": dict(c.variant.state), "run_name": c.run_name}
+                for c in plan.children()
+            ],
+        },
+        "plan.json",
+    )
+
+
+# ---------------------------------------------------------------- dry run
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Wall time of one calibration step (model load + one RL step + checkpoint) and the plan's rough total."""
+
+    variant: str
+    step_s: float
+    children: int
+    steps: int
+
+    @property
+    def total_s(self) -> float:
+        """children × steps × step time; validations and extra dynamic-sampling rounds are not included."""
+        return self.children * self.steps * self.step_s
+
+
+def calibrate(plan: AblationPlan, *, train: TrainFn | None = None) -> Estimate:
+    """Time one RL step of the first child in a temporary dir, without validation or tracking."""
+    train = train or _run_train()
+    child = plan.children()[0]
+    cfg = plan.child_config(child)
+    with tempfile.TemporaryDirectory(prefix="dapo-calibrate-") as tmp:
+        cfg = dataclasses.replace(
+            cfg,
+            data=dataclasses.replace(cfg.data, val_files=[]),
+            trainer=dataclasses.replace(
+                cfg.trainer, total_steps=1, save_freq=0, test_freq=0, log_samples_freq=0, output_dir=tmp, run_name="calibration"
+            ),
+            tracking=dataclasses.replace(cfg.tracking, backend="null"),
+        )
+        t0 = time.perf_counter()
+        train(cfg, resume=False, command="dapo ablate --dry-run (calibration)", parent_run_id=None, extra_tags=None, quiet=True)
+        step_s = time.perf_counter() - t0
+    return Estimate(child.variant.name, step_s, len(plan.children()), plan.base.trainer.total_steps)

@@ -1,0 +1,72 @@
+"""`dapo report`: the ablation table, curves and report.md, recomputed from what MLflow holds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from dapo_cli.cli.common import console
+
+if TYPE_CHECKING:
+    from dapo_cli.ablate.report import AblationReport
+
+
+def report(
+    target: Annotated[
+        str, typer.Argument(help="Ablation parent run id, ablation name, or MLflow experiment (its newest ablation).")
+    ],
+    tracking_uri: Annotated[
+        str | None, typer.Option(help="MLflow store (default $MLFLOW_TRACKING_URI or sqlite:///mlflow.db).")
+    ] = None,
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Report folder (default: the ablation's report dir).")
+    ] = None,
+    html: Annotated[bool, typer.Option("--html", help="Also write report.html.")] = False,
+    attach: Annotated[bool, typer.Option("--attach", help="Log the report files to the parent run as artifacts.")] = False,
+) -> None:
+    """Report an ablation from MLflow: avg@K per variant with CIs, paired Δ, curves, report.md."""
+    from dapo_cli.ablate.report import build_report, mlflow_client, resolve_parent, write_report
+
+    client = mlflow_client(tracking_uri or "")
+    parent = resolve_parent(client, target)
+    result = build_report(client, parent)
+    default = parent.data.tags.get("ablate.report_dir") or str(Path("reports") / result.name)
+    out_dir = output or Path(default)
+    files = write_report(result, out_dir, html_too=html)
+    if attach:
+        client.log_artifacts(parent.info.run_id, str(out_dir), "report")
+    print_report(result)
+    for name, path in files.items():
+        console.print(f"{name}: {path}", highlight=False, markup=False)
+
+
+def print_report(result: AblationReport) -> None:
+    """The report's table in the terminal, plus what is still missing."""
+    from dapo_cli.ablate.report import table_rows
+
+    rows = table_rows(result)
+    title = f"{result.name} · {result.mode} · parent run {result.parent_run_id}"
+    if not rows:
+        console.print(Text(f"{title}: no finished child run yet"))
+    else:
+        table = Table(title=Text(title))
+        for head in rows[0]:
+            if head == "variant":
+                table.add_column(head, overflow="fold")  # names are long; never cut them
+            else:
+                table.add_column(head, justify="right")
+        for row in rows:
+            table.add_row(*(Text(v) for v in row.values()))
+        console.print(table)
+        console.print(
+            "CI seeds: Student t over seeds; CI problems: normal (±1.96 × val stderr); Δ: paired bootstrap over problems "
+            + ("to the previous rung" if result.mode == "ladder" else "to the first variant"),
+            highlight=False,
+            markup=False,
+        )
+    if result.missing:
+        console.print(f"not finished: {', '.join(result.missing)}", highlight=False, markup=False)

@@ -1,0 +1,115 @@
+"""`dapo ablate --ladder` for real on the untrained tiny policy: killed mid-way, rerun, nothing trained twice."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from mlflow import MlflowClient
+from typer.testing import CliRunner
+
+import dapo_cli.train
+from dapo_cli.ablate.plan import make_plan
+from dapo_cli.cli import app
+from dapo_cli.config import TECHNIQUES, load_config, technique_state
+from dapo_cli.config.techniques import variant_name
+
+
+def write_config(tmp: Path, model_dir: Path) -> Path:
+    """2 prompts × 2 samples of ≤ 8 tokens, 2 steps (checkpoint after each), 4 val problems × 2 samples."""
+    cfg = {
+        "data": {"train_files": ["synthetic:add-3digit"], "val_files": ["synthetic:add-3digit"],
+                 "synthetic_train_size": 16, "synthetic_val_size": 4, "train_batch_size": 2, "max_prompt_length": 32},
+        "model": {"path": str(model_dir)},
+        "rollout": {"n": 2, "max_response_length": 8},
+        "algorithm": {"overlong_buffer": {"len": 4}, "filter_groups": {"max_num_gen_batches": 2}},
+        "trainer": {"total_steps": 2, "ppo_mini_batch_size": 1, "ppo_micro_batch_size": 4, "lr": 1e-3,
+                    "lr_warmup_steps": 1, "save_freq": 1, "test_freq": 0, "log_samples_freq": 0,
+                    "output_dir": str(tmp / "runs")},
+        "validation": {"k": 2},
+        # one thread: on 2 busy shared cores, 2 threads made this tiny model ~6x slower per child (measured)
+        "engine": {"device": "cpu", "num_threads": 1},
+        "tracking": {"tracking_uri": f"sqlite:///{tmp / 'mlflow.db'}", "experiment": "e2e-ablate"},
+    }
+    path = tmp / "exp.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+@pytest.fixture()
+def restore_threads():
+    """run_train sets torch's process-wide thread count from engine.num_threads; give the suite its own back."""
+    import torch
+
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def test_ladder_killed_mid_way_then_rerun_trains_only_what_was_missing(tmp_path, tiny_model_dir, monkeypatch, restore_threads):
+    monkeypatch.chdir(tmp_path)
+    config = write_config(tmp_path, tiny_model_dir)
+    plan = make_plan(load_config(config), mode="ladder")
+    names = [v.name for v in plan.variants]
+    rung2 = tmp_path / "runs" / "e2e-ablate" / plan.name / f"{names[2]}-s0" / "checkpoints" / "latest"
+
+    # 1. a real process, SIGKILLed once rung 2 has its first checkpoint
+    proc = subprocess.Popen([sys.executable, "-m", "dapo_cli", "ablate", str(config), "--ladder", "--seeds", "1", "--quiet"],
+                            cwd=tmp_path, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 300
+    while not rung2.is_file() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.read().decode()[-3000:]
+    killed_at = rung2.read_text().strip()
+    assert killed_at in ("step_000001", "step_000002")
+
+    # 2. the same command again, counting what it trains
+    calls = []
+    real = dapo_cli.train.run_train
+
+    def counting(cfg, **kwargs):
+        calls.append((variant_name(technique_state(cfg)), kwargs["resume"]))
+        return real(cfg, **kwargs)
+
+    monkeypatch.setattr(dapo_cli.train, "run_train", counting)
+    result = CliRunner().invoke(app, ["ablate", str(config), "--ladder", "--seeds", "1", "--quiet"], env={"COLUMNS": "250"})
+    assert result.exit_code == 0, result.output
+    assert calls == [(names[2], True), (names[3], False), (names[4], False), (names[5], False)]
+    assert "Naive GRPO" in result.output and "+ Dynamic Sampling (DAPO)" in result.output
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("e2e-ablate").experiment_id])
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id]
+    assert len(parents) == 1 and len(children) == 6 and len(runs) == 7
+    assert parents[0].info.status == "FINISHED" and parents[0].data.tags["ablate.variants"] == ",".join(names)
+    for run in children:
+        tags = run.data.tags
+        rung = int(tags["ablate.rung"])
+        assert run.info.status == "FINISHED" and tags["ablate.variant"] == names[rung] == tags["dapo.variant"]
+        assert {t: tags[f"technique.{t}"] == "true" for t in TECHNIQUES} == {t: j < rung for j, t in enumerate(TECHNIQUES)}
+        # every step trained exactly once, validation before the first step and after the last
+        assert [m.step for m in client.get_metric_history(run.info.run_id, "train/samples_generated")] == [1, 2]
+        assert [m.step for m in client.get_metric_history(run.info.run_id, "val/avg_at_2")] == [0, 2]
+        assert (rung == 2) == ("dapo.resumed_from_step" in tags)
+    resumed = next(r for r in children if r.data.tags["ablate.rung"] == "2")
+    assert resumed.data.tags["dapo.resumed_from_step"] == str(int(killed_at[-6:]))
+    report = tmp_path / "runs" / "e2e-ablate" / plan.name / "report" / "report.md"
+    table = [line for line in report.read_text().splitlines() if line.startswith("| ") and " | Naive GRPO |" in line
+             or line.startswith("| 5 | dapo |")]
+    assert len(table) == 2
+
+    # 3. and once more: nothing left to train
+    calls.clear()
+    again = CliRunner().invoke(app, ["ablate", str(config), "--ladder", "--seeds", "1", "--quiet"])
+    assert again.exit_code == 0, again.output
+    assert calls == []

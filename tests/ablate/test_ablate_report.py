@@ -1,0 +1,185 @@
+"""The report: every number recomputed from MLflow (hand-derived values below), tampering shows through,
+figures and report files; plus the pure statistics it uses."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+from mlflow import MlflowClient
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from ablate_fakes import FakeTrain  # noqa: E402
+
+from dapo_cli.ablate.plan import make_plan  # noqa: E402
+from dapo_cli.ablate.report import (  # noqa: E402
+    CURVE_METRICS,
+    build_report,
+    cumulative,
+    mean_curve,
+    mean_per_problem,
+    resolve_parent,
+    seed_interval,
+    t_critical_95,
+    table_rows,
+    write_report,
+)
+from dapo_cli.ablate.runner import run_ablation  # noqa: E402
+from dapo_cli.config.load import build_config  # noqa: E402
+from dapo_cli.errors import UserError  # noqa: E402
+
+A, B = "grpo", "grpo+overlong_filtering"
+# correct answers out of K = 4 on 5 problems
+CORRECT = {
+    (A, 0): [4, 2, 0, 4, 1],  # acc [1, .5, 0, 1, .25]   avg .55
+    (A, 1): [2, 2, 0, 4, 1],  # acc [.5, .5, 0, 1, .25]  avg .45
+    (B, 0): [4, 4, 0, 4, 1],  # acc [1, 1, 0, 1, .25]    avg .65
+    (B, 1): [4, 2, 2, 4, 1],  # acc [1, .5, .5, 1, .25]  avg .65
+}
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory):
+    """A two-rung ladder × 2 seeds recorded by the fake trainer; returns (client, parent run, tmp dir, plan)."""
+    tmp = tmp_path_factory.mktemp("report")
+    cfg = build_config(None, [f"tracking.tracking_uri=sqlite:///{tmp / 'mlflow.db'}", "tracking.experiment=abl",
+                              f"trainer.output_dir={tmp / 'runs'}", "trainer.total_steps=3", "validation.k=4"])
+    plan = make_plan(cfg, mode="ladder", only=[A, B], seeds=2)
+    outcome = run_ablation(plan, command="dapo ablate --ladder", config_path=None, train=FakeTrain(CORRECT), html=True)
+    client = MlflowClient(f"sqlite:///{tmp / 'mlflow.db'}")
+    return client, client.get_run(outcome.parent_run_id), tmp, plan, outcome
+
+
+def test_table_is_recomputed_from_the_children(store) -> None:
+    client, parent, _, _, _ = store
+    report = build_report(client, parent)
+    assert report.k == 4 and report.mode == "ladder" and report.missing == [] and report.unfinished == []
+    a, b = report.rows
+    assert (a.name, a.label, a.paper, b.label, b.paper) == (A, "Naive GRPO", 30.0, "+ Overlong Filtering", 36.0)
+    assert a.seeds == [0, 1] and a.final_steps == [3, 3]
+    # A: mean(.55, .45) = .5; sd = sqrt((.05² + .05²)/1) = .0707107; t(0.975, 1) = 12.706
+    #    half = 12.706 · .0707107 / sqrt 2 = 12.706 · .05 = .6353
+    assert a.mean == pytest.approx(0.5, abs=1e-12)
+    assert a.seed_half == pytest.approx(0.6353, abs=1e-9)
+    # stderr seed 0: acc [1,.5,0,1,.25], mean .55, Σdev² = .8, s² = .2, se = sqrt(.2/5) = .2
+    # stderr seed 1: acc [.5,.5,0,1,.25], mean .45, Σdev² = .55, s² = .1375, se = sqrt(.1375/5) = .1658312
+    assert a.problem_half == pytest.approx(1.959964 * (0.2 + math.sqrt(0.1375 / 5)) / 2, abs=1e-9)
+    # B: .65 both seeds → half-width 0; se seed 0: Σdev² = .95 → sqrt(.2375/5); seed 1: Σdev² = .45 → sqrt(.1125/5) = .15
+    assert b.mean == pytest.approx(0.65, abs=1e-12) and b.seed_half == pytest.approx(0.0, abs=1e-12)
+    assert b.problem_half == pytest.approx(1.959964 * (math.sqrt(0.2375 / 5) + 0.15) / 2, abs=1e-9)
+    # Δ B − A, paired over problems on seed-averaged accuracy:
+    #   A = [.75, .5, 0, 1, .25], B = [1, .75, .25, 1, .25], d = [.25, .25, .25, 0, 0], mean .15
+    #   a resample of 5 problems holds X ~ Bin(5, .6) of the .25s: P(X = 0) = .4^5 = .01024 < .025 < P(X <= 1)
+    #   → 2.5% quantile .05; P(X = 5) = .6^5 = .078 > .025 → 97.5% quantile .25; P(mean > 0) = 1 − .01024
+    assert a.delta is None and b.delta_vs == A
+    assert b.delta.diff == pytest.approx(0.15, abs=1e-12)
+    assert (b.delta.ci_low, b.delta.ci_high) == (pytest.approx(0.05, abs=1e-12), pytest.approx(0.25, abs=1e-12))
+    assert b.delta.share_positive == pytest.approx(1 - 0.4**5, abs=0.006)
+    # shares: fake truncated_frac = .1 · step over steps 1..3 → .2; kept .25; 16 samples × 3 steps
+    assert a.shares == {"truncated": pytest.approx(0.2, abs=1e-12), "kept_groups": pytest.approx(0.25, abs=1e-12)}
+    assert a.samples == 48
+    row = table_rows(report)[1]
+    assert row["avg@4 %"] == "65.0" and row["95% CI seeds (t)"] == "±0.0" and row["Δ %"] == "+15.0"
+    assert row["Δ 95% CI (paired)"] == "[+5.0, +25.0]" and row["paper AIME24 avg@32"] == "36"
+
+
+def test_tampering_with_a_metric_in_mlflow_changes_the_table(store, tmp_path: Path) -> None:
+    client, parent, _, _, _ = store
+    before = table_rows(build_report(client, parent))[0]["avg@4 %"]
+    child = next(c for c in build_report(client, parent).children if (c.variant, c.seed) == (A, 0))
+    # a later value at the final step wins (what a re-logged metric means in MLflow)
+    client.log_metric(child.run_id, "val/avg_at_4", 0.95, step=3, timestamp=int(1e13))
+    try:
+        after = build_report(client, parent)
+        assert before == "50.0" and table_rows(after)[0]["avg@4 %"] == "70.0"  # mean(.95, .45)
+        assert after.rows[0].seed_half == pytest.approx(12.706 * 0.25, abs=1e-9)  # sd .3536 / sqrt 2 = .25
+    finally:
+        client.log_metric(child.run_id, "val/avg_at_4", 0.55, step=3, timestamp=int(2e13))
+
+
+def test_report_files_figures_and_parent_artifacts(store) -> None:
+    client, parent, tmp, plan, outcome = store
+    out = tmp / "runs" / "abl" / plan.name / "report"
+    assert outcome.files == {"markdown": out / "report.md", "json": out / "report.json", "html": out / "report.html"}
+    for axis in ("step", "samples"):
+        pngs = sorted((out / f"curves_{axis}").iterdir())
+        assert [p.name for p in pngs] == sorted(m.replace("/", "_") + ".png" for m in CURVE_METRICS)
+        assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
+    md = (out / "report.md").read_text()
+    assert "![rollout_acc](curves_step/rollout_acc.png)" in md and "![rollout_acc](curves_samples/rollout_acc.png)" in md
+    assert "| 1 | grpo+overlong_filtering | + Overlong Filtering | 36 | 65.0 | ±0.0 |" in md
+    assert "Student t" in md and parent.info.run_id in md
+    data = json.loads((out / "report.json").read_text())
+    assert data["rows"][1]["mean"] == pytest.approx(0.65) and data["table"][0]["variant"] == A
+    assert "<td>+ Overlong Filtering</td>" in (out / "report.html").read_text()
+    logged = {a.path for a in client.list_artifacts(parent.info.run_id, "report")}
+    assert {"report/report.md", "report/report.json", "report/curves_step"} <= logged
+
+
+def test_report_targets_resolve_by_id_name_and_experiment(store) -> None:
+    client, parent, _, plan, _ = store
+    pid = parent.info.run_id
+    assert resolve_parent(client, pid).info.run_id == pid
+    assert resolve_parent(client, plan.name).info.run_id == pid
+    assert resolve_parent(client, "abl").info.run_id == pid
+    with pytest.raises(UserError, match=f"no ablation .* named 'nope'; ablations in this store: {plan.name}"):
+        resolve_parent(client, "nope")
+    with pytest.raises(UserError, match="named 'it's'"):  # a quote never reaches MLflow's filter parser
+        resolve_parent(client, "it's")
+    child_id = build_report(client, parent).children[0].run_id
+    with pytest.raises(UserError, match="not an ablation parent run"):
+        resolve_parent(client, child_id)
+
+
+def test_unfinished_children_are_listed_not_reported(store) -> None:
+    client, parent, _, _, _ = store
+    child = build_report(client, parent).children[-1]
+    client.set_terminated(child.run_id, status="FAILED")
+    try:
+        report = build_report(client, parent)
+        assert report.rows[1].seeds == [0] and len(report.unfinished) == 1 and "FAILED" in report.unfinished[0]
+    finally:
+        client.set_terminated(child.run_id, status="FINISHED")
+
+
+def student_t_cdf_half(t: float, df: int, n: int = 20000) -> float:
+    """∫_0^t of the Student-t density (Simpson's rule): should be .475 at the 0.975 quantile."""
+    c = math.gamma((df + 1) / 2) / (math.sqrt(df * math.pi) * math.gamma(df / 2))
+    f = lambda x: c * (1 + x * x / df) ** (-(df + 1) / 2)  # noqa: E731
+    h = t / n
+    return h / 3 * (f(0) + f(t) + sum((4 if i % 2 else 2) * f(i * h) for i in range(1, n)))
+
+
+@pytest.mark.parametrize("df", [1, 2, 4, 9, 30])
+def test_t_critical_values_are_the_0975_quantiles(df: int) -> None:
+    assert student_t_cdf_half(t_critical_95(df), df) == pytest.approx(0.475, abs=2e-4)
+
+
+def test_t_beyond_the_table_is_normal_and_df_zero_is_rejected() -> None:
+    assert t_critical_95(31) == 1.959964
+    with pytest.raises(ValueError):
+        t_critical_95(0)
+
+
+def test_pure_helpers() -> None:
+    mean, half = seed_interval([0.3])
+    assert mean == 0.3 and math.isnan(half)
+    # [.2, .4, .6]: mean .4, sd .2, t(2) = 4.303 → 4.303 · .2 / sqrt 3
+    assert seed_interval([0.2, 0.4, 0.6])[1] == pytest.approx(4.303 * 0.2 / math.sqrt(3), abs=1e-12)
+    assert cumulative([16, 16, 32]) == [16, 32, 64]
+    assert mean_curve([{1: 1.0, 2: 3.0}, {1: 3.0}]) == ([1, 2], [2.0, 3.0])
+    assert mean_per_problem([{"a": 1.0, "b": 0.5}, {"a": 0.0, "c": 1.0}]) == {"a": 0.5}
+    assert mean_curve([]) == ([], [])
+
+
+def test_write_report_with_no_finished_child(tmp_path: Path, store) -> None:
+    client, parent, _, _, _ = store
+    report = build_report(client, parent)
+    report.rows, report.children, report.missing = [], [], [A, B]
+    files = write_report(report, tmp_path)
+    md = files["markdown"].read_text()
+    assert "No finished child run yet." in md and f"Not finished yet: {A}, {B}." in md

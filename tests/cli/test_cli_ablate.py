@@ -1,0 +1,153 @@
+"""`dapo ablate` and `dapo report` through the CLI: argument forms, dry runs, the print launcher, the report command."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import typer
+import yaml
+from typer.testing import CliRunner
+
+from dapo_cli.cli import app
+from dapo_cli.cli import report as report_cli
+from dapo_cli.cli.common import handles_errors
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ablate"))
+
+from ablate_fakes import FakeTrain  # noqa: E402
+
+WIDE = {"COLUMNS": "250"}
+
+
+@pytest.fixture(autouse=True)
+def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(app, list(args), env=WIDE)
+
+
+def one_line_error(result) -> str:
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
+    return lines[0]
+
+
+def write_config(tmp: Path, model: str = "builtin:tiny", **extra) -> Path:
+    cfg = {
+        "data": {"synthetic_train_size": 16, "synthetic_val_size": 4, "train_batch_size": 2, "max_prompt_length": 32},
+        "model": {"path": model},
+        "rollout": {"n": 2, "max_response_length": 8},
+        "algorithm": {"overlong_buffer": {"len": 4}},
+        "trainer": {"total_steps": 2, "ppo_mini_batch_size": 1, "output_dir": str(tmp / "runs")},
+        "validation": {"k": 4},
+        "engine": {"device": "cpu", "num_threads": 1},
+        "tracking": {"tracking_uri": f"sqlite:///{tmp / 'mlflow.db'}", "experiment": "cli-abl"},
+        **extra,
+    }
+    path = tmp / "exp.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+@pytest.mark.parametrize("args", [[], ["--ladder", "--grid"]])
+def test_exactly_one_of_ladder_or_grid(args: list[str]) -> None:
+    assert "exactly one of --ladder" in one_line_error(invoke("ablate", *args))
+
+
+def test_ladder_dry_run_without_config_uses_the_embedded_experiment(in_tmp: Path) -> None:
+    result = invoke("ablate", "--ladder", "--dry-run", "--no-calibrate")
+    assert result.exit_code == 0, result.output
+    for name, label, paper in [("grpo", "Naive GRPO", "30"), ("grpo+overlong_filtering", "+ Overlong Filtering", "36"),
+                               ("dapo", "+ Dynamic Sampling (DAPO)", "50")]:
+        assert re.search(rf"│ {re.escape(label)} \({paper}\) +│ {re.escape(name)} +│", result.output), name
+    assert re.search(r"│ +0 │ ·  │ ·  │  ·  │  ·  │ ·  │ Naive GRPO", result.output)  # every technique off
+    assert re.search(r"│ +5 │ ✓  │ ✓  │  ✓  │  ✓  │ ✓  │ \+ Dynamic Sampling", result.output)
+    assert "ladder, 6 variants × 1 seeds" in result.output
+    assert "6 child runs; time estimate skipped (--no-calibrate)" in result.output
+    assert "runs/dapo-tiny/dapo-tiny-ladder-" in result.output
+    assert list(in_tmp.iterdir()) == []  # a dry run writes nothing
+
+
+def test_grid_forms(in_tmp: Path) -> None:
+    full = invoke("ablate", "--grid", "--dry-run", "--no-calibrate", "--seeds", "2")
+    assert full.exit_code == 0, full.output
+    assert "grid, 32 variants × 2 seeds" in full.output and "64 child runs" in full.output
+    config = write_config(in_tmp)
+    for args in (["--grid", "dynamic_sampling,clip-higher"], [str(config), "--grid", "clip_higher,dynamic_sampling"],
+                 ["--grid", "clip_higher,dynamic_sampling", str(config)]):
+        sub = invoke("ablate", *args, "--dry-run", "--no-calibrate", "--skip", "dapo")
+        assert sub.exit_code == 0, sub.output
+        assert "grid, 3 variants × 1 seeds" in sub.output, args
+    assert "'clip_higher' lists techniques" in one_line_error(invoke("ablate", "--ladder", "clip_higher"))
+    assert "unknown variant(s) nope; this plan has: grpo, grpo+overlong_filtering," in one_line_error(
+        invoke("ablate", "--ladder", "--only", "nope", "--dry-run"))
+    assert "unexpected argument 'b.yaml'" in one_line_error(invoke("ablate", "a.yaml", "b.yaml", "--ladder"))
+    assert "config file not found: missing.yaml" in one_line_error(invoke("ablate", "missing.yaml", "--ladder"))
+
+
+def test_dry_run_calibrates_on_one_step_and_leaves_nothing_behind(in_tmp: Path, tiny_model_dir: Path) -> None:
+    import torch
+
+    threads = torch.get_num_threads()
+    config = write_config(in_tmp, str(tiny_model_dir))
+    try:
+        result = invoke("ablate", str(config), "--ladder", "--only", "grpo", "--only", "dapo", "--dry-run")
+    finally:
+        torch.set_num_threads(threads)
+    assert result.exit_code == 0, result.output
+    match = re.search(r"2 child runs; one step of grpo took ([0-9.]+) s .* ≈ ([0-9.]+) min for 2 × 2 steps", result.output)
+    assert match, result.output
+    assert float(match.group(2)) == pytest.approx(2 * 2 * float(match.group(1)) / 60, abs=0.06)  # printed rounded
+    assert sorted(p.name for p in in_tmp.iterdir()) == ["exp.yaml"]  # no runs/, no mlflow.db
+
+
+def test_print_launcher_emits_one_train_command_per_child(in_tmp: Path) -> None:
+    config = write_config(in_tmp)
+    result = invoke("ablate", str(config), "--ladder", "--launcher", "print", "--set", "trainer.lr=0.001", "--seeds", "2")
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert len(lines) == 12
+    pid = lines[0].split()[0].removeprefix("DAPO_PARENT_RUN_ID=")
+    assert re.fullmatch(r"[0-9a-f]{32}", pid)
+    assert all(line.startswith(f"DAPO_PARENT_RUN_ID={pid} dapo train {config} --set trainer.lr=0.001 --set trainer.seed=") for line in lines)
+    assert lines[0].endswith("--no-overlong-filtering --no-clip-higher --no-overlong-shaping --no-token-level-loss --no-dynamic-sampling")
+    assert "trainer.seed=1" in lines[6] and lines[11].endswith("--dynamic-sampling")
+    assert f"dapo report {pid}" in result.stderr
+    assert not (in_tmp / "runs").exists()  # nothing trained here
+
+
+def test_report_command_reads_the_ablation_back(in_tmp: Path) -> None:
+    from dapo_cli.ablate.plan import make_plan
+    from dapo_cli.ablate.runner import run_ablation
+    from dapo_cli.config import load_config
+
+    config = write_config(in_tmp)
+    plan = make_plan(load_config(config), mode="grid", techniques=("clip_higher",))
+    fake = FakeTrain({("grpo+overlong_filtering+overlong_shaping+token_level_loss+dynamic_sampling", 0): [4, 4, 0],
+                      ("dapo", 0): [4, 4, 4]})
+    outcome = run_ablation(plan, command="dapo ablate --grid clip_higher", config_path=str(config), train=fake)
+    cli = typer.Typer()
+    cli.command("report")(handles_errors(report_cli.report))
+    cli.command("ablate")(handles_errors(lambda: None))  # two commands, so `report` is a subcommand as in `dapo`
+    uri = f"sqlite:///{in_tmp / 'mlflow.db'}"
+    out = in_tmp / "rep"
+    result = CliRunner().invoke(cli, ["report", outcome.parent_run_id, "--tracking-uri", uri, "--output", str(out),
+                                      "--html", "--attach"], env={"COLUMNS": "400"})
+    assert result.exit_code == 0, result.output
+    # baseline (clip-higher off) 8/12 correct = 66.7; dapo 12/12 = 100.0, Δ +33.3 over the 3 paired problems
+    assert re.search(r"│ +0 │ grpo\+overlong_filtering\+overlong_shaping\+token_level_loss\+dynamic_sampling +│ +— │ +— │ +66\.7 │", result.output)
+    assert re.search(r"│ +1 │ dapo +│ \+ Dynamic Sampling \(DAPO\) │ +50 │ +100\.0 │.*│ \+33\.3 │", result.output)
+    assert (out / "report.md").is_file() and (out / "report.html").is_file()
+    from mlflow import MlflowClient
+
+    logged = {a.path for a in MlflowClient(uri).list_artifacts(outcome.parent_run_id, "report")}
+    assert "report/report.html" in logged  # --attach: only that run of `dapo report` wrote the HTML
+    bad = CliRunner().invoke(cli, ["report", "nope", "--tracking-uri", uri], env=WIDE)
+    assert "no ablation parent run, ablation name or experiment named 'nope'" in one_line_error(bad)
