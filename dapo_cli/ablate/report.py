@@ -126,11 +126,9 @@ def _quiet_downloads() -> Iterator[None]:
 
 def mlflow_client(tracking_uri: str) -> Any:
     """An ``MlflowClient`` on the configured store (``$MLFLOW_TRACKING_URI`` / ``sqlite:///mlflow.db`` if empty)."""
-    from mlflow import MlflowClient
+    from dapo_cli.tracking.mlflow import open_client
 
-    from dapo_cli.tracking.mlflow import resolve_tracking_uri
-
-    return MlflowClient(tracking_uri=resolve_tracking_uri(tracking_uri))
+    return open_client(tracking_uri)
 
 
 def find_parent(client: Any, experiment: str, ablation_id: str) -> Any | None:
@@ -153,13 +151,10 @@ def child_runs(client: Any, parent: Any, *, include_superseded: bool = False) ->
 
 def resolve_parent(client: Any, target: str) -> Any:
     """``dapo report`` target → parent run: a parent run id, an ablation name, or an experiment (its newest ablation)."""
-    from mlflow.exceptions import MlflowException
+    from dapo_cli.tracking.mlflow import get_run_or_none
 
     if _RUN_ID.match(target):
-        try:
-            run = client.get_run(target)
-        except MlflowException:
-            run = None
+        run = get_run_or_none(client, target)
         if run is not None:
             if "ablate.id" not in run.data.tags:
                 raise UserError(f"run {target} is not an ablation parent run (no ablate.id tag)")

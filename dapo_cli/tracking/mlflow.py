@@ -46,6 +46,21 @@ def _client(uri: str):
     return MlflowClient(tracking_uri=uri)
 
 
+def open_client(tracking_uri: str) -> Any:
+    """An ``MlflowClient`` for reading runs back (``dapo report``), on the resolved store."""
+    return _client(resolve_tracking_uri(tracking_uri))
+
+
+def get_run_or_none(client: Any, run_id: str) -> Any | None:
+    """The run with this id, or None when the store has no such run."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return client.get_run(run_id)
+    except MlflowException:
+        return None
+
+
 def sqlite_artifact_location(tracking_uri: str, experiment: str) -> str | None:
     """``file://<db dir>/mlartifacts/<experiment>`` for a ``sqlite:///`` store, else None (the store's default).
 
