@@ -21,7 +21,6 @@ without any informative group (every group all-right or all-wrong gives no gradi
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -154,11 +153,11 @@ def fill_old_log_probs(engine: Any, batch: RolloutBatch, cfg: Config, ref_model:
     for idx in micro_slices(len(batch), cfg.trainer.ppo_micro_batch_size):
         micro = batch.select(idx)
         logp, ent = engine.log_probs(micro, temperature=cfg.rollout.temperature, with_entropy=True)
-        logps.append(_pad_cols(logp.cpu(), batch.response_ids.shape[1]))
-        ents.append(_pad_cols(ent.cpu(), batch.response_ids.shape[1]))
+        logps.append(logp.cpu())
+        ents.append(ent.cpu())
         if ref_model is not None:
             ref, _ = policy_forward(ref_model, micro, temperature=cfg.rollout.temperature, with_entropy=False, device=engine.device)
-            refs.append(_pad_cols(ref.cpu(), batch.response_ids.shape[1]))
+            refs.append(ref.cpu())
     batch.old_log_probs = torch.cat(logps)
     batch.entropy = torch.cat(ents)
     batch.ref_log_probs = torch.cat(refs) if refs else None
@@ -176,8 +175,8 @@ def update_policy(engine: Any, batch: RolloutBatch, cfg: Config, *, step: int) -
     gen = torch.Generator().manual_seed(derive_seed(trainer.seed, "minibatch", step))
     sums: dict[str, float] = {}
     tokens_seen = 0.0
-    grad_norms: list[float] = []
-    skipped = 0
+    grad_norms: list[float] = []  # one per optimizer step taken
+    skipped = 0  # mini-batches whose loss or gradient was not finite: no update
     for _epoch in range(trainer.ppo_epochs):
         order = [groups[i] for i in torch.randperm(len(groups), generator=gen).tolist()]
         for start in range(0, len(order), trainer.ppo_mini_batch_size):
@@ -188,17 +187,16 @@ def update_policy(engine: Any, batch: RolloutBatch, cfg: Config, *, step: int) -
             for idx in micro_slices(len(mini), trainer.ppo_micro_batch_size):
                 micro = mini.select(idx)
                 logp, ent = engine.log_probs(micro, temperature=cfg.rollout.temperature, with_entropy=algo.entropy_coeff > 0)
-                t = logp.shape[1]
-                mask = micro.loss_mask[:, :t].to(logp.device)
+                mask = micro.loss_mask.to(logp.device)
                 loss, m = policy_loss(
-                    logp, micro.old_log_probs[:, :t].to(logp.device), micro.advantages.to(logp.device), mask,
+                    logp, micro.old_log_probs.to(logp.device), micro.advantages.to(logp.device), mask,
                     clip_ratio_low=algo.clip_ratio_low, clip_ratio_high=algo.clip_ratio_high,
                     clip_ratio_c=algo.clip_ratio_c, loss_agg_mode=algo.loss_agg_mode, **counts,
                 )
                 if algo.entropy_coeff > 0:
                     loss = loss - algo.entropy_coeff * aggregate_loss(ent, mask, algo.loss_agg_mode, **counts)
                 if algo.use_kl_loss and micro.ref_log_probs is not None:
-                    kl = kl_penalty(logp, micro.ref_log_probs[:, :t].to(logp.device), kind=algo.kl_loss_type)
+                    kl = kl_penalty(logp, micro.ref_log_probs.to(logp.device), kind=algo.kl_loss_type)
                     loss = loss + algo.kl_loss_coef * aggregate_loss(kl, mask, algo.loss_agg_mode, **counts)
                     m["actor/kl_loss"] = masked_mean(kl.detach(), mask)
                 if not torch.isfinite(loss):
@@ -214,12 +212,13 @@ def update_policy(engine: Any, batch: RolloutBatch, cfg: Config, *, step: int) -
                 skipped += 1
                 continue
             norm, applied = engine.step()
-            grad_norms.append(norm)
-            skipped += 0 if applied else 1
+            if applied:
+                grad_norms.append(norm)
+            else:
+                skipped += 1
     metrics = {k: v / tokens_seen for k, v in sums.items()} if tokens_seen else {}
-    finite_norms = [g for g in grad_norms if math.isfinite(g)]
-    metrics["actor/grad_norm"] = sum(finite_norms) / len(finite_norms) if finite_norms else float("nan")
-    metrics["actor/num_updates"] = float(len(grad_norms) - (skipped if skipped <= len(grad_norms) else 0))
+    metrics["actor/grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else float("nan")
+    metrics["actor/num_updates"] = float(len(grad_norms))
     metrics["actor/skipped_updates"] = float(skipped)
     metrics["actor/lr"] = engine.lr
     return metrics
@@ -240,7 +239,7 @@ def step_metrics(collected: Collected, batch: RolloutBatch | None, cfg: Config) 
         **collected.metrics,
     }
     if batch is not None:
-        mask = batch.loss_mask[:, : batch.old_log_probs.shape[1]]
+        mask = batch.loss_mask
         out.update(
             {
                 "reward/score_mean": float(batch.scores.mean()),
@@ -267,12 +266,6 @@ def rollout_params(cfg: Config, *, seed: int) -> SamplingParams:
 
 def micro_slices(n: int, size: int) -> list[torch.Tensor]:
     return [torch.arange(i, min(i + size, n)) for i in range(0, n, size)]
-
-
-def _pad_cols(x: torch.Tensor, width: int) -> torch.Tensor:
-    if x.shape[1] >= width:
-        return x
-    return torch.cat([x, x.new_zeros(x.shape[0], width - x.shape[1])], dim=1)
 
 
 def due(step: int, freq: int, last: int) -> bool:
