@@ -67,3 +67,26 @@ def test_micro_batch_size_does_not_change_the_update(tiny_model_dir, mode):
         for step_whole, step_split in zip(whole, split):
             for a, b in zip(step_whole, step_split):
                 torch.testing.assert_close(b, a, rtol=1e-8, atol=1e-10)
+
+
+def test_a_non_finite_loss_skips_the_update_and_is_counted(tiny_model_dir):
+    cfg = apply_techniques(load_config(None, [
+        "rollout.n=4", "data.train_batch_size=4", "trainer.ppo_mini_batch_size=2",
+        "rollout.max_response_length=10", "algorithm.overlong_buffer.len=4",
+    ]), dynamic_sampling=False)
+    model, _ = load_policy(tiny_model_dir)
+    engine = TorchEngine(model, lr=1e-2, weight_decay=0.0, warmup_steps=0, grad_clip=1.0)
+    before = [p.detach().clone() for p in engine.model.parameters()]
+    prompts = [Prompt(text=f"p{k}", ground_truth=str(k), problem_id=str(k)) for k in range(4)]
+    batch = collect_batch(ScriptedRollout(script), PromptStream(prompts, seed=0, shuffle=False), cfg, step=1, pad_id=0).batch
+    compute_advantages(batch, cfg)
+    fill_old_log_probs(engine, batch, cfg, None)
+    batch.advantages[:] = float("nan")  # every mini-batch's loss becomes NaN
+    metrics = update_policy(engine, batch, cfg, step=1)
+    assert metrics["actor/skipped_updates"] == 2 and metrics["actor/num_updates"] == 0
+    assert all(torch.equal(a, b) for a, b in zip(before, engine.model.parameters()))
+    assert all(p.grad is None for p in engine.model.parameters())  # nothing left to leak into the next step
+    assert engine.params_finite()
+    with torch.no_grad():
+        next(engine.model.parameters())[0, 0] = float("inf")
+    assert not engine.params_finite()  # what TrainingSession.save checks before writing a checkpoint
