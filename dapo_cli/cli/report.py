@@ -44,6 +44,27 @@ def report(
         console.print(f"{name}: {path}", highlight=False, markup=False)
 
 
+SHORT_HEADS = {
+    "paper AIME24 avg@32": "paper",
+    "95% CI seeds (t)": "±CI seeds",
+    "95% CI problems": "±CI probs",
+    "Δ 95% CI (paired)": "Δ CI (paired)",
+    "truncated %": "trunc %",
+    "kept groups %": "kept %",
+}
+"""Terminal headers (report.md spells them out)."""
+
+
+def terminal_columns(rows: list[dict[str, str]], *, ladder: bool) -> list[str]:
+    """The columns that fit a terminal: report.md keeps them all.
+
+    A ladder names its rungs by the paper's row (the variant name repeats it); columns
+    that are "—" in every row (seed intervals with one seed) and the seed count go.
+    """
+    drop = {"seeds", "P(Δ>0)"} | ({"variant"} if ladder else set())
+    return [h for h in rows[0] if h not in drop and any(r[h] != "—" for r in rows)]
+
+
 def print_report(result: AblationReport) -> None:
     """The report's table in the terminal, plus what is still missing."""
     from dapo_cli.ablate.report import table_rows
@@ -54,13 +75,16 @@ def print_report(result: AblationReport) -> None:
         console.print(Text(f"{title}: no finished child run yet"))
     else:
         table = Table(title=Text(title))
-        for head in rows[0]:
-            if head == "variant":
-                table.add_column(head, overflow="fold")  # names are long; never cut them
+        heads = terminal_columns(rows, ladder=result.mode == "ladder")
+        for head in heads:
+            short = SHORT_HEADS.get(head, head)
+            if head in ("variant", "paper row"):
+                table.add_column(short, overflow="fold", min_width=14)  # long names fold; numbers never do
             else:
-                table.add_column(head, justify="right")
+                widest = max(len(r[head]) for r in rows)
+                table.add_column(short, justify="right", min_width=widest)
         for row in rows:
-            table.add_row(*(Text(v) for v in row.values()))
+            table.add_row(*(Text(row[h]) for h in heads))
         console.print(table)
         console.print(
             "CI seeds: Student t over seeds; CI problems: normal (±1.96 × val stderr); Δ: paired bootstrap over problems "
