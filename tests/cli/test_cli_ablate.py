@@ -142,7 +142,7 @@ def test_report_command_reads_the_ablation_back(in_tmp: Path) -> None:
                                       "--html", "--attach"], env={"COLUMNS": "400"})
     assert result.exit_code == 0, result.output
     # baseline (clip-higher off) 8/12 correct = 66.7; dapo 12/12 = 100.0, Δ +33.3 over the 3 paired problems
-    assert re.search(r"│ +0 │ grpo\+overlong_filtering\+overlong_shaping\+token_level_loss\+dynamic_sampling +│ +— │ +— │ +66\.7 │", result.output)
+    assert re.search(r"│ +0 │ grpo\+overlong_filtering\+overlong_shaping\+token_level_loss\+dynamic_sampling +│ +— +│ +— │ +66\.7 │", result.output)
     assert re.search(r"│ +1 │ dapo +│ \+ Dynamic Sampling \(DAPO\) │ +50 │ +100\.0 │.*│ \+33\.3 │", result.output)
     assert (out / "report.md").is_file() and (out / "report.html").is_file()
     from mlflow import MlflowClient
