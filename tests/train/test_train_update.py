@@ -90,3 +90,28 @@ def test_a_non_finite_loss_skips_the_update_and_is_counted(tiny_model_dir):
     with torch.no_grad():
         next(engine.model.parameters())[0, 0] = float("inf")
     assert not engine.params_finite()  # what TrainingSession.save checks before writing a checkpoint
+
+
+def test_optional_kl_penalty_to_a_frozen_reference(tiny_model_dir):
+    from dapo_cli.session import clone_reference
+
+    cfg = apply_techniques(load_config(None, [
+        "rollout.n=4", "data.train_batch_size=4", "trainer.ppo_mini_batch_size=2", "trainer.ppo_epochs=2",
+        "rollout.max_response_length=10", "algorithm.overlong_buffer.len=4",
+        "algorithm.use_kl_loss=true", "algorithm.kl_loss_coef=0.5", "algorithm.kl_loss_type=low_var_kl",
+    ]), dynamic_sampling=False)
+    model, _ = load_policy(tiny_model_dir)
+    engine = TorchEngine(model, lr=1e-2, weight_decay=0.0, warmup_steps=0, grad_clip=1.0)
+    ref = clone_reference(engine.model)
+    prompts = [Prompt(text=f"p{k}", ground_truth=str(k), problem_id=str(k)) for k in range(4)]
+    batch = collect_batch(ScriptedRollout(script), PromptStream(prompts, seed=0, shuffle=False), cfg, step=1, pad_id=0).batch
+    compute_advantages(batch, cfg)
+    fill_old_log_probs(engine, batch, cfg, ref)
+    # before any update the policy is the reference: log-probs agree exactly
+    torch.testing.assert_close(batch.ref_log_probs, batch.old_log_probs, rtol=0, atol=1e-6)
+    metrics = update_policy(engine, batch, cfg, step=1)
+    # 2 epochs x 2 mini-batches: after the first step the policy has moved, so the k3 estimate
+    # exp(ref - logp) - (ref - logp) - 1 >= 0 becomes positive on average
+    assert metrics["actor/num_updates"] == 4
+    assert metrics["actor/kl_loss"] > 0
+    assert all(not p.requires_grad for p in ref.parameters())
