@@ -80,7 +80,6 @@ class TrainingSession:
     cfg: Config
     run_name: str
     run_dir: Path
-    model: Any
     tokenizer: Any
     engine: Any
     rollout: Any
@@ -190,7 +189,6 @@ class TrainingSession:
             cfg=cfg,
             run_name=name,
             run_dir=run_dir,
-            model=engine.model,
             tokenizer=tokenizer,
             engine=engine,
             rollout=rollout,

@@ -8,13 +8,12 @@ recomputes the table, the curves and ``report.md``.
 
 from dapo_cli.ablate.plan import LADDER_LABELS, LADDER_NAMES, PAPER_AIME24_AVG32, AblationPlan, Child, Variant, make_plan
 from dapo_cli.ablate.report import AblationReport, build_report, resolve_parent, write_report
-from dapo_cli.ablate.runner import PARENT_ENV, AblationOutcome, calibrate, print_launch, run_ablation
+from dapo_cli.ablate.runner import AblationOutcome, calibrate, print_launch, run_ablation
 
 __all__ = [
     "LADDER_LABELS",
     "LADDER_NAMES",
     "PAPER_AIME24_AVG32",
-    "PARENT_ENV",
     "AblationOutcome",
     "AblationPlan",
     "AblationReport",

@@ -28,14 +28,12 @@ seeds), against the step and against cumulative generated samples
 
 from __future__ import annotations
 
-import contextlib
 import html
 import json
 import math
-import os
 import re
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -109,21 +107,6 @@ def mean_curve(curves: Sequence[dict[int, float]]) -> tuple[list[int], list[floa
 # ---------------------------------------------------------------- reading MLflow
 
 
-@contextlib.contextmanager
-def _quiet_downloads() -> Iterator[None]:
-    """No MLflow progress bar on stderr while we fetch small tables."""
-    key = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
-    old = os.environ.get(key)
-    os.environ[key] = "false"
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = old
-
-
 def mlflow_client(tracking_uri: str) -> Any:
     """An ``MlflowClient`` on the configured store (``$MLFLOW_TRACKING_URI`` / ``sqlite:///mlflow.db`` if empty)."""
     from dapo_cli.tracking.mlflow import open_client
@@ -184,7 +167,7 @@ def history(client: Any, run_id: str, key: str) -> dict[int, float]:
 def per_problem_table(client: Any, run_id: str, step: int) -> dict[str, float]:
     """``problem_id -> correct / samples`` from the trainer's ``val/per_problem_step_<step>.json`` ({} if absent)."""
     path = f"val/per_problem_step_{step:06d}.json"
-    with tempfile.TemporaryDirectory(prefix="dapo-report-") as tmp, _quiet_downloads():
+    with tempfile.TemporaryDirectory(prefix="dapo-report-") as tmp:
         try:
             local = client.download_artifacts(run_id, path, tmp)
         except Exception:  # the artifact store raises various types for a missing file

@@ -47,9 +47,6 @@ from dapo_cli.config import dump_yaml
 from dapo_cli.errors import UserError
 from dapo_cli.tracking import PARENT_RUN_ENV, start_run
 
-PARENT_ENV = PARENT_RUN_ENV
-"""Environment variable through which a printed ``dapo train`` command nests its run under the parent."""
-
 TrainFn = Callable[..., dict[str, Any]]
 """``run_train(cfg, *, resume, command, parent_run_id, extra_tags, quiet) -> summary``."""
 
@@ -272,7 +269,7 @@ def print_launch(
         for child in plan.children():
             action, stale, _ = _prepare_child(client, plan, child, runs)
             words = train_words(plan, child, config_path, sets) + (["--resume"] if action == "resume" else [])
-            line = f"{PARENT_ENV}={parent_id} {shlex.join(words)}"
+            line = f"{PARENT_RUN_ENV}={parent_id} {shlex.join(words)}"
             lines.append(f"# done: {child.run_name}" if action == "skip" else line)
             outcomes.append(ChildOutcome(child, lines[-1], stale))
     return AblationOutcome(parent_id, outcomes, commands=lines)

@@ -100,13 +100,14 @@ def ablate(
         return
     chosen = launcher.value if launcher is not None else cfg.ablate.launcher
     if chosen == "print":
-        from dapo_cli.ablate.runner import PARENT_ENV, print_launch
+        from dapo_cli.ablate.runner import print_launch
+        from dapo_cli.tracking import PARENT_RUN_ENV
 
         outcome = print_launch(plan, command=command, config_path=config, sets=sets or [])
         for line in outcome.commands:
             typer.echo(line)
         err_console.print(
-            f"parent run {outcome.parent_run_id} ({plan.name}); each command nests under it through ${PARENT_ENV}. "
+            f"parent run {outcome.parent_run_id} ({plan.name}); each command nests under it through ${PARENT_RUN_ENV}. "
             f"When they finish: dapo report {outcome.parent_run_id}",
             highlight=False,
             markup=False,

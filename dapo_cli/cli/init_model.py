@@ -28,7 +28,9 @@ def init_model(
     import json
 
     from dapo_cli.fileio import atomic_dir
-    from dapo_cli.models import default_cache_dir, resolve_model, warm_start
+    from dapo_cli.errors import UserError
+    from dapo_cli.models import resolve_model, warm_start
+    from dapo_cli.models.loading import tiny_cache_path
     from dapo_cli.models.warmstart import MODEL_CARD
 
     cfg = resolve(config, sets)
@@ -39,11 +41,11 @@ def init_model(
     if output is not None:
         path = Path(output)
         if path.exists() and not force:
-            raise_exists(path)
+            raise UserError(f"{path} already exists; pass --force to rebuild it")
         with atomic_dir(path) as tmp:
             warm_start(cfg.model.tiny, tmp)
     else:
-        path = default_cache_dir() / f"tiny-{cfg.model.tiny.fingerprint()}"
+        path = tiny_cache_path(cfg.model.tiny)
         if force and path.exists():
             shutil.rmtree(path)
         path = resolve_model("builtin:tiny", cfg.model.tiny)
@@ -54,9 +56,3 @@ def init_model(
         f"{card['base_accuracy_greedy']:.1%} greedy on {card['eval_problems']} held-out problems",
         highlight=False,
     )
-
-
-def raise_exists(path: Path) -> None:
-    from dapo_cli.errors import UserError
-
-    raise UserError(f"{path} already exists; pass --force to rebuild it")

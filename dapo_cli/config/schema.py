@@ -47,8 +47,6 @@ class RolloutConfig:
     top_k: int = setting(0, "top-k sampling for training rollouts (0 = off)")
     max_response_length: int = setting(20480, "maximum generated tokens per response (L_max)")
     batch_size: int = setting(0, "sequences per generate call (0 = all at once)")
-    gpu_memory_utilization: float = setting(0.85, "vLLM only: share of GPU memory for weights and KV cache")
-    tensor_parallel_size: int = setting(1, "vLLM only: tensor-parallel degree")
 
 
 @dataclass

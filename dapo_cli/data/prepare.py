@@ -32,13 +32,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from dapo_cli import __version__
 from dapo_cli.data.convert import CONVERSIONS, Converted, convert
 from dapo_cli.data.readers import InputFile, read_input
-from dapo_cli.data.schema import DAPO_INSTRUCTION, DAPO_SCHEMA, make_row
+from dapo_cli.data.schema import DAPO_INSTRUCTION, make_row, write_dapo_table
 from dapo_cli.errors import UserError
 from dapo_cli.fileio import atomic_path, sha256_file
 from dapo_cli.tracking import Tracker, start_run
@@ -180,7 +178,7 @@ def _prompt_text(row: dict[str, Any]) -> str:
 
 
 def _schema_row(row: dict[str, Any], *, template: str | None, data_source: str | None) -> dict[str, Any]:
-    """A prepared row in exactly :data:`DAPO_SCHEMA` (extra columns dropped, missing fields filled)."""
+    """A prepared row in exactly :data:`dapo_cli.data.schema.DAPO_SCHEMA` (extra columns dropped, missing fields filled)."""
     extra = dict(row.get("extra_info") or {})
     reward = row.get("reward_model") or {}
     truth = str(reward.get("ground_truth")).strip()
@@ -390,10 +388,6 @@ def _rows(problems: list[_Problem], split: str | None, repeat: int) -> list[dict
     return [row for _, row in out]
 
 
-def _write_parquet(rows: list[dict[str, Any]], path: Path) -> None:
-    pq.write_table(pa.Table.from_pylist(rows, schema=DAPO_SCHEMA), path)
-
-
 def _manifest(options: PrepareOptions, reports: list[FileReport], outputs: list[dict[str, Any]]) -> dict[str, Any]:
     kept = sum((r.kept for r in reports), Counter())
     dropped = sum((r.dropped for r in reports), Counter())
@@ -488,7 +482,7 @@ def _write(options: PrepareOptions, reports: list[FileReport], writes: list[tupl
         outputs = []
         for split, path, rows in writes:
             tmp = stack.enter_context(atomic_path(path))
-            _write_parquet(rows, tmp)
+            write_dapo_table(rows, tmp)
             outputs.append({"split": split, "path": str(path), "rows": len(rows), "sha256": sha256_file(tmp)})
         manifest = _manifest(options, reports, outputs)
         manifest_tmp = stack.enter_context(atomic_path(options.manifest_path))

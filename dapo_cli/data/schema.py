@@ -85,11 +85,15 @@ def make_row(
     }
 
 
+def write_dapo_table(rows: Sequence[dict[str, Any]], path: str | os.PathLike[str]) -> None:
+    """Write rows (from :func:`make_row`) to ``path`` in the DAPO schema (not atomic: see below)."""
+    pq.write_table(pa.Table.from_pylist(list(rows), schema=DAPO_SCHEMA), path)
+
+
 def write_dapo_parquet(rows: Sequence[dict[str, Any]], path: str | os.PathLike[str]) -> None:
     """Write rows (from :func:`make_row`) to ``path`` atomically in the DAPO schema."""
-    table = pa.Table.from_pylist(list(rows), schema=DAPO_SCHEMA)
     with atomic_path(path) as tmp:
-        pq.write_table(table, tmp)
+        write_dapo_table(rows, tmp)
 
 
 def is_dapo_table(columns: Sequence[str]) -> bool:

@@ -55,6 +55,11 @@ def default_cache_dir() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "dapo"
 
 
+def tiny_cache_path(tiny: TinyModelConfig, cache_dir: Path | None = None) -> Path:
+    """Where ``builtin:tiny`` with these settings lives: ``<cache_dir>/tiny-<fingerprint>``."""
+    return (cache_dir or default_cache_dir()) / f"tiny-{tiny.fingerprint()}"
+
+
 def resolve_model(spec: str, tiny: TinyModelConfig, cache_dir: Path | None = None) -> Path:
     """Path (or, for a hub id, a ``Path`` whose string is the id) that :func:`load_policy` accepts.
 
@@ -67,7 +72,7 @@ def resolve_model(spec: str, tiny: TinyModelConfig, cache_dir: Path | None = Non
     if spec.startswith("builtin:"):
         if spec not in BUILTIN_MODELS:
             raise UserError(f"unknown built-in model '{spec}' (valid: {', '.join(BUILTIN_MODELS)})")
-        path = (cache_dir or default_cache_dir()) / f"tiny-{tiny.fingerprint()}"
+        path = tiny_cache_path(tiny, cache_dir)
         if not (path / MODEL_CARD).is_file():
             print(
                 f"building {spec} (task {tiny.task}, {tiny.sft_steps} SFT steps) into {path}",

@@ -15,7 +15,6 @@ import logging
 import math
 import os
 import re
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -190,9 +189,3 @@ def _table_value(value: Any) -> Any:
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     return str(value)
-
-
-def download_artifact(tracking_uri: str, run_id: str, path: str) -> Path:
-    """Fetch one artifact of a run to a temporary directory and return its local path."""
-    client = _client(resolve_tracking_uri(tracking_uri))
-    return Path(client.download_artifacts(run_id, path, tempfile.mkdtemp(prefix="dapo-artifact-")))

@@ -210,9 +210,10 @@ def test_failed_write_leaves_no_file(tmp_path: Path, monkeypatch: pytest.MonkeyP
         calls.append(path)
         if len(calls) == 2:  # the validation file, after the training file is complete
             raise OSError("disk full")
-        P.pq.write_table(P.pa.Table.from_pylist(rows, schema=DAPO_SCHEMA), path)
+        real_write(rows, path)
 
-    monkeypatch.setattr(P, "_write_parquet", failing_write)
+    real_write = P.write_dapo_table
+    monkeypatch.setattr(P, "write_dapo_table", failing_write)
     with pytest.raises(OSError, match="disk full"):
         prepare(tmp_path, raw, val_fraction=0.5)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["raw.jsonl"]  # no output, manifest or temporary file

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -26,10 +27,16 @@ from dapo_cli.tracking.mlflow import (  # noqa: E402
     MAX_PARAM_CHARS,
     MlflowTracker,
     _param_value,
-    download_artifact,
+    open_client,
     resolve_tracking_uri,
     sqlite_artifact_location,
 )
+
+
+def download_artifact(tracking_uri: str, run_id: str, path: str) -> Path:
+    """One artifact of a run, fetched into a fresh temporary directory."""
+    client = open_client(tracking_uri)
+    return Path(client.download_artifacts(run_id, path, tempfile.mkdtemp(prefix="dapo-test-artifact-")))
 
 
 @pytest.fixture(scope="module")
