@@ -12,9 +12,9 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 
-# torch is pinned to the local CPU build (torch==2.13.0) in pyproject.toml.
-$(STAMP): pyproject.toml | $(PY)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+# constraints.txt pins torch to the local CPU build (torch==2.13.0); pyproject.toml keeps a range.
+$(STAMP): pyproject.toml constraints.txt | $(PY)
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
 setup: $(STAMP)
