@@ -8,21 +8,22 @@ checkpoint, and summarise the end.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import hashlib
 import json
 import subprocess
 from pathlib import Path
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 import yaml
 
-from dapo_cli.checkpoint import CheckpointManager, fresh_run_name, latest_run_name, run_dir_for, set_rng_state
+from dapo_cli.checkpoint import ENGINE_DIR, CheckpointManager, fresh_run_name, latest_run_name, run_dir_for, set_rng_state
 from dapo_cli.config import Config, dump_yaml, flatten, technique_state, to_dict
 from dapo_cli.config.techniques import variant_name
 from dapo_cli.data.loader import PromptStream, build_prompts, dataset_manifest, load_rows
+from dapo_cli.engine.dist import Collective, SingleProcess, shutdown_process_group
 from dapo_cli.errors import UserError
 from dapo_cli.fileio import write_text_atomic
 from dapo_cli.progress import StepReporter
@@ -37,15 +38,6 @@ def derive_seed(seed: int, *parts: Any) -> int:
     """A 31-bit seed from the run seed and a purpose/step path, stable across processes and resumes."""
     text = ":".join(str(p) for p in (seed, *parts))
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "big") & 0x7FFFFFFF
-
-
-def clone_reference(model: torch.nn.Module) -> torch.nn.Module:
-    """A frozen copy of the initial policy for the optional KL penalty."""
-    ref = copy.deepcopy(model)
-    ref.eval()
-    for p in ref.parameters():
-        p.requires_grad_(False)
-    return ref
 
 
 def git_commit() -> str:
@@ -75,6 +67,55 @@ RESUMABLE_CHANGES = {"trainer.total_steps"}
 """Config keys a resumed run may change (extend a finished run)."""
 
 
+T = TypeVar("T")
+
+
+def agreed(dist: Collective, decide: Callable[[], T]) -> T:
+    """``decide()`` on rank 0, its result (or its one-line error) on every rank.
+
+    For choices that must not differ between ranks (the run directory, the model path)
+    and errors that every rank must raise instead of leaving the others waiting.
+    """
+    result: Any = None
+    error: str | None = None
+    if dist.is_main:
+        try:
+            result = decide()
+        except UserError as exc:
+            error = str(exc)
+        except BaseException as exc:
+            dist.broadcast_object((None, f"rank 0 failed: {type(exc).__name__}: {exc}"))
+            raise
+    result, error = dist.broadcast_object((result, error))
+    if error is not None:
+        raise UserError(error)
+    return result
+
+
+def pick_run(cfg: Config, *, resume: bool) -> tuple[str, Path, Path | None]:
+    """(run name, run dir, checkpoint to resume from or None) for a new or resumed run."""
+    experiment = cfg.tracking.experiment
+    stem = cfg.trainer.run_name or f"{variant_name(technique_state(cfg))}-s{cfg.trainer.seed}"
+    if not resume:
+        name = cfg.trainer.run_name or fresh_run_name(cfg.trainer.output_dir, experiment, stem)
+        run_dir = run_dir_for(cfg.trainer.output_dir, experiment, name)
+        if cfg.trainer.run_name and CheckpointManager(run_dir).latest() is not None:
+            raise UserError(f"run {run_dir} already has checkpoints; add --resume, or pick another trainer.run_name")
+        return name, run_dir, None
+    found = cfg.trainer.run_name or latest_run_name(cfg.trainer.output_dir, experiment, stem)
+    if found is None:
+        raise UserError(f"--resume: no checkpoint of a run named '{stem}' under {cfg.trainer.output_dir}/{experiment}")
+    run_dir = run_dir_for(cfg.trainer.output_dir, experiment, found)
+    latest = CheckpointManager(run_dir).latest()
+    if latest is None:
+        raise UserError(f"--resume: {run_dir} has no complete checkpoint; start it again without --resume")
+    saved = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8"))
+    diffs = [d for d in config_differences(saved, to_dict(cfg)) if d not in RESUMABLE_CHANGES]
+    if diffs:
+        raise UserError(f"--resume: the config differs from the run's config.yaml in {', '.join(diffs)}; resume with the same settings")
+    return found, run_dir, latest
+
+
 @dataclasses.dataclass
 class TrainingSession:
     cfg: Config
@@ -90,7 +131,7 @@ class TrainingSession:
     model_info: dict[str, Any]
     reporter: StepReporter
     ckpt: CheckpointManager
-    ref_model: torch.nn.Module | None = None
+    dist: Collective = dataclasses.field(default_factory=SingleProcess)
     start_step: int = 0
     barren_steps: int = 0
     mlflow_run_id: str | None = None
@@ -106,57 +147,33 @@ class TrainingSession:
 
     @classmethod
     def open(cls, cfg: Config, *, resume: bool, quiet: bool = False) -> TrainingSession:
-        from dapo_cli.engine.torch import TorchEngine
+        from dapo_cli import components
         from dapo_cli.models import format_prompt, load_policy, resolve_model
-        from dapo_cli.rollout.hf import HFRolloutEngine
 
+        components.check_engine_settings(cfg.engine)
+        components.check_rollout_settings(cfg.rollout)
         if cfg.engine.num_threads > 0:
             torch.set_num_threads(cfg.engine.num_threads)
-        if cfg.engine.name != "torch" or cfg.rollout.engine != "hf":
-            raise UserError(
-                f"engine.name={cfg.engine.name} / rollout.engine={cfg.rollout.engine}: only the torch + hf engines are "
-                "built so far; use engine.name=torch rollout.engine=hf"
+        dist = components.build_collective(cfg.engine)
+        try:
+            components.check_world_size(cfg, dist.world_size)
+            name, run_dir, latest = agreed(dist, lambda: pick_run(cfg, resume=resume))
+            ckpt = CheckpointManager(run_dir)
+            state = ckpt.load_state(latest) if latest is not None else None
+            # the initial policy, resolved on rank 0 (builtin:tiny is built once, not once per rank)
+            base_path = agreed(dist, lambda: resolve_model(cfg.model.path, cfg.model.tiny))
+            model_path = latest / "model" if latest is not None else base_path
+            torch.manual_seed(cfg.trainer.seed)
+            dtype = getattr(torch, cfg.model.dtype)
+            model, tokenizer = load_policy(model_path, device="cpu", dtype=dtype)
+            engine = components.build_training_engine(
+                cfg, model, dist, load_reference=components.model_loader(base_path, dtype)
             )
-        experiment = cfg.tracking.experiment
-        stem = cfg.trainer.run_name or f"{variant_name(technique_state(cfg))}-s{cfg.trainer.seed}"
-        state: dict[str, Any] | None = None
-        if resume:
-            name = cfg.trainer.run_name or latest_run_name(cfg.trainer.output_dir, experiment, stem)
-            if name is None:
-                raise UserError(f"--resume: no checkpoint of a run named '{stem}' under {cfg.trainer.output_dir}/{experiment}")
-            run_dir = run_dir_for(cfg.trainer.output_dir, experiment, name)
-            ckpt = CheckpointManager(run_dir)
-            latest = ckpt.latest()
-            if latest is None:
-                raise UserError(f"--resume: {run_dir} has no complete checkpoint; start it again without --resume")
-            saved = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8"))
-            diffs = [d for d in config_differences(saved, to_dict(cfg)) if d not in RESUMABLE_CHANGES]
-            if diffs:
-                raise UserError(f"--resume: the config differs from the run's config.yaml in {', '.join(diffs)}; resume with the same settings")
-            state = ckpt.load_state(latest)
-            model_path = latest / "model"
-        else:
-            name = cfg.trainer.run_name or fresh_run_name(cfg.trainer.output_dir, experiment, stem)
-            run_dir = run_dir_for(cfg.trainer.output_dir, experiment, name)
-            if cfg.trainer.run_name and CheckpointManager(run_dir).latest() is not None:
-                raise UserError(f"run {run_dir} already has checkpoints; add --resume, or pick another trainer.run_name")
-            ckpt = CheckpointManager(run_dir)
-            model_path = resolve_model(cfg.model.path, cfg.model.tiny)
-        torch.manual_seed(cfg.trainer.seed)
-        dtype = getattr(torch, cfg.model.dtype)
-        model, tokenizer = load_policy(model_path, device="cpu", dtype=dtype)
+            rollout = components.build_train_rollout(cfg, engine, tokenizer, components.model_loader(model_path, dtype))
+        except BaseException:
+            dist.close()
+            raise
         model_info = read_model_info(Path(model_path))
-        engine = TorchEngine(
-            model,
-            lr=cfg.trainer.lr,
-            weight_decay=cfg.trainer.weight_decay,
-            warmup_steps=cfg.trainer.lr_warmup_steps,
-            grad_clip=cfg.trainer.grad_clip,
-            device=cfg.engine.device,
-        )
-        if cfg.engine.gradient_checkpointing:
-            model.gradient_checkpointing_enable()
-        rollout = HFRolloutEngine(engine.model, tokenizer, batch_size=cfg.rollout.batch_size or None)
 
         def fmt(messages: Any) -> str:
             return format_prompt(tokenizer, messages)
@@ -184,6 +201,7 @@ class TrainingSession:
             "train_prompts": len(train_prompts),
             "train_prompts_dropped_too_long": dropped,
             "val_problems": len(val_problems),
+            "world_size": dist.world_size,
         }
         session = cls(
             cfg=cfg,
@@ -197,26 +215,28 @@ class TrainingSession:
             val_prompts=val_prompts,
             manifest=manifest,
             model_info=model_info,
-            reporter=StepReporter(cfg.trainer.total_steps, quiet=quiet),
+            reporter=StepReporter(cfg.trainer.total_steps, quiet=quiet or not dist.is_main),
             ckpt=ckpt,
-            ref_model=clone_reference(engine.model) if cfg.algorithm.use_kl_loss else None,
+            dist=dist,
         )
-        if state is not None:
-            session.restore(state)
+        if state is not None and latest is not None:
+            session.restore(state, latest)
         return session
 
-    def restore(self, state: dict[str, Any]) -> None:
-        self.engine.load_state_dict(state["engine"])
+    def restore(self, state: dict[str, Any], checkpoint: Path) -> None:
+        self.engine.load_checkpoint(checkpoint / ENGINE_DIR)
         self.stream.load_state_dict(state["stream"])
-        set_rng_state(state["rng"])
+        set_rng_state(self.ckpt.rank_rng_state(checkpoint, self.dist.rank, default=state["rng"]))
         self.start_step = int(state["step"])
         self.barren_steps = int(state["barren_steps"])
         self.mlflow_run_id = state.get("mlflow_run_id") or None
         self.base_val = state.get("base_val")
         self.last_val = state.get("last_val")
-        if self.cfg.algorithm.use_kl_loss:
-            self.ref_model = clone_reference(self.engine.model)
-            self.ref_model.load_state_dict(state["ref_model"])
+
+    def close(self) -> None:
+        """Leave the process group (and any DeepSpeed created), so a later run in this process starts clean."""
+        self.dist.close()
+        shutdown_process_group()
 
     # ------------------------------------------------------------ recording
 
@@ -237,6 +257,8 @@ class TrainingSession:
         if self.start_step > 0:
             tracker.set_tags({"dapo.resumed_from_step": str(self.start_step)})
             return
+        if not self.dist.is_main:
+            return
         self.run_dir.mkdir(parents=True, exist_ok=True)
         text = dump_yaml(self.cfg)
         write_text_atomic(self.run_dir / "config.yaml", text)
@@ -253,7 +275,7 @@ class TrainingSession:
         from dapo_cli.eval.metrics import tracking_metrics
         from dapo_cli.eval.run import evaluate_problems
 
-        if not self.val_problems:
+        if not self.val_problems or not self.dist.is_main:  # rank 0 validates; the others wait at the next collective
             return {}
         v = self.cfg.validation
         params = SamplingParams(
@@ -288,22 +310,22 @@ class TrainingSession:
             return self.ckpt.root
         self.reporter.phase(step, "checkpoint")
         state = {
-            "engine": self.engine.state_dict(),
             "stream": self.stream.state_dict(),
             "barren_steps": self.barren_steps,
             "mlflow_run_id": self.mlflow_run_id or "",
             "base_val": self.base_val,
             "last_val": self.last_val,
+            "world_size": self.dist.world_size,
         }
-        if self.ref_model is not None:
-            state["ref_model"] = self.ref_model.state_dict()
-        return self.ckpt.save(step, save_model=self._save_model, trainer_state=state)
+        return self.ckpt.save(step, dist=self.dist, write=self._write_checkpoint, trainer_state=state)
 
-    def _save_model(self, directory: Path) -> None:
-        """The policy + tokenizer (+ the tiny model's dapo_model.json, which marks our own tokenizer)."""
-        self.engine.save_model(directory, self.tokenizer)
-        if self.model_info:
-            write_text_atomic(directory / "dapo_model.json", json.dumps(self.model_info, indent=2) + "\n")
+    def _write_checkpoint(self, directory: Path) -> None:
+        """Every rank: the engine's training state (its shards), then the policy + tokenizer export
+        (+ the tiny model's dapo_model.json, which marks our own tokenizer) written by rank 0."""
+        self.engine.save_checkpoint(directory / ENGINE_DIR)
+        self.engine.save_model(directory / "model", self.tokenizer)
+        if self.model_info and self.dist.is_main:
+            write_text_atomic(directory / "model" / "dapo_model.json", json.dumps(self.model_info, indent=2) + "\n")
 
     def stop_collapsed(self, tracker: Tracker, step: int) -> None:
         msg = (
@@ -314,6 +336,7 @@ class TrainingSession:
         self.reporter.note(msg)
 
     def finish(self, tracker: Tracker) -> dict[str, Any]:
+        self.dist.barrier()  # the last checkpoint is complete on every rank
         latest = self.ckpt.latest()
         summary: dict[str, Any] = {
             "run_name": self.run_name,
@@ -333,7 +356,8 @@ class TrainingSession:
             size = sum(f.stat().st_size for f in (latest / "model").rglob("*") if f.is_file())
             if size <= MAX_MODEL_ARTIFACT_BYTES:
                 tracker.log_artifact(latest / "model", "checkpoint")
-        write_text_atomic(self.run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
+        if self.dist.is_main:
+            write_text_atomic(self.run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
         self.reporter.finish(summary, tracking_uri=getattr(tracker, "tracking_uri", ""))
         return summary
 

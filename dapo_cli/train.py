@@ -9,7 +9,7 @@ One step (DAPO Algorithm 1; Yu et al. 2025, arXiv:2503.14476)::
             ─algo.advantages────────► Â per response (group-normalised)
             ─engine (no grad)───────► old log-probs, entropy
             ─epochs × mini-batches × micro-batches: policy_loss (decoupled clip Eq. 10, token-level Eq. 12)
-            ─engine.step────────────► rollout.sync_weights
+            ─engine.step────────────► rollout.sync_weights(engine)  (export_weights, in memory)
             ─tracker.log_metrics (one batched call) / checkpoint / validate
 
 Departures from the paper, each deliberate: (1) no KL term unless ``algorithm.use_kl_loss``
@@ -17,6 +17,11 @@ Departures from the paper, each deliberate: (1) no KL term unless ``algorithm.us
 the step trains on the groups it has (``filter_groups.on_exhausted: train``) instead of
 stalling; (3) a collapse guard stops the run after ``trainer.collapse_patience`` steps
 without any informative group (every group all-right or all-wrong gives no gradient).
+
+Data parallel (``torchrun``): every rank runs this loop on its share of each round's
+prompts; the few places where ranks must agree go through ``engine.dist`` — the dynamic
+sampling filter over the whole round, the global loss counts, lockstep micro-batch counts,
+and metric sums — so the update and every logged value equal the one-process ones.
 """
 
 from __future__ import annotations
@@ -29,18 +34,19 @@ import torch
 
 from dapo_cli.algo.advantages import group_advantages
 from dapo_cli.algo.kl import kl_penalty
-from dapo_cli.algo.logits import mean_token_prob
 from dapo_cli.algo.losses import aggregate_loss, global_counts, masked_mean, policy_loss
 from dapo_cli.algo.overlong import mask_responses, overlong_filter_mask, overlong_penalty
 from dapo_cli.algo.sampling import GroupBatchAssembler, informative_groups
 from dapo_cli.batch import RolloutBatch
 from dapo_cli.config import Config
 from dapo_cli.data.loader import Prompt, PromptStream
+from dapo_cli.engine.base import TrainingEngine
+from dapo_cli.engine.dist import Collective, SingleProcess, gather_cat, reduce_sums
 from dapo_cli.errors import UserError
 from dapo_cli.rewards import score_batch
 from dapo_cli.rollout.base import RolloutEngine, SamplingParams
 from dapo_cli.session import TrainingSession, derive_seed
-from dapo_cli.tracking import start_run
+from dapo_cli.components import open_tracker
 
 
 # ---------------------------------------------------------------- the step's phases
@@ -88,24 +94,39 @@ class Collected:
     """A step's training batch (None when no informative group was found) and its generation stats."""
 
     batch: RolloutBatch | None
+    """This rank's share of the trained groups (possibly no rows); None when no rank kept any."""
     generated: RolloutBatch
+    """Everything this rank generated in the step."""
     metrics: dict[str, float] = field(default_factory=dict)
+    generated_stats: dict[str, torch.Tensor] = field(default_factory=dict)
+    """Per-response ``lengths``, ``truncated``, ``acc``, ``scores``, ``group_ids`` of all ranks' generations."""
 
 
-def collect_batch(rollout: RolloutEngine, stream: PromptStream, cfg: Config, *, step: int, pad_id: int) -> Collected:
-    """Generate, score and shape; with dynamic sampling, repeat rounds until enough informative groups."""
+def collect_batch(
+    rollout: RolloutEngine, stream: PromptStream, cfg: Config, *, step: int, pad_id: int, dist: Collective | None = None
+) -> Collected:
+    """Generate, score and shape; with dynamic sampling, repeat rounds until enough informative groups.
+
+    Data parallel: every rank draws the same round of prompts from its (identical) stream and
+    generates for its own contiguous share; the group filter runs on the whole round's
+    accuracies (gathered, rank order), so every rank agrees when the batch is full and the
+    ranks together train exactly ``train_batch_size`` groups. Group ids are global.
+    """
+    dist = dist or SingleProcess()
     target = cfg.data.train_batch_size
     per_round = cfg.data.gen_batch_size or target
+    share = per_round // dist.world_size
     fg = cfg.algorithm.filter_groups
     assembler = GroupBatchAssembler(target, fg.max_num_gen_batches) if fg.enable else None
     kept: list[RolloutBatch] = []
     generated: list[RolloutBatch] = []
     round_idx = 0
     while True:
-        params = rollout_params(cfg, seed=derive_seed(cfg.trainer.seed, "rollout", step, round_idx))
-        batch = generate_round(
-            rollout, stream.next(per_round), n=cfg.rollout.n, params=params, first_group=round_idx * per_round, pad_id=pad_id
-        )
+        rank_part = [dist.rank] if dist.world_size > 1 else []  # one process keeps its historical seeds
+        params = rollout_params(cfg, seed=derive_seed(cfg.trainer.seed, "rollout", step, round_idx, *rank_part))
+        prompts = stream.next(per_round)[dist.rank * share : (dist.rank + 1) * share]
+        first = round_idx * per_round + dist.rank * share
+        batch = generate_round(rollout, prompts, n=cfg.rollout.n, params=params, first_group=first, pad_id=pad_id)
         score_and_shape(batch, cfg)
         generated.append(batch)
         round_idx += 1
@@ -113,9 +134,11 @@ def collect_batch(rollout: RolloutEngine, stream: PromptStream, cfg: Config, *, 
             kept.append(batch)
             break
         metric = batch.acc.float() if fg.metric == "acc" else batch.rewards
-        index = assembler.add(metric, batch.group_ids)
-        if len(index):
-            kept.append(batch.select(index))
+        parts = dist.all_gather_object((metric, batch.group_ids))
+        offset = sum(len(m) for m, _ in parts[: dist.rank])
+        index = assembler.add(torch.cat([m for m, _ in parts]), torch.cat([g for _, g in parts]))
+        mine = index[(index >= offset) & (index < offset + len(batch))] - offset
+        kept.append(batch.select(mine))
         if assembler.done:
             break
         if assembler.exhausted:
@@ -126,97 +149,104 @@ def collect_batch(rollout: RolloutEngine, stream: PromptStream, cfg: Config, *, 
                 )
             break
     everything = RolloutBatch.concat(generated)
+    stats = gather_cat(dist, {
+        "lengths": everything.lengths, "truncated": everything.truncated, "acc": everything.acc,
+        "scores": everything.scores, "group_ids": everything.group_ids,
+    })
     if assembler is not None:
         metrics = assembler.metrics()
+        nothing = assembler.num_kept_groups == 0  # the same on every rank
     else:  # no filtering: report the share of groups that carry signal, comparable with the kept share
-        informative = informative_groups(everything.acc.float(), everything.group_ids)
-        n_groups = len(set(everything.group_ids.tolist()))
+        informative = informative_groups(stats["acc"].float(), stats["group_ids"])
+        n_groups = len(set(stats["group_ids"].tolist()))
         metrics = {
             "train/num_gen_batches": 1.0,
-            "train/kept_group_frac": len(set(everything.group_ids[informative].tolist())) / n_groups,
-            "train/samples_generated": float(len(everything)),
+            "train/kept_group_frac": len(set(stats["group_ids"][informative].tolist())) / n_groups,
+            "train/samples_generated": float(len(stats["lengths"])),
         }
-    return Collected(batch=RolloutBatch.concat(kept) if kept else None, generated=everything, metrics=metrics)
+        nothing = False
+    trained = None if nothing else RolloutBatch.concat(kept)
+    return Collected(batch=trained, generated=everything, metrics=metrics, generated_stats=stats)
 
 
 def compute_advantages(batch: RolloutBatch, cfg: Config) -> None:
-    """Â_i = (R_i − mean(R_group)) / std(R_group) for GRPO (DAPO Eq. 9), on shaped rewards."""
+    """Â_i = (R_i − mean(R_group)) / std(R_group) for GRPO (DAPO Eq. 9), on shaped rewards.
+
+    A group lives on one rank, so advantages need no communication."""
     batch.advantages = group_advantages(batch.rewards, batch.group_ids, estimator=cfg.algorithm.adv_estimator)
 
 
 @torch.no_grad()
-def fill_old_log_probs(engine: Any, batch: RolloutBatch, cfg: Config, ref_model: torch.nn.Module | None) -> None:
-    """log π_old (the policy that sampled) and its entropy, micro-batched without grad."""
-    from dapo_cli.engine.torch import policy_forward
+def fill_old_log_probs(engine: TrainingEngine, batch: RolloutBatch, cfg: Config) -> None:
+    """log π_old (the policy that sampled), its entropy, and log π_ref when the KL term is on.
 
+    Micro-batched without grad; every rank runs the same number of forwards (ZeRO-3 gathers
+    parameters in each), padding with a one-row blank when it has fewer rows.
+    """
+    slices = micro_slices(len(batch), cfg.trainer.ppo_micro_batch_size)
+    count = lockstep_counts(engine.dist, [len(slices)])[0]
+    use_ref = cfg.algorithm.use_kl_loss
     logps, ents, refs = [], [], []
-    for idx in micro_slices(len(batch), cfg.trainer.ppo_micro_batch_size):
-        micro = batch.select(idx)
+    for i in range(count):
+        micro = batch.select(slices[i]) if i < len(slices) else blank_micro(batch)
         logp, ent = engine.log_probs(micro, temperature=cfg.rollout.temperature, with_entropy=True)
-        logps.append(logp.cpu())
-        ents.append(ent.cpu())
-        if ref_model is not None:
-            ref, _ = policy_forward(ref_model, micro, temperature=cfg.rollout.temperature, with_entropy=False, device=engine.device)
-            refs.append(ref.cpu())
-    batch.old_log_probs = torch.cat(logps)
-    batch.entropy = torch.cat(ents)
-    batch.ref_log_probs = torch.cat(refs) if refs else None
+        ref = engine.ref_log_probs(micro, temperature=cfg.rollout.temperature) if use_ref else None
+        if i < len(slices):
+            logps.append(logp.cpu())
+            ents.append(ent.cpu())
+            if ref is not None:
+                refs.append(ref.cpu())
+    empty = torch.zeros(0, batch.response_ids.shape[1])
+    batch.old_log_probs = torch.cat(logps) if logps else empty
+    batch.entropy = torch.cat(ents) if ents else empty.clone()
+    batch.ref_log_probs = (torch.cat(refs) if refs else empty.clone()) if use_ref else None
 
 
-def update_policy(engine: Any, batch: RolloutBatch, cfg: Config, *, step: int) -> dict[str, float]:
+def update_policy(engine: TrainingEngine, batch: RolloutBatch, cfg: Config, *, step: int) -> dict[str, float]:
     """``ppo_epochs`` × mini-batches (by group) × micro-batches; one optimizer step per mini-batch.
 
-    Micro-batch losses use the mini-batch's global token / sequence counts, so their sum
-    has exactly the gradient of the whole mini-batch (the token-level loss is exact under
-    any micro-batch split).
+    Exactness under any split: each micro-batch loss is normalised by the mini-batch's
+    *global* token / sequence counts (summed over ranks), so the micro-batch losses of all
+    ranks sum to the whole mini-batch's loss and the engine's gradient is its gradient.
+    Mini-batches are drawn from all ranks' groups with one shared permutation; each rank
+    trains the chosen groups it holds. Logged losses are sums of micro-batch terms over
+    ranks (= the mini-batch loss), averaged over optimizer steps; fractions are token means
+    over every trained token; both are therefore independent of micro-batch size and ranks.
     """
-    algo, trainer = cfg.algorithm, cfg.trainer
-    groups = list(dict.fromkeys(batch.group_ids.tolist()))
+    algo, trainer, dist = cfg.algorithm, cfg.trainer, engine.dist
+    groups = [g for part in dist.all_gather_object(list(dict.fromkeys(batch.group_ids.tolist()))) for g in part]
     gen = torch.Generator().manual_seed(derive_seed(trainer.seed, "minibatch", step))
-    sums: dict[str, float] = {}
-    tokens_seen = 0.0
-    grad_norms: list[float] = []  # one per optimizer step taken
-    skipped = 0  # mini-batches whose loss or gradient was not finite: no update
+    plan: list[tuple[RolloutBatch, list[torch.Tensor]]] = []
     for _epoch in range(trainer.ppo_epochs):
         order = [groups[i] for i in torch.randperm(len(groups), generator=gen).tolist()]
         for start in range(0, len(order), trainer.ppo_mini_batch_size):
             chosen = torch.tensor(order[start : start + trainer.ppo_mini_batch_size])
             mini = batch.select(torch.isin(batch.group_ids, chosen).nonzero().squeeze(1))
-            counts = {**global_counts(mini.loss_mask, algo.loss_agg_mode), "norm_length": cfg.rollout.max_response_length}
-            finite = True
-            for idx in micro_slices(len(mini), trainer.ppo_micro_batch_size):
-                micro = mini.select(idx)
-                logp, ent = engine.log_probs(micro, temperature=cfg.rollout.temperature, with_entropy=algo.entropy_coeff > 0)
-                mask = micro.loss_mask.to(logp.device)
-                loss, m = policy_loss(
-                    logp, micro.old_log_probs.to(logp.device), micro.advantages.to(logp.device), mask,
-                    clip_ratio_low=algo.clip_ratio_low, clip_ratio_high=algo.clip_ratio_high,
-                    clip_ratio_c=algo.clip_ratio_c, loss_agg_mode=algo.loss_agg_mode, **counts,
-                )
-                if algo.entropy_coeff > 0:
-                    loss = loss - algo.entropy_coeff * aggregate_loss(ent, mask, algo.loss_agg_mode, **counts)
-                if algo.use_kl_loss and micro.ref_log_probs is not None:
-                    kl = kl_penalty(logp, micro.ref_log_probs.to(logp.device), kind=algo.kl_loss_type)
-                    loss = loss + algo.kl_loss_coef * aggregate_loss(kl, mask, algo.loss_agg_mode, **counts)
-                    m["actor/kl_loss"] = masked_mean(kl.detach(), mask)
-                if not torch.isfinite(loss):
-                    finite = False
-                    break
+            plan.append((mini, micro_slices(len(mini), trainer.ppo_micro_batch_size)))
+    counts_per_step = lockstep_counts(dist, [len(slices) for _, slices in plan])
+    sums: dict[str, float] = {}
+    grad_norms: list[float] = []  # one per optimizer step taken
+    skipped = 0  # mini-batches whose gradient was not finite: no update
+    for (mini, slices), count in zip(plan, counts_per_step):
+        local = global_counts(mini.loss_mask, algo.loss_agg_mode)
+        counts = {**reduce_sums(dist, local), "norm_length": cfg.rollout.max_response_length}
+        for i in range(count):
+            micro = mini.select(slices[i]) if i < len(slices) else blank_micro(batch)
+            with engine.accumulate(last=i == count - 1):
+                loss, m, weight = micro_loss(engine, micro, cfg, counts)
                 engine.backward(loss)
-                weight = float(mask.sum())
-                tokens_seen += weight
-                for key, value in m.items():
-                    sums[key] = sums.get(key, 0.0) + value * weight
-            if not finite:
-                engine.optimizer.zero_grad(set_to_none=True)
-                skipped += 1
-                continue
-            norm, applied = engine.step()
-            if applied:
-                grad_norms.append(norm)
-            else:
-                skipped += 1
-    metrics = {k: v / tokens_seen for k, v in sums.items()} if tokens_seen else {}
+            add_weighted(sums, m, weight)
+        norm, applied = engine.step()
+        if applied:
+            grad_norms.append(norm)
+        else:
+            skipped += 1
+    totals = reduce_sums(dist, sums) if sums or dist.world_size > 1 else {}
+    tokens = totals.pop("tokens", 0.0)
+    pg_loss_sum = totals.pop("actor/pg_loss", 0.0)
+    metrics = {k: v / tokens for k, v in totals.items()} if tokens else {}
+    if tokens:
+        metrics["actor/pg_loss"] = pg_loss_sum / len(plan)
     metrics["actor/grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else float("nan")
     metrics["actor/num_updates"] = float(len(grad_norms))
     metrics["actor/skipped_updates"] = float(skipped)
@@ -224,36 +254,85 @@ def update_policy(engine: Any, batch: RolloutBatch, cfg: Config, *, step: int) -
     return metrics
 
 
-def step_metrics(collected: Collected, batch: RolloutBatch | None, cfg: Config) -> dict[str, float]:
-    """The paper's monitors on the trained batch, plus accuracy over everything generated."""
-    gen = collected.generated
-    lengths = gen.lengths.float()
+def micro_loss(
+    engine: TrainingEngine, micro: RolloutBatch, cfg: Config, counts: dict[str, float]
+) -> tuple[torch.Tensor, dict[str, float], float]:
+    """One micro-batch's term of the mini-batch loss (decoupled clip, optional entropy and KL terms),
+    its detached metrics (token means) and its token count."""
+    algo = cfg.algorithm
+    logp, ent = engine.log_probs(micro, temperature=cfg.rollout.temperature, with_entropy=algo.entropy_coeff > 0)
+    mask = micro.loss_mask.to(logp.device)
+    loss, m = policy_loss(
+        logp, micro.old_log_probs.to(logp.device), micro.advantages.to(logp.device), mask,
+        clip_ratio_low=algo.clip_ratio_low, clip_ratio_high=algo.clip_ratio_high,
+        clip_ratio_c=algo.clip_ratio_c, loss_agg_mode=algo.loss_agg_mode, **counts,
+    )
+    if algo.entropy_coeff > 0:
+        loss = loss - algo.entropy_coeff * aggregate_loss(ent, mask, algo.loss_agg_mode, **counts)
+    if algo.use_kl_loss:
+        kl = kl_penalty(logp, micro.ref_log_probs.to(logp.device), kind=algo.kl_loss_type)
+        loss = loss + algo.kl_loss_coef * aggregate_loss(kl, mask, algo.loss_agg_mode, **counts)
+        m["actor/kl_loss"] = masked_mean(kl.detach(), mask)
+    return loss, m, float(mask.sum())
+
+
+def add_weighted(sums: dict[str, float], m: dict[str, float], weight: float) -> None:
+    """Accumulate token-weighted means (and the raw ``actor/pg_loss`` term, a sum by construction)."""
+    sums["tokens"] = sums.get("tokens", 0.0) + weight
+    for key, value in m.items():
+        term = value if key == "actor/pg_loss" else value * weight
+        sums[key] = sums.get(key, 0.0) + term
+
+
+def step_metrics(collected: Collected, batch: RolloutBatch | None, cfg: Config, dist: Collective | None = None) -> dict[str, float]:
+    """The paper's monitors on the trained batch, plus accuracy over everything generated (all ranks)."""
+    dist = dist or SingleProcess()
+    gen = collected.generated_stats
+    lengths = gen["lengths"].float()
     out = {
-        "rollout/acc": float(gen.acc.float().mean()),
-        "rollout/score_mean": float(gen.scores.mean()),
-        "overlong/truncated_frac": float(gen.truncated.float().mean()),
+        "rollout/acc": float(gen["acc"].float().mean()),
+        "rollout/score_mean": float(gen["scores"].mean()),
+        "overlong/truncated_frac": float(gen["truncated"].float().mean()),
         "response_length/mean": float(lengths.mean()),
         "response_length/max": float(lengths.max()),
         "response_length/min": float(lengths.min()),
-        "response_length/clip_ratio": float((gen.lengths >= cfg.rollout.max_response_length).float().mean()),
+        "response_length/clip_ratio": float((gen["lengths"] >= cfg.rollout.max_response_length).float().mean()),
         **collected.metrics,
     }
     if batch is not None:
-        mask = batch.loss_mask
+        mask = batch.loss_mask.float()
+        s = reduce_sums(dist, {
+            "rows": float(len(batch)),
+            "tokens": float(mask.sum()),
+            "score": float(batch.scores.sum()),
+            "acc": float(batch.acc.float().sum()),
+            "shaped": float(batch.rewards.sum()),
+            "adv_abs": float(batch.advantages.abs().sum()),
+            "entropy": float((batch.entropy * mask).sum()),
+            "prob": float((torch.exp(batch.old_log_probs) * mask).sum()),
+            "filtered": float((batch.loss_mask.sum(-1) == 0).sum()),
+        })
+        rows, tokens = max(s["rows"], 1.0), s["tokens"]
         out.update(
             {
-                "reward/score_mean": float(batch.scores.mean()),
-                "reward/acc_mean": float(batch.acc.float().mean()),
-                "reward/shaped_mean": float(batch.rewards.mean()),
-                "reward/advantage_abs_mean": float(batch.advantages.abs().mean()),
-                "actor/entropy": masked_mean(batch.entropy, mask),
-                "actor/mean_prob": mean_token_prob(batch.old_log_probs, mask),
-                "overlong/filtered_frac": float((batch.loss_mask.sum(-1) == 0).float().mean()),
-                "train/batch_responses": float(len(batch)),
-                "train/loss_tokens": float(mask.sum()),
+                "reward/score_mean": s["score"] / rows,
+                "reward/acc_mean": s["acc"] / rows,
+                "reward/shaped_mean": s["shaped"] / rows,
+                "reward/advantage_abs_mean": s["adv_abs"] / rows,
+                "actor/entropy": s["entropy"] / tokens if tokens else 0.0,
+                "actor/mean_prob": s["prob"] / tokens if tokens else 0.0,
+                "overlong/filtered_frac": s["filtered"] / rows,
+                "train/batch_responses": s["rows"],
+                "train/loss_tokens": tokens,
             }
         )
     return out
+
+
+def informative_step(batch: RolloutBatch | None, dist: Collective) -> bool:
+    """True when some rank trained a response with a non-zero advantage (same answer on every rank)."""
+    local = batch is not None and len(batch) > 0 and bool(batch.advantages.abs().max() > 0)
+    return bool(dist.all_reduce(torch.tensor([float(local)]), "max").item())
 
 
 # ---------------------------------------------------------------- small helpers
@@ -266,6 +345,27 @@ def rollout_params(cfg: Config, *, seed: int) -> SamplingParams:
 
 def micro_slices(n: int, size: int) -> list[torch.Tensor]:
     return [torch.arange(i, min(i + size, n)) for i in range(0, n, size)]
+
+
+def lockstep_counts(dist: Collective, counts: list[int]) -> list[int]:
+    """The most micro-batches any rank has, position by position (every rank runs that many)."""
+    if dist.world_size == 1:
+        return counts
+    return [int(c) for c in dist.all_reduce(torch.tensor(counts, dtype=torch.long), "max").tolist()]
+
+
+def blank_micro(batch: RolloutBatch) -> RolloutBatch:
+    """A one-row, one-token micro-batch whose loss mask is empty: its loss and gradient are 0,
+    but it runs the forward/backward that a rank with fewer rows owes the others' collectives."""
+    one = torch.ones(1, 1, dtype=torch.bool)
+    pad = torch.full((1, 1), batch.pad_id, dtype=torch.long)
+    return RolloutBatch(
+        prompt_ids=pad, prompt_mask=one, response_ids=pad.clone(), response_mask=~one,
+        lengths=torch.zeros(1, dtype=torch.long), truncated=torch.zeros(1, dtype=torch.bool),
+        group_ids=torch.full((1,), -1, dtype=torch.long), texts=[""], ground_truths=[""], prompts=[""],
+        pad_id=batch.pad_id, loss_mask=~one, advantages=torch.zeros(1),
+        old_log_probs=torch.zeros(1, 1), ref_log_probs=torch.zeros(1, 1),
+    )
 
 
 def due(step: int, freq: int, last: int) -> bool:
@@ -285,51 +385,59 @@ def run_train(
     extra_tags: dict[str, str] | None = None,
     quiet: bool = False,
 ) -> dict[str, Any]:
-    """Run (or resume) one training run; returns its summary (run dir, MLflow run id, metrics)."""
+    """Run (or resume) one training run; returns its summary (run dir, MLflow run id, metrics).
+
+    Under torchrun every rank runs this function; rank 0 alone tracks, prints and validates.
+    """
     s = TrainingSession.open(cfg, resume=resume, quiet=quiet)
-    trainer = cfg.trainer
-    with start_run(
-        cfg.tracking, s.run_name, tags=s.tags(command, extra_tags), parent_run_id=parent_run_id, resume_run_id=s.mlflow_run_id
-    ) as tracker:
-        s.record_start(tracker)
-        if s.start_step == 0:
-            s.log_validation(tracker, step=0)
-        with s.reporter:
-            for step in range(s.start_step + 1, trainer.total_steps + 1):
-                t0 = time.perf_counter()
-                s.reporter.phase(step, "generate + score")
-                collected = collect_batch(s.rollout, s.stream, cfg, step=step, pad_id=s.pad_id)
-                t_gen = elapsed(t0)
-                batch, update = collected.batch, {}
-                if batch is not None:
-                    compute_advantages(batch, cfg)
-                    s.reporter.phase(step, "old log-probs")
-                    fill_old_log_probs(s.engine, batch, cfg, s.ref_model)
-                    t_old = elapsed(t0) - t_gen
-                    s.reporter.phase(step, "update")
-                    update = update_policy(s.engine, batch, cfg, step=step)
-                    s.rollout.sync_weights()
-                    update["timing/old_log_prob"] = t_old
-                informative = batch is not None and bool(batch.advantages.abs().max() > 0)
-                s.barren_steps = 0 if informative else s.barren_steps + 1
-                metrics = {**step_metrics(collected, batch, cfg), **update}
-                metrics["timing/gen_and_score"] = t_gen
-                metrics["timing/step"] = elapsed(t0)
-                metrics["perf/gen_tokens_per_s"] = float(collected.generated.lengths.sum()) / max(t_gen, 1e-9)
-                tracker.log_metrics(metrics, step=step)
-                s.reporter.step_done(step, metrics)
-                if trainer.log_samples_freq > 0 and step % trainer.log_samples_freq == 0:
-                    tracker.log_table(sample_rows(collected.generated), f"samples/step_{step:06d}.json")
-                collapsed = 0 < trainer.collapse_patience <= s.barren_steps
-                last = trainer.total_steps if not collapsed else step
-                if due(step, trainer.test_freq, last):
-                    s.log_validation(tracker, step=step)
-                if due(step, trainer.save_freq, last):
-                    s.save(step)
-                if collapsed:
-                    s.stop_collapsed(tracker, step)
-                    break
-        return s.finish(tracker)
+    trainer, dist = cfg.trainer, s.dist
+    try:
+        with open_tracker(
+            cfg.tracking, dist, s.run_name, tags=s.tags(command, extra_tags), parent_run_id=parent_run_id,
+            resume_run_id=s.mlflow_run_id,
+        ) as tracker:
+            s.record_start(tracker)
+            if s.start_step == 0:
+                s.log_validation(tracker, step=0)
+            with s.reporter:
+                for step in range(s.start_step + 1, trainer.total_steps + 1):
+                    t0 = time.perf_counter()
+                    s.reporter.phase(step, "generate + score")
+                    collected = collect_batch(s.rollout, s.stream, cfg, step=step, pad_id=s.pad_id, dist=dist)
+                    t_gen = elapsed(t0)
+                    batch, update = collected.batch, {}
+                    if batch is not None:
+                        compute_advantages(batch, cfg)
+                        s.reporter.phase(step, "old log-probs")
+                        fill_old_log_probs(s.engine, batch, cfg)
+                        t_old = elapsed(t0) - t_gen
+                        s.reporter.phase(step, "update")
+                        update = update_policy(s.engine, batch, cfg, step=step)
+                        t_sync = time.perf_counter()
+                        s.rollout.sync_weights(s.engine)
+                        update["timing/weight_sync"] = elapsed(t_sync)
+                        update["timing/old_log_prob"] = t_old
+                    s.barren_steps = 0 if informative_step(batch, dist) else s.barren_steps + 1
+                    metrics = {**step_metrics(collected, batch, cfg, dist), **update}
+                    metrics["timing/gen_and_score"] = t_gen
+                    metrics["timing/step"] = elapsed(t0)
+                    metrics["perf/gen_tokens_per_s"] = float(collected.generated_stats["lengths"].sum()) / max(t_gen, 1e-9)
+                    tracker.log_metrics(metrics, step=step)
+                    s.reporter.step_done(step, metrics)
+                    if trainer.log_samples_freq > 0 and step % trainer.log_samples_freq == 0:
+                        tracker.log_table(sample_rows(collected.generated), f"samples/step_{step:06d}.json")
+                    collapsed = 0 < trainer.collapse_patience <= s.barren_steps
+                    last = trainer.total_steps if not collapsed else step
+                    if due(step, trainer.test_freq, last):
+                        s.log_validation(tracker, step=step)
+                    if due(step, trainer.save_freq, last):
+                        s.save(step)
+                    if collapsed:
+                        s.stop_collapsed(tracker, step)
+                        break
+            return s.finish(tracker)
+    finally:
+        s.close()
 
 
 def sample_rows(batch: RolloutBatch, limit: int = 16) -> list[dict[str, Any]]:

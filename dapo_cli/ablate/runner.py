@@ -16,19 +16,33 @@ config, mode, variants and seeds) and decides per child (:func:`decide`):
   left by a killed process, none of which reached a checkpoint) are tagged
   ``ablate.superseded=true``: kept for the record, ignored by the report and by later reruns.
 
-``--launcher print`` creates (or finds) the same parent and prints one ``dapo train``
-command per child instead of running it; a cluster child attaches to the parent through
-the environment variable ``DAPO_PARENT_RUN_ID`` (read by ``dapo train``).
+Launchers (``ablate.launcher``; ``ablate.nproc`` processes per child):
+
+* ``local``: with ``nproc == 1`` each child trains in this process (``run_train``); with
+  ``nproc > 1`` each runs as ``python -m torch.distributed.run --standalone --nproc_per_node N
+  -m dapo_cli train ...`` (:func:`child_argv`), one after the other, its output streamed;
+* ``print``: creates (or finds) the same parent and prints one ``dapo train`` (or ``torchrun``)
+  command per child instead of running it;
+* ``slurm``: submits one job per child through submitit (:mod:`dapo_cli.ablate.slurm`),
+  waits for them all, then writes the report.
+
+A child started as a process attaches to the parent through the environment variable
+``DAPO_PARENT_RUN_ID`` and gets its ``ablate.*`` tags through ``DAPO_EXTRA_TAGS`` (a JSON
+object); ``dapo train`` reads both (:func:`child_env`, :func:`extra_tags_from_env`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
+import os
 import shlex
+import subprocess
+import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,10 +59,14 @@ from dapo_cli.ablate.report import (
 )
 from dapo_cli.config import dump_yaml
 from dapo_cli.errors import UserError
-from dapo_cli.tracking import PARENT_RUN_ENV, start_run
+from dapo_cli.tracking import EXTRA_TAGS_ENV, PARENT_RUN_ENV, start_run
 
 TrainFn = Callable[..., dict[str, Any]]
 """``run_train(cfg, *, resume, command, parent_run_id, extra_tags, quiet) -> summary``."""
+
+SpawnFn = Callable[..., int]
+"""``run_child(argv, extra_env, *, log_path) -> exit code``: run one child process to its end."""
+
 
 
 def _run_train() -> TrainFn:
@@ -154,6 +172,65 @@ def train_words(plan: AblationPlan, child: Child, config_path: str | None, sets:
     return words
 
 
+def child_argv(
+    plan: AblationPlan,
+    child: Child,
+    config_path: str | None,
+    sets: Sequence[str] = (),
+    *,
+    resume: bool = False,
+    nproc: int | None = None,
+    executable: bool = False,
+) -> list[str]:
+    """The command of one child: :func:`train_words` (+ ``--resume``), under torchrun when ``nproc > 1``.
+
+    ``nproc`` defaults to ``ablate.nproc``. The printed spelling (``executable=False``) is
+    ``dapo train ...`` or ``torchrun --standalone --nproc_per_node N -m dapo_cli train ...``;
+    the spelling this process executes runs this interpreter (``sys.executable -m dapo_cli`` /
+    ``sys.executable -m torch.distributed.run ...``), so the venv's dapo and torch are used.
+    """
+    n = plan.base.ablate.nproc if nproc is None else nproc
+    tail = train_words(plan, child, config_path, sets)[1:] + (["--resume"] if resume else [])
+    if n == 1:
+        return (["dapo"] if not executable else [sys.executable, "-m", "dapo_cli"]) + tail
+    torchrun = ["torchrun"] if not executable else [sys.executable, "-m", "torch.distributed.run"]
+    return [*torchrun, "--standalone", "--nproc_per_node", str(n), "-m", "dapo_cli", *tail]
+
+
+def child_env(parent_id: str, tags: Mapping[str, str]) -> dict[str, str]:
+    """What a child process needs on top of the caller's environment: its parent run and its extra tags."""
+    return {PARENT_RUN_ENV: parent_id, EXTRA_TAGS_ENV: json.dumps(dict(tags), sort_keys=True)}
+
+
+def extra_tags_from_env(environ: Mapping[str, str] | None = None) -> dict[str, str] | None:
+    """The tags in ``$DAPO_EXTRA_TAGS`` (None when unset or empty); anything but a JSON object is a UserError."""
+    text = (os.environ if environ is None else environ).get(EXTRA_TAGS_ENV, "").strip()
+    if not text:
+        return None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UserError(f"${EXTRA_TAGS_ENV} is not valid JSON ({exc.msg}); give an object such as '{{\"team\": \"rl\"}}' or unset it") from None
+    if not isinstance(data, dict):
+        raise UserError(f"${EXTRA_TAGS_ENV} must be a JSON object of tag names to values, got {type(data).__name__}")
+    return {str(k): v if isinstance(v, str) else json.dumps(v) for k, v in data.items()}
+
+
+def run_child(argv: Sequence[str], extra_env: Mapping[str, str], *, log_path: Path | None = None,
+              cwd: str | None = None) -> int:
+    """Run one child process to its end (environment = ours + ``extra_env``) and return its exit code.
+
+    Its output streams to ours, or goes to ``log_path`` (``dapo ablate --quiet``). A top-level
+    function, so a submitit job can pickle it.
+    """
+    env = {**os.environ, **extra_env}
+    if log_path is None:
+        return subprocess.run(list(argv), env=env, cwd=cwd, check=False).returncode
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as out:
+        return subprocess.run(list(argv), env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, check=False).returncode
+
+
 # ---------------------------------------------------------------- running
 
 
@@ -211,6 +288,15 @@ def _prepare_child(client: Any, plan: AblationPlan, child: Child, runs: Sequence
     return action, stale, cfg
 
 
+def _write_report(client: Any, tracker: Any, plan: AblationPlan, *, html: bool) -> tuple[AblationReport, dict[str, Path]]:
+    """Rebuild the report from MLflow, write it under the ablation dir and log it to the parent."""
+    report = build_report(client, client.get_run(tracker.run_id))
+    report_dir = ablation_dir(plan) / "report"
+    files = write_report(report, report_dir, html_too=html)
+    tracker.log_artifact(report_dir, "report")
+    return report, files
+
+
 def run_ablation(
     plan: AblationPlan,
     *,
@@ -218,13 +304,22 @@ def run_ablation(
     config_path: str | None,
     sets: Sequence[str] = (),
     train: TrainFn | None = None,
+    spawn: SpawnFn | None = None,
     quiet: bool = False,
     html: bool = False,
     log: Callable[[str], None] = _noop,
 ) -> AblationOutcome:
-    """Train every missing child here, one after the other, then write the report (also logged to the parent)."""
+    """Train every missing child here, one after the other, then write the report (also logged to the parent).
+
+    With ``ablate.nproc == 1`` a child is a ``train(...)`` call in this process; with more, a
+    torchrun process (:func:`child_argv`, run by ``spawn``, default :func:`run_child`) whose
+    failure stops the ablation with a UserError naming the child and its exit code.
+    """
     _require_mlflow(plan)
-    train = train or _run_train()
+    nproc = plan.base.ablate.nproc
+    if nproc == 1:
+        train = train or _run_train()
+    spawn = spawn or run_child
     client = mlflow_client(plan.base.tracking.tracking_uri)
     outcomes: list[ChildOutcome] = []
     with _parent_run(client, plan, command=command, launcher="local") as (tracker, runs):
@@ -240,19 +335,98 @@ def run_ablation(
                 outcomes.append(ChildOutcome(child, action, stale))
                 continue
             log(f"{where}: {'resuming from its checkpoint' if action == 'resume' else 'training'} ({child.run_name})")
-            summary = train(
-                cfg,
-                resume=action == "resume",
-                command=shlex.join(train_words(plan, child, config_path, sets)),
-                parent_run_id=parent_id,
-                extra_tags=child_tags(plan, child, parent_id),
-                quiet=quiet,
-            )
+            if nproc == 1:
+                assert train is not None
+                summary = train(
+                    cfg,
+                    resume=action == "resume",
+                    command=shlex.join(train_words(plan, child, config_path, sets)),
+                    parent_run_id=parent_id,
+                    extra_tags=child_tags(plan, child, parent_id),
+                    quiet=quiet,
+                )
+            else:
+                summary = _spawn_child(spawn, plan, child, config_path, sets, parent_id, resume=action == "resume",
+                                       quiet=quiet, log=log)
             outcomes.append(ChildOutcome(child, action, stale, summary))
-        report = build_report(client, client.get_run(parent_id))
-        report_dir = ablation_dir(plan) / "report"
-        files = write_report(report, report_dir, html_too=html)
-        tracker.log_artifact(report_dir, "report")
+        report, files = _write_report(client, tracker, plan, html=html)
+    return AblationOutcome(parent_id, outcomes, report, files)
+
+
+def _spawn_child(
+    spawn: SpawnFn, plan: AblationPlan, child: Child, config_path: str | None, sets: Sequence[str], parent_id: str, *,
+    resume: bool, quiet: bool, log: Callable[[str], None],
+) -> dict[str, Any] | None:
+    """Run one child as a torchrun process; its ``summary.json`` when it wrote one, a UserError when it failed."""
+    argv = child_argv(plan, child, config_path, sets, resume=resume, executable=True)
+    log_path = ablation_dir(plan) / "logs" / f"{child.run_name.rsplit('/', 1)[-1]}.log" if quiet else None
+    log(f"  {shlex.join(child_argv(plan, child, config_path, sets, resume=resume))}" + (f"  (output: {log_path})" if log_path else ""))
+    code = spawn(argv, child_env(parent_id, child_tags(plan, child, parent_id)), log_path=log_path)
+    if code != 0:
+        where = f" (output: {log_path})" if log_path else ""
+        raise UserError(f"child {child.run_name} failed with exit code {code}{where}; rerun the same command to resume it")
+    from dapo_cli.checkpoint import run_dir_for
+
+    summary = run_dir_for(plan.base.trainer.output_dir, plan.base.tracking.experiment, child.run_name) / "summary.json"
+    return json.loads(summary.read_text()) if summary.is_file() else None
+
+
+ArgvFn = Callable[[Child, bool], list[str]]
+"""``(child, resume) -> argv`` of a child's job (default: :func:`child_argv`, the executed spelling)."""
+
+
+def slurm_launch(
+    plan: AblationPlan,
+    *,
+    command: str,
+    config_path: str | None,
+    sets: Sequence[str] = (),
+    html: bool = False,
+    log: Callable[[str], None] = _noop,
+    argv_for: ArgvFn | None = None,
+    poll_s: float | None = None,
+) -> AblationOutcome:
+    """Submit one submitit job per missing child, wait for them all, then write the report as :func:`run_ablation` does.
+
+    Failed jobs stop the ablation (after every job has ended) with a UserError naming them;
+    rerunning the command resumes or restarts just those. ``poll_s``: seconds between state
+    checks (default 30 on Slurm, 0.5 with ``cluster: local``).
+    """
+    from dapo_cli.ablate import slurm as jobs
+
+    _require_mlflow(plan)
+    submitit = jobs.require_submitit()
+    jobs.check_resources(plan.base.ablate)
+    settings = plan.base.ablate.slurm
+    poll = poll_s if poll_s is not None else (30.0 if settings.cluster == "slurm" else 0.5)
+    argv_for = argv_for or (lambda c, resume: child_argv(plan, c, config_path, sets, resume=resume, executable=True))
+    client = mlflow_client(plan.base.tracking.tracking_uri)
+    outcomes: list[ChildOutcome] = []
+    submitted: list[tuple[str, Any]] = []
+    with _parent_run(client, plan, command=command, launcher="slurm") as (tracker, runs):
+        parent_id = tracker.run_id
+        executor = jobs.make_executor(submitit, settings)
+        children = plan.children()
+        for i, child in enumerate(children, start=1):
+            action, stale, _ = _prepare_child(client, plan, child, runs)
+            where = f"[{i}/{len(children)}] {child.variant.name} seed {child.seed}"
+            if stale:
+                log(f"{where}: superseding {len(stale)} earlier run(s) that never reached a checkpoint")
+            outcomes.append(ChildOutcome(child, action, stale))
+            if action == "skip":
+                log(f"{where}: finished earlier, skipped")
+                continue
+            job = jobs.submit(executor, settings, child.run_name, argv_for(child, action == "resume"),
+                              child_env(parent_id, child_tags(plan, child, parent_id)))
+            log(f"{where}: submitted job {job.job_id}{' (resuming)' if action == 'resume' else ''}")
+            submitted.append((child.run_name, job))
+        if submitted:
+            log(f"waiting for {len(submitted)} job(s); logs in {settings.folder}")
+        failed = jobs.wait(submitit, submitted, poll_s=poll, log=log)
+        if failed:
+            raise UserError(f"{len(failed)} of {len(submitted)} job(s) failed: {'; '.join(failed)}; "
+                            f"logs in {settings.folder}; rerun the same command to resume them")
+        report, files = _write_report(client, tracker, plan, html=html)
     return AblationOutcome(parent_id, outcomes, report, files)
 
 
@@ -268,7 +442,7 @@ def print_launch(
         parent_id = tracker.run_id
         for child in plan.children():
             action, stale, _ = _prepare_child(client, plan, child, runs)
-            words = train_words(plan, child, config_path, sets) + (["--resume"] if action == "resume" else [])
+            words = child_argv(plan, child, config_path, sets, resume=action == "resume")
             line = f"{PARENT_RUN_ENV}={parent_id} {shlex.join(words)}"
             lines.append(f"# done: {child.run_name}" if action == "skip" else line)
             outcomes.append(ChildOutcome(child, lines[-1], stale))

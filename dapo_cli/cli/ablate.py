@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 class Launcher(str, Enum):
     local = "local"
     print = "print"
+    slurm = "slurm"
 
 
 def split_arguments(args: list[str], grid: bool) -> tuple[str | None, str | None]:
@@ -71,7 +72,13 @@ def ablate(
         bool, typer.Option("--calibrate/--no-calibrate", help="With --dry-run: time one RL step to estimate the total.")
     ] = True,
     launcher: Annotated[
-        Launcher | None, typer.Option(help="local: train here, one child after another; print: emit dapo train commands.")
+        Launcher | None,
+        typer.Option(
+            help="local: train here, one child after another (torchrun processes when ablate.nproc > 1); "
+            "print: emit one dapo train (or torchrun) command per child; slurm: submit one job per child "
+            "through submitit (ablate.slurm.*), wait, then report. Default: ablate.launcher.",
+            show_default=False,
+        ),
     ] = None,
     html: Annotated[bool, typer.Option("--html", help="Also write report.html.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", help="No per-step lines from the children.")] = False,
@@ -113,19 +120,23 @@ def ablate(
             markup=False,
         )
         return
-    from dapo_cli.ablate.runner import run_ablation
+    from dapo_cli.ablate.runner import run_ablation, slurm_launch
     from dapo_cli.cli.report import print_report
 
+    if chosen == "slurm":  # refuse before printing anything
+        from dapo_cli.ablate.slurm import check_resources, require_submitit
+
+        require_submitit()
+        check_resources(cfg.ablate)
     print_plan(plan)
-    outcome = run_ablation(
-        plan,
-        command=command,
-        config_path=config,
-        sets=sets or [],
-        quiet=quiet,
-        html=html,
-        log=lambda m: err_console.print(m, highlight=False, markup=False),
-    )
+
+    def log(message: str) -> None:
+        err_console.print(message, highlight=False, markup=False)
+
+    if chosen == "slurm":
+        outcome = slurm_launch(plan, command=command, config_path=config, sets=sets or [], html=html, log=log)
+    else:
+        outcome = run_ablation(plan, command=command, config_path=config, sets=sets or [], quiet=quiet, html=html, log=log)
     if outcome.report is not None:
         print_report(outcome.report)
     for name, path in outcome.files.items():

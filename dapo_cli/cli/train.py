@@ -52,10 +52,19 @@ def train(
         "overlong-shaping": overlong_shaping,
         "overlong-filtering": overlong_filtering,
     }
-    # `dapo ablate --launcher print` hands each child to a scheduler with DAPO_PARENT_RUN_ID set,
-    # so the child's MLflow run nests under the ablation's parent run.
+    # `dapo ablate` children started as processes (--launcher print/slurm, ablate.nproc > 1) get
+    # DAPO_PARENT_RUN_ID, so the child's MLflow run nests under the ablation's parent run, and
+    # DAPO_EXTRA_TAGS (a JSON object: its ablate.* tags).
+    from dapo_cli.ablate.runner import extra_tags_from_env
+
     parent = os.environ.get(PARENT_RUN_ENV) or None
-    run_train(cfg, resume=resume, command=command_line("train", config, sets, toggles, resume=resume), parent_run_id=parent)
+    run_train(
+        cfg,
+        resume=resume,
+        command=command_line("train", config, sets, toggles, resume=resume),
+        parent_run_id=parent,
+        extra_tags=extra_tags_from_env(),
+    )
 
 
 def command_line(

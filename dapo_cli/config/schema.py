@@ -118,10 +118,12 @@ class ValidationConfig:
 
 @dataclass
 class EngineConfig:
-    name: str = setting("torch", "training engine", choices=("torch", "deepspeed"))
+    name: str = setting("torch", "training engine: torch (one process, DDP under torchrun) or deepspeed (ZeRO)", choices=("torch", "deepspeed"))
     device: str = setting("auto", "device for the torch engine (auto: cuda when available)", choices=("auto", "cpu", "cuda"))
     num_threads: int = setting(0, "torch CPU threads (0: torch's default)")
-    zero_stage: int = setting(3, "DeepSpeed only: ZeRO stage (1, 2 or 3)")
+    zero_stage: int = setting(3, "DeepSpeed only: ZeRO stage 0-3 (0: plain data parallel, 1: optimizer states, 2: + gradients, 3: + parameters sharded)")
+    offload_optimizer: bool = setting(False, "DeepSpeed only: keep optimizer states (and their update) in CPU memory")
+    offload_params: bool = setting(False, "DeepSpeed ZeRO-3 only: keep sharded parameters in CPU memory between uses")
     gradient_checkpointing: bool = setting(False, "recompute activations in backward to save memory")
 
 
@@ -147,9 +149,29 @@ class EvalConfig:
 
 
 @dataclass
+class SlurmConfig:
+    partition: str = setting("", "Slurm partition (empty: the cluster's default)")
+    nodes: int = setting(1, "nodes per child job")
+    gpus_per_node: int = setting(0, "GPUs per child job (0: none requested)")
+    cpus_per_task: int = setting(2, "CPUs per child job (one task runs the child and its torchrun processes)")
+    mem_gb: int = setting(0, "memory per child job in GB (0: the scheduler's default)")
+    timeout_min: int = setting(240, "wall-time limit per child job in minutes")
+    folder: str = setting("runs/slurm", "where submitit keeps each job's script, pickles and logs")
+    cluster: str = setting(
+        "slurm", "submit to Slurm, or run the jobs as local processes (submitit's LocalExecutor: tests, one machine)",
+        choices=("slurm", "local"),
+    )
+
+
+@dataclass
 class AblateConfig:
     seeds: int = setting(1, "seeds per variant")
-    launcher: str = setting("local", "run children here, or print one dapo train command per child", choices=("local", "print"))
+    launcher: str = setting(
+        "local", "run children here, print one dapo train command per child, or submit one Slurm job per child",
+        choices=("local", "print", "slurm"),
+    )
+    nproc: int = setting(1, "processes per child; > 1 launches each child with torchrun (torch DDP / DeepSpeed data parallel)")
+    slurm: SlurmConfig = setting(SlurmConfig(), "the slurm launcher's job resources (through submitit)")
 
 
 @dataclass

@@ -47,4 +47,17 @@ def validate(cfg: Config) -> None:
     bad = [k for k in cfg.eval.pass_k if not 1 <= k]
     require(not bad, f"eval.pass_k has values < 1: {bad}")
     require(cfg.ablate.seeds >= 1, "ablate.seeds must be >= 1")
-    require(cfg.engine.zero_stage in (0, 1, 2, 3), "engine.zero_stage must be 0, 1, 2 or 3")
+    require(cfg.ablate.nproc >= 1, f"ablate.nproc={cfg.ablate.nproc} must be >= 1 (1: each child in one process, N: torchrun with N)")
+    slurm = cfg.ablate.slurm
+    require(slurm.nodes >= 1, f"ablate.slurm.nodes={slurm.nodes} must be >= 1")
+    require(slurm.gpus_per_node >= 0, f"ablate.slurm.gpus_per_node={slurm.gpus_per_node} must be >= 0 (0: no GPUs)")
+    require(slurm.cpus_per_task >= 1, f"ablate.slurm.cpus_per_task={slurm.cpus_per_task} must be >= 1")
+    require(slurm.mem_gb >= 0, f"ablate.slurm.mem_gb={slurm.mem_gb} must be >= 0 (0: the scheduler's default)")
+    require(slurm.timeout_min >= 1, f"ablate.slurm.timeout_min={slurm.timeout_min} must be >= 1")
+    require(bool(slurm.folder.strip()), "ablate.slurm.folder is empty; give a directory for submitit's logs (default runs/slurm)")
+    engine = cfg.engine
+    require(
+        engine.zero_stage in (0, 1, 2, 3),
+        f"engine.zero_stage={engine.zero_stage} is not a ZeRO stage; use 0, 1, 2 or 3 (3 shards parameters too)",
+    )
+    require(engine.num_threads >= 0, f"engine.num_threads={engine.num_threads} must be >= 0 (0: torch's default)")

@@ -1,10 +1,12 @@
-"""Training engines: log-probs, backward, optimizer step, state for checkpoints.
+"""Training engines: log-probs, backward, optimizer step, weights for rollouts, checkpoints.
 
-``base.TrainingEngine`` is the protocol; ``torch.TorchEngine`` runs on one CPU or
-GPU; ``deepspeed`` (ZeRO, clusters) lives in its own module, imported only when
-``engine.name: deepspeed`` is selected.
+``base.TrainingEngine`` is the protocol and ``dist.Collective`` its ranks and collectives;
+``torch.TorchEngine`` runs one process (torch DDP under torchrun); ``deepspeed.DeepSpeedEngine``
+(ZeRO 0-3) lives in its own module, imported only when ``engine.name: deepspeed`` is selected.
+``dapo_cli.components`` builds them.
 """
 
 from dapo_cli.engine.base import TrainingEngine
+from dapo_cli.engine.dist import Collective, SingleProcess
 
-__all__ = ["TrainingEngine"]
+__all__ = ["Collective", "SingleProcess", "TrainingEngine"]

@@ -1,13 +1,21 @@
-"""Single-device training engine on plain torch (CPU by default, CUDA when asked).
+"""The torch engine: one process on CPU/CUDA, or torch DDP when launched with torchrun.
 
 Log-probs are computed over ``[prompt ; response]`` with explicit position ids
 (left padding) and only the last ``T + 1`` positions' logits are materialised
 (``logits_to_keep``), so a ``[N, S+T, V]`` tensor never exists.
+
+Data parallel (world size > 1): the policy is wrapped in
+``DistributedDataParallel``, which averages gradients over ranks in the backward of
+the ``last`` micro-batch (``no_sync`` before it). The trainer's loss is a sum over
+ranks, so :meth:`TorchEngine.backward` multiplies by the world size to turn DDP's
+average back into that sum; the update is then exactly the one-process update.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,12 +23,18 @@ import torch
 
 from dapo_cli.algo.logits import entropy_from_logits, token_log_probs
 from dapo_cli.batch import RolloutBatch
+from dapo_cli.engine.base import no_context
+from dapo_cli.engine.dist import Collective, SingleProcess
+
+OPTIMIZER_FILE = "optimizer.pt"
 
 
-def pick_device(name: str) -> torch.device:
-    """``auto`` → cuda when available, else cpu."""
+def pick_device(name: str, local_rank: int = 0) -> torch.device:
+    """``auto`` → this rank's cuda device when available, else cpu."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda":
+        return torch.device("cuda", local_rank)
     return torch.device(name)
 
 
@@ -46,7 +60,7 @@ def policy_forward(
     return logp, ent
 
 
-def warmup_constant(warmup_steps: int):
+def warmup_constant(warmup_steps: int) -> Callable[[int], float]:
     """LR multiplier: linear warm-up over ``warmup_steps`` optimizer steps, then 1."""
 
     def factor(step: int) -> float:
@@ -55,8 +69,20 @@ def warmup_constant(warmup_steps: int):
     return factor
 
 
+def frozen(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` in eval mode with gradients off (a reference policy)."""
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
+
+
+def adamw(params: list[torch.nn.Parameter], *, lr: float, weight_decay: float) -> torch.optim.AdamW:
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=(0.9, 0.999))
+
+
 class TorchEngine:
-    """AdamW + linear warm-up + global-norm clipping on one device."""
+    """AdamW + linear warm-up + global-norm clipping; DDP over ``dist`` when it has several ranks."""
 
     def __init__(
         self,
@@ -67,28 +93,57 @@ class TorchEngine:
         warmup_steps: int,
         grad_clip: float,
         device: str = "cpu",
+        dist: Collective | None = None,
+        ref_model: torch.nn.Module | None = None,
     ) -> None:
-        self.device = pick_device(device)
-        self.model = model.to(self.device)
-        self.model.train()
+        self.dist = dist or SingleProcess()
+        self.device = pick_device(device, self.dist.local_rank)
+        self.module = model.to(self.device)
+        self.module.train()
         self.grad_clip = grad_clip
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=(0.9, 0.999))
+        self._wrapped: torch.nn.Module = self.module
+        if self.dist.world_size > 1:
+            from torch.nn.parallel import DistributedDataParallel
+
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            self._wrapped = DistributedDataParallel(self.module, device_ids=ids)
+        self._params = [p for p in self.module.parameters() if p.requires_grad]
+        self.optimizer = adamw(self._params, lr=lr, weight_decay=weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, warmup_constant(warmup_steps))
+        self.ref_model = frozen(ref_model.to(self.device)) if ref_model is not None else None
+
+    # ------------------------------------------------------------ forward / backward / step
 
     def log_probs(
         self, batch: RolloutBatch, *, temperature: float, with_entropy: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        return policy_forward(self.model, batch, temperature=temperature, with_entropy=with_entropy, device=self.device)
+        if torch.is_grad_enabled():
+            model = self._wrapped
+        else:  # no-grad forwards (old log-probs) bypass DDP: nothing to reduce
+            model = self.module
+        return policy_forward(model, batch, temperature=temperature, with_entropy=with_entropy, device=self.device)
+
+    @torch.no_grad()
+    def ref_log_probs(self, batch: RolloutBatch, *, temperature: float) -> torch.Tensor:
+        if self.ref_model is None:
+            raise RuntimeError("this engine was built without a reference policy (algorithm.use_kl_loss is off)")
+        logp, _ = policy_forward(self.ref_model, batch, temperature=temperature, with_entropy=False, device=self.device)
+        return logp
+
+    def accumulate(self, *, last: bool) -> contextlib.AbstractContextManager[None]:
+        """DDP reduces gradients only in the backward of the ``last`` micro-batch."""
+        if last or self._wrapped is self.module:
+            return no_context()
+        return self._wrapped.no_sync()  # type: ignore[operator]
 
     def backward(self, loss: torch.Tensor) -> None:
-        loss.backward()
+        # DDP averages over ranks; the loss is a sum over ranks → scale by the world size.
+        (loss * self.dist.world_size).backward()
 
     def step(self) -> tuple[float, bool]:
-        params = [p for p in self.model.parameters() if p.requires_grad]
         max_norm = self.grad_clip if self.grad_clip > 0 else math.inf
-        norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
-        applied = math.isfinite(norm)
+        norm = float(torch.nn.utils.clip_grad_norm_(self._params, max_norm))
+        applied = math.isfinite(norm)  # gradients are identical on every rank after DDP's reduce
         if applied:
             self.optimizer.step()
             self.scheduler.step()
@@ -99,18 +154,35 @@ class TorchEngine:
     def lr(self) -> float:
         return float(self.optimizer.param_groups[0]["lr"])
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+    # ------------------------------------------------------------ weights for rollouts and checks
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def generation_model(self) -> torch.nn.Module:
+        return self.module
+
+    def export_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        yield from self.module.state_dict().items()
+
+    def params_finite(self) -> bool:
+        bad = any(not bool(torch.isfinite(p).all()) for p in self.module.parameters())
+        return not bool(self.dist.all_reduce(torch.tensor([float(bad)]), "max").item())
+
+    # ------------------------------------------------------------ checkpoints
+
+    def save_checkpoint(self, directory: Path) -> None:
+        """Optimizer and schedule (rank 0; replicas are identical). The weights are the
+        checkpoint's ``model/`` export, which the engine is built from on resume."""
+        if self.dist.is_main:
+            directory.mkdir(parents=True, exist_ok=True)
+            state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+            torch.save(state, directory / OPTIMIZER_FILE)
+
+    def load_checkpoint(self, directory: Path) -> None:
+        state = torch.load(directory / OPTIMIZER_FILE, map_location=self.device, weights_only=False)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
 
     def save_model(self, directory: Path, tokenizer: Any) -> None:
-        from dapo_cli.models import save_policy
+        if self.dist.is_main:
+            from dapo_cli.models import save_policy
 
-        save_policy(self.model, tokenizer, directory)
-
-    def params_finite(self) -> bool:
-        """False if any parameter holds NaN/Inf (such a model is never checkpointed)."""
-        return all(bool(torch.isfinite(p).all()) for p in self.model.parameters())
+            save_policy(self.module, tokenizer, directory)

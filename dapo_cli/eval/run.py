@@ -366,53 +366,6 @@ def resolve_checkpoint(spec: str) -> str:
     raise UserError(f"checkpoint not found: {spec} (give a save_pretrained directory or builtin:tiny)")
 
 
-PromptFormatter = Callable[[Sequence[Mapping[str, str]]], str]
-EngineLoader = Callable[[str, int, Callable[[str], None]], tuple[RolloutEngine, PromptFormatter]]
-
-
-def load_hf_engine(model: str, batch_size: int, log: Callable[[str], None]) -> tuple[RolloutEngine, PromptFormatter]:
-    """transformers ``generate`` on CUDA (bfloat16) when available, else CPU (float32)."""
-    import torch
-
-    from dapo_cli.models.loading import load_policy
-    from dapo_cli.models.tokenizer import format_prompt
-    from dapo_cli.rollout.hf import HFRolloutEngine
-
-    device, dtype = ("cuda", torch.bfloat16) if torch.cuda.is_available() else ("cpu", torch.float32)
-    log(f"loading {model} on {device}")
-    policy, tokenizer = load_policy(model, device=device, dtype=dtype)
-    engine = HFRolloutEngine(policy, tokenizer, batch_size=batch_size or None)
-    return engine, lambda messages: format_prompt(tokenizer, messages)
-
-
-def load_vllm_engine(model: str, batch_size: int, log: Callable[[str], None]) -> tuple[RolloutEngine, PromptFormatter]:
-    """vLLM (GPU). Contract used: ``dapo_cli.rollout.vllm.load_vllm_engine(path) -> (engine, tokenizer)``."""
-    import importlib.util
-
-    if importlib.util.find_spec("vllm") is None:
-        raise UserError("--engine vllm needs vLLM: install it with `pip install 'dapo-cli[gpu]'`")
-    try:
-        from dapo_cli.rollout import vllm as vllm_rollout
-    except ImportError as exc:
-        raise UserError(f"the vllm engine cannot be loaded ({exc}); use --engine hf") from None
-    from dapo_cli.models.tokenizer import format_prompt
-
-    log(f"loading {model} with vLLM")
-    engine, tokenizer = vllm_rollout.load_vllm_engine(model)
-    return engine, lambda messages: format_prompt(tokenizer, messages)
-
-
-ENGINE_LOADERS: dict[str, EngineLoader] = {"hf": load_hf_engine, "vllm": load_vllm_engine}
-
-
-def get_engine_loader(name: str) -> EngineLoader:
-    """The loader of rollout engine ``name``; UserError listing the valid names otherwise."""
-    try:
-        return ENGINE_LOADERS[name]
-    except KeyError:
-        raise UserError(f"unknown engine '{name}'; valid names: {', '.join(ENGINE_LOADERS)}") from None
-
-
 # --------------------------------------------------------------------------- the whole command
 
 
@@ -504,7 +457,10 @@ def run_eval(
         raise UserError(f"unknown verifier '{opts.verifier}'; valid names: {', '.join(VERIFIERS)}")
     if opts.limit is not None and opts.limit < 1:
         raise UserError(f"--limit must be at least 1 (got {opts.limit})")
-    load_engine = get_engine_loader(opts.engine)
+    from dapo_cli.components import ROLLOUT_ENGINES, build_eval_rollout
+
+    if opts.engine not in ROLLOUT_ENGINES:
+        raise UserError(f"unknown engine '{opts.engine}'; valid names: {', '.join(ROLLOUT_ENGINES)}")
     model = resolve_checkpoint(opts.checkpoint)
     data = load_dataset_rows(opts.dataset)
     problems = group_problems(data.rows)
@@ -521,7 +477,7 @@ def run_eval(
         tracker.log_params(settings)
         new: list[SampleRecord] = []
         if len(checkpoint.done) < len(batches):
-            engine, format_prompt = load_engine(model, opts.batch_size, log)
+            engine, format_prompt = build_eval_rollout(opts.engine, model, opts.batch_size, log)
 
             def on_batch(b: int, records: list[SampleRecord]) -> None:
                 checkpoint.append(b, records)

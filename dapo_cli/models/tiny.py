@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import Any
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -139,8 +140,17 @@ def quiet_hf_progress() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
-def save_policy(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out_dir: str | Path) -> None:
-    """``save_pretrained`` the model (safetensors) and tokenizer into ``out_dir``, quietly."""
+def save_policy(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    out_dir: str | Path,
+    *,
+    state_dict: dict[str, Any] | None = None,
+) -> None:
+    """``save_pretrained`` the model (safetensors) and tokenizer into ``out_dir``, quietly.
+
+    ``state_dict`` replaces the module's own tensors (a ZeRO-3 module holds only shards).
+    """
     with quiet_hf_progress():
-        model.save_pretrained(out_dir)
+        model.save_pretrained(out_dir, state_dict=state_dict)
         tokenizer.save_pretrained(out_dir)

@@ -7,7 +7,7 @@ to prompt ``i // n`` (responses of one prompt are contiguous).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -49,6 +49,12 @@ class Rollouts:
     prompt_index: torch.Tensor
 
 
+class WeightSource(Protocol):
+    """What a rollout engine syncs from: any training engine's ``export_weights``."""
+
+    def export_weights(self) -> Iterator[tuple[str, torch.Tensor]]: ...
+
+
 class RolloutEngine(Protocol):
     """Samples ``n`` responses for each prompt with the current policy weights."""
 
@@ -56,6 +62,10 @@ class RolloutEngine(Protocol):
         """``prompts`` are already-templated strings (chat template applied)."""
         ...
 
-    def sync_weights(self) -> None:
-        """Make the next ``generate`` use the trainer's latest weights (no-op when shared)."""
+    def sync_weights(self, source: WeightSource) -> None:
+        """Make the next ``generate`` use ``source``'s latest weights, in memory (no disk round trip).
+
+        Called on every rank after every update (``export_weights`` may be a collective);
+        an engine that samples with the trainer's own module does nothing.
+        """
         ...

@@ -1,8 +1,10 @@
 """Rollouts with transformers' ``model.generate`` (CPU, or one GPU without vLLM).
 
-The engine holds the *trainer's own model object*, so the weights it samples
-with are always the latest ones and :meth:`HFRolloutEngine.sync_weights` is a
-no-op. Sampling is plain ancestral sampling from
+By default the engine holds the *trainer's own model object*
+(``TrainingEngine.generation_model()``), so the weights it samples with are always
+the latest ones and :meth:`HFRolloutEngine.sync_weights` is a no-op. When the
+trainer's parameters are sharded (ZeRO-3) it holds a copy of its own and
+``sync_weights`` copies ``export_weights()`` into it, tensor by tensor. Sampling is plain ancestral sampling from
 
 .. math:: \\pi_\\theta(o_t \\mid q, o_{<t}) \\propto \\exp(z_t / \\tau)
 
@@ -25,7 +27,7 @@ from collections.abc import Sequence
 import torch
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
-from dapo_cli.rollout.base import Rollouts, SamplingParams
+from dapo_cli.rollout.base import Rollouts, SamplingParams, WeightSource
 
 NEUTRAL_PROCESSORS: dict[str, float | int] = {
     "repetition_penalty": 1.0,
@@ -93,11 +95,17 @@ class HFRolloutEngine:
     """:class:`~dapo_cli.rollout.base.RolloutEngine` on a transformers causal LM.
 
     ``batch_size`` caps the sequences per ``generate`` call (``None``: all at once);
-    chunking only bounds memory: greedy results do not depend on it.
+    chunking only bounds memory: greedy results do not depend on it. ``shares_weights``:
+    ``model`` is the trainer's own module (sync is a no-op); False: a private copy.
     """
 
     def __init__(
-        self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, batch_size: int | None = None
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        batch_size: int | None = None,
+        shares_weights: bool = True,
     ) -> None:
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"batch_size must be >= 1 or None, got {batch_size}")
@@ -106,9 +114,23 @@ class HFRolloutEngine:
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
+        self.shares_weights = shares_weights
 
-    def sync_weights(self) -> None:
-        """No-op: the engine samples with the trainer's own model object."""
+    @torch.no_grad()
+    def sync_weights(self, source: WeightSource) -> None:
+        """Copy ``source.export_weights()`` into the private model (no-op when it shares the trainer's)."""
+        if self.shares_weights:
+            return
+        own = self.model.state_dict()
+        seen = set()
+        for name, tensor in source.export_weights():
+            if name not in own:
+                raise KeyError(f"the trainer exports {name!r}, which the rollout model does not have")
+            own[name].copy_(tensor.to(own[name].device, own[name].dtype))
+            seen.add(name)
+        missing = set(own) - seen
+        if missing:
+            raise KeyError(f"the trainer exported no value for {sorted(missing)[:3]} ...")
 
     def generate(self, prompts: Sequence[str], n: int, params: SamplingParams) -> Rollouts:
         """Sample ``n`` responses per already-templated prompt; see :class:`Rollouts` for shapes.

@@ -20,6 +20,10 @@ PARENT_RUN_ENV = "DAPO_PARENT_RUN_ID"
 """Environment variable naming the MLflow parent run of a child run started elsewhere
 (``dapo ablate --launcher print`` emits one ``dapo train`` command per child with it)."""
 
+EXTRA_TAGS_ENV = "DAPO_EXTRA_TAGS"
+"""Environment variable with a JSON object of extra MLflow tags for a ``dapo train`` child
+(its ``ablate.*`` tags when it runs as a process; read by ``dapo train``)."""
+
 
 @contextlib.contextmanager
 def start_run(
@@ -57,4 +61,4 @@ def start_run(
         tracker.finish("FINISHED")
 
 
-__all__ = ["PARENT_RUN_ENV", "NullTracker", "Tracker", "start_run"]
+__all__ = ["EXTRA_TAGS_ENV", "PARENT_RUN_ENV", "NullTracker", "Tracker", "start_run"]

@@ -121,6 +121,16 @@ def test_print_launcher_emits_one_train_command_per_child(in_tmp: Path) -> None:
     assert "trainer.seed=1" in lines[6] and lines[11].endswith("--dynamic-sampling")
     assert f"dapo report {pid}" in result.stderr
     assert not (in_tmp / "runs").exists()  # nothing trained here
+    # ablate.nproc=2: the same ablation (same parent), each child under torchrun
+    again = invoke("ablate", str(config), "--ladder", "--launcher", "print", "--set", "trainer.lr=0.001", "--seeds", "2",
+                   "--set", "ablate.nproc=2")
+    assert again.exit_code == 0, again.output
+    torchrun = again.stdout.splitlines()
+    assert len(torchrun) == 12 and all(line.startswith(
+        f"DAPO_PARENT_RUN_ID={pid} torchrun --standalone --nproc_per_node 2 -m dapo_cli train {config} --set trainer.lr=0.001 "
+        "--set ablate.nproc=2 --set trainer.seed=") for line in torchrun)
+    assert [line.split(" -m dapo_cli ", 1)[1] for line in torchrun] == [
+        line.split(" dapo ", 1)[1].replace("--set trainer.lr=0.001", "--set trainer.lr=0.001 --set ablate.nproc=2") for line in lines]
 
 
 def test_report_command_reads_the_ablation_back(in_tmp: Path) -> None:
@@ -151,3 +161,54 @@ def test_report_command_reads_the_ablation_back(in_tmp: Path) -> None:
     assert "report/report.html" in logged  # --attach: only that run of `dapo report` wrote the HTML
     bad = CliRunner().invoke(cli, ["report", "nope", "--tracking-uri", uri], env=WIDE)
     assert "no ablation parent run, ablation name or experiment named 'nope'" in one_line_error(bad)
+
+
+def test_a_failing_torchrun_child_is_a_one_line_error(in_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = []
+
+    def failing(argv, extra_env, *, log_path=None):
+        seen.append(argv)
+        return 3
+
+    monkeypatch.setattr("dapo_cli.ablate.runner.run_child", failing)
+    config = write_config(in_tmp)
+    result = invoke("ablate", str(config), "--ladder", "--only", "grpo", "--set", "ablate.nproc=2")
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert errors == [result.stderr.splitlines()[-1]], result.stderr  # after the progress lines: one error line, the last
+    assert re.fullmatch(r"error: child cli-abl-ladder-[0-9a-f]{8}/grpo-s0 failed with exit code 3; rerun the same command to resume it",
+                        errors[0]), errors
+    assert seen and seen[0][1:7] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m"]
+
+
+def test_slurm_launcher_without_submitit_is_a_one_line_error(in_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "submitit", None)  # `import submitit` raises ImportError
+    config = write_config(in_tmp)
+    line = one_line_error(invoke("ablate", str(config), "--ladder", "--launcher", "slurm"))
+    assert line == "error: launcher slurm needs submitit: pip install 'dapo-cli[slurm]'"
+    assert "slurm" in one_line_error(invoke("ablate", str(config), "--ladder", "--set", "ablate.launcher=nope"))
+
+
+def test_train_reads_the_parent_run_and_extra_tags_of_a_child_process(in_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`dapo train` as a child of `dapo ablate` (DAPO_PARENT_RUN_ID, DAPO_EXTRA_TAGS) with a stand-in trainer."""
+    import json
+    import types
+
+    from dapo_cli.ablate.runner import child_env
+
+    calls = []
+    stub = types.ModuleType("dapo_cli.train")
+    stub.run_train = lambda cfg, **kwargs: calls.append((cfg, kwargs))  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "dapo_cli.train", stub)
+    tags = {"ablate.variant": "dapo", "ablate.rung": "5", "ablate.seed": "0", "ablate.parent": "p" * 32}
+    result = CliRunner().invoke(app, ["train", "--set", "trainer.total_steps=1", "--resume"], env=child_env("p" * 32, tags))
+    assert result.exit_code == 0, result.output
+    (cfg, kwargs), = calls
+    assert kwargs["extra_tags"] == tags and kwargs["parent_run_id"] == "p" * 32 and kwargs["resume"] is True
+    assert cfg.trainer.total_steps == 1
+    calls.clear()
+    plain = CliRunner().invoke(app, ["train"], env={"DAPO_PARENT_RUN_ID": None, "DAPO_EXTRA_TAGS": None})
+    assert plain.exit_code == 0, plain.output
+    assert calls[0][1]["extra_tags"] is None and calls[0][1]["parent_run_id"] is None
+    bad = CliRunner().invoke(app, ["train"], env={"DAPO_EXTRA_TAGS": json.dumps(["not", "an", "object"])})
+    assert "DAPO_EXTRA_TAGS must be a JSON object of tag names to values, got list" in one_line_error(bad)

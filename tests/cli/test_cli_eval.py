@@ -136,7 +136,7 @@ def test_dataset_without_ground_truth_exits_2(tmp_path: Path) -> None:
         (["--verifier", "nope"], "unknown verifier 'nope'; valid names: math_dapo"),
         pytest.param(
             ["--engine", "vllm"],
-            "install it with `pip install 'dapo-cli[gpu]'`",
+            "pip install 'dapo-cli[vllm]'",
             marks=pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed"),
         ),
     ],

@@ -71,7 +71,15 @@ INVALID: list[tuple[dict[str, object], str]] = [
     ({"eval__avg_k": 0}, "eval.avg_k=0 must be >= 1"),
     ({"eval__pass_k": [1, 0, -2]}, "eval.pass_k has values < 1: [0, -2]"),
     ({"ablate__seeds": 0}, "ablate.seeds must be >= 1"),
-    ({"engine__zero_stage": 4}, "engine.zero_stage must be 0, 1, 2 or 3"),
+    ({"ablate__nproc": 0}, "ablate.nproc=0 must be >= 1"),
+    ({"ablate__slurm__nodes": 0}, "ablate.slurm.nodes=0 must be >= 1"),
+    ({"ablate__slurm__gpus_per_node": -1}, "ablate.slurm.gpus_per_node=-1 must be >= 0"),
+    ({"ablate__slurm__cpus_per_task": 0}, "ablate.slurm.cpus_per_task=0 must be >= 1"),
+    ({"ablate__slurm__mem_gb": -1}, "ablate.slurm.mem_gb=-1 must be >= 0 (0: the scheduler's default)"),
+    ({"ablate__slurm__timeout_min": 0}, "ablate.slurm.timeout_min=0 must be >= 1"),
+    ({"ablate__slurm__folder": " "}, "ablate.slurm.folder is empty"),
+    ({"engine__zero_stage": 4}, "engine.zero_stage=4 is not a ZeRO stage; use 0, 1, 2 or 3"),
+    ({"engine__num_threads": -1}, "engine.num_threads=-1 must be >= 0"),
 ]
 
 

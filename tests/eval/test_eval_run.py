@@ -35,7 +35,7 @@ class ScriptedEngine:
         self.script = script or {}
         self.calls: list[tuple[list[str], int, int | None]] = []
 
-    def sync_weights(self) -> None:
+    def sync_weights(self, source: object) -> None:
         pass
 
     def generate(self, prompts: Sequence[str], n: int, params: SamplingParams) -> Rollouts:

@@ -168,7 +168,32 @@ def test_train_or_eval_mode_is_restored_and_sync_is_a_noop(model, tok):
         model.train(training)
         engine.generate(["q\n"], 1, SamplingParams(max_tokens=2, seed=0))
         assert model.training is training
-    assert engine.sync_weights() is None
+    assert engine.sync_weights(object()) is None  # shares the trainer's module: nothing to copy
+
+
+def test_a_private_copy_syncs_every_tensor_from_export_weights(model, tok):
+    import copy
+
+    copy_model = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in copy_model.parameters():
+            p.add_(1.0)
+
+    class Source:
+        def export_weights(self):
+            yield from model.state_dict().items()
+
+    engine = HFRolloutEngine(copy_model, tok, shares_weights=False)
+    engine.sync_weights(Source())
+    for (name, a), b in zip(model.state_dict().items(), copy_model.state_dict().values()):
+        assert torch.equal(a, b), name
+
+    class Partial:
+        def export_weights(self):
+            yield from list(model.state_dict().items())[:1]
+
+    with pytest.raises(KeyError, match="no value"):
+        engine.sync_weights(Partial())
 
 
 def test_bad_arguments_raise(model, tok):

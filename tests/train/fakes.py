@@ -20,7 +20,7 @@ class ScriptedRollout:
         self.pad_id = pad_id
         self.calls: list[int] = []
 
-    def sync_weights(self) -> None:
+    def sync_weights(self, source: object) -> None:
         pass
 
     def generate(self, prompts: Sequence[str], n: int, params: SamplingParams) -> Rollouts:

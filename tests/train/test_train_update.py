@@ -39,14 +39,14 @@ def mini_batch_grads(model_dir: Path, mode: str, micro: int) -> list[list[torch.
     step = engine.step
 
     def recording_step():
-        grads.append([p.grad.detach().clone() for p in engine.model.parameters()])
+        grads.append([p.grad.detach().clone() for p in engine.module.parameters()])
         return step()
 
     engine.step = recording_step
     prompts = [Prompt(text=f"p{k}", ground_truth=str(k), problem_id=str(k)) for k in range(4)]
     batch = collect_batch(ScriptedRollout(script), PromptStream(prompts, seed=0, shuffle=False), cfg, step=1, pad_id=0).batch
     compute_advantages(batch, cfg)
-    fill_old_log_probs(engine, batch, cfg, None)
+    fill_old_log_probs(engine, batch, cfg)
     metrics = update_policy(engine, batch, cfg, step=1)
     assert metrics["actor/num_updates"] == 2  # 4 groups / 2 per mini-batch
     return grads
@@ -75,24 +75,24 @@ def test_a_non_finite_loss_skips_the_update_and_is_counted(tiny_model_dir):
     ]), dynamic_sampling=False)
     model, _ = load_policy(tiny_model_dir)
     engine = TorchEngine(model, lr=1e-2, weight_decay=0.0, warmup_steps=0, grad_clip=1.0)
-    before = [p.detach().clone() for p in engine.model.parameters()]
+    before = [p.detach().clone() for p in engine.module.parameters()]
     prompts = [Prompt(text=f"p{k}", ground_truth=str(k), problem_id=str(k)) for k in range(4)]
     batch = collect_batch(ScriptedRollout(script), PromptStream(prompts, seed=0, shuffle=False), cfg, step=1, pad_id=0).batch
     compute_advantages(batch, cfg)
-    fill_old_log_probs(engine, batch, cfg, None)
+    fill_old_log_probs(engine, batch, cfg)
     batch.advantages[:] = float("nan")  # every mini-batch's loss becomes NaN
     metrics = update_policy(engine, batch, cfg, step=1)
     assert metrics["actor/skipped_updates"] == 2 and metrics["actor/num_updates"] == 0
-    assert all(torch.equal(a, b) for a, b in zip(before, engine.model.parameters()))
-    assert all(p.grad is None for p in engine.model.parameters())  # nothing left to leak into the next step
+    assert all(torch.equal(a, b) for a, b in zip(before, engine.module.parameters()))
+    assert all(p.grad is None for p in engine.module.parameters())  # nothing left to leak into the next step
     assert engine.params_finite()
     with torch.no_grad():
-        next(engine.model.parameters())[0, 0] = float("inf")
+        next(engine.module.parameters())[0, 0] = float("inf")
     assert not engine.params_finite()  # what TrainingSession.save checks before writing a checkpoint
 
 
 def test_optional_kl_penalty_to_a_frozen_reference(tiny_model_dir):
-    from dapo_cli.session import clone_reference
+    from dapo_cli.components import model_loader
 
     cfg = apply_techniques(load_config(None, [
         "rollout.n=4", "data.train_batch_size=4", "trainer.ppo_mini_batch_size=2", "trainer.ppo_epochs=2",
@@ -100,12 +100,12 @@ def test_optional_kl_penalty_to_a_frozen_reference(tiny_model_dir):
         "algorithm.use_kl_loss=true", "algorithm.kl_loss_coef=0.5", "algorithm.kl_loss_type=low_var_kl",
     ]), dynamic_sampling=False)
     model, _ = load_policy(tiny_model_dir)
-    engine = TorchEngine(model, lr=1e-2, weight_decay=0.0, warmup_steps=0, grad_clip=1.0)
-    ref = clone_reference(engine.model)
+    ref = model_loader(tiny_model_dir, torch.float32)()  # a fresh load of the initial policy, not a deepcopy
+    engine = TorchEngine(model, lr=1e-2, weight_decay=0.0, warmup_steps=0, grad_clip=1.0, ref_model=ref)
     prompts = [Prompt(text=f"p{k}", ground_truth=str(k), problem_id=str(k)) for k in range(4)]
     batch = collect_batch(ScriptedRollout(script), PromptStream(prompts, seed=0, shuffle=False), cfg, step=1, pad_id=0).batch
     compute_advantages(batch, cfg)
-    fill_old_log_probs(engine, batch, cfg, ref)
+    fill_old_log_probs(engine, batch, cfg)
     # before any update the policy is the reference: log-probs agree exactly
     torch.testing.assert_close(batch.ref_log_probs, batch.old_log_probs, rtol=0, atol=1e-6)
     metrics = update_policy(engine, batch, cfg, step=1)

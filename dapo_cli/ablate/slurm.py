@@ -1,0 +1,134 @@
+"""``dapo ablate --launcher slurm``: one submitit job per child, waited for here.
+
+submitit (Facebook Research) writes each job's sbatch script, pickled call and logs under
+``ablate.slurm.folder``; ``ablate.slurm.cluster: local`` swaps Slurm for its LocalExecutor
+(each job a local process), which is how the tests run this path. A job runs
+:func:`child_job`: the child's command (:func:`~dapo_cli.ablate.runner.child_argv`) as a
+subprocess, with ``DAPO_PARENT_RUN_ID`` and ``DAPO_EXTRA_TAGS`` set, in the directory
+``dapo ablate`` was started from. Only this module imports submitit, and only when the
+slurm launcher runs.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from dapo_cli.errors import UserError
+
+INSTALL_HINT = "launcher slurm needs submitit: pip install 'dapo-cli[slurm]'"
+
+
+class ChildFailed(RuntimeError):
+    """A child's command exited non-zero inside its job (re-raised by submitit in ``job.result()``)."""
+
+
+def require_submitit() -> Any:
+    """The ``submitit`` module, or a UserError saying how to install it."""
+    try:
+        import submitit
+    except ImportError:
+        raise UserError(INSTALL_HINT) from None
+    return submitit
+
+
+def check_resources(ablate: Any) -> None:
+    """Refuse job shapes the child command cannot use (``ablate`` is an ``AblateConfig``)."""
+    slurm = ablate.slurm
+    if slurm.nodes != 1:
+        raise UserError(
+            f"ablate.slurm.nodes={slurm.nodes}: a child runs on one node (torchrun --standalone); "
+            "set ablate.slurm.nodes=1 and use ablate.nproc for more processes per child"
+        )
+    if slurm.gpus_per_node and ablate.nproc > slurm.gpus_per_node:
+        raise UserError(
+            f"ablate.nproc={ablate.nproc} > ablate.slurm.gpus_per_node={slurm.gpus_per_node}: each process needs "
+            "its own GPU; raise gpus_per_node or lower nproc"
+        )
+
+
+def executor_parameters(slurm: Any, name: str) -> dict[str, Any]:
+    """``update_parameters`` arguments for one child's job (``slurm`` is a ``SlurmConfig``)."""
+    params: dict[str, Any] = {
+        "name": name,
+        "nodes": slurm.nodes,
+        "tasks_per_node": 1,  # one task per job: the child (torchrun starts its own processes)
+        "gpus_per_node": slurm.gpus_per_node,
+        "cpus_per_task": slurm.cpus_per_task,
+        "timeout_min": slurm.timeout_min,
+    }
+    if slurm.partition:
+        params["slurm_partition"] = slurm.partition
+    if slurm.mem_gb > 0:
+        params["mem_gb"] = slurm.mem_gb
+    return params
+
+
+def make_executor(submitit: Any, slurm: Any) -> Any:
+    return submitit.AutoExecutor(folder=slurm.folder, cluster=None if slurm.cluster == "slurm" else "local")
+
+
+def child_job(name: str, argv: Sequence[str], extra_env: Mapping[str, str], cwd: str) -> int:
+    """The job's callable: run the child's command to its end; its exit code, ChildFailed when non-zero."""
+    from dapo_cli.ablate.runner import run_child
+
+    print(f"dapo ablate child {name}: {shlex.join(argv)}", flush=True)  # the first line of the job's log
+    code = run_child(argv, extra_env, cwd=cwd)
+    if code != 0:
+        raise ChildFailed(f"child {name} exited with code {code}")
+    return code
+
+
+def submit(executor: Any, slurm: Any, name: str, argv: Sequence[str], extra_env: Mapping[str, str]) -> Any:
+    """Submit one child; returns its submitit job."""
+    executor.update_parameters(**executor_parameters(slurm, name))
+    return executor.submit(child_job, name, list(argv), dict(extra_env), os.getcwd())
+
+
+_RULE = "-" * 22
+
+
+def failure_reason(exc: BaseException) -> str:
+    """One line for a failed job's error.
+
+    submitit's error text is ``... with trace:`` / rule / the job's traceback / rule / where the
+    logs are: the traceback's last line (the exception, a ChildFailed message unprefixed), else
+    the text's first line (a job that timed out or was cancelled produced no result).
+    """
+    text = str(exc)
+    parts = text.split(_RULE)
+    trace = [line.strip() for line in parts[1].splitlines() if line.strip()] if len(parts) >= 3 else []
+    if trace:
+        return trace[-1].split(f"{ChildFailed.__name__}: ", 1)[-1]
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
+def wait(
+    submitit: Any, jobs: Sequence[tuple[str, Any]], *, poll_s: float, log: Callable[[str], None]
+) -> list[str]:
+    """Wait for every ``(child name, job)``; log each job's id and state as it ends; the failures' descriptions.
+
+    Interrupted (Ctrl-C) or failing here, the jobs still queued or running are cancelled, so a
+    rerun never finds a child that is still training elsewhere.
+    """
+    names = {id(job): name for name, job in jobs}
+    failed: list[str] = []
+    done: set[int] = set()
+    try:
+        for job in submitit.helpers.as_completed([job for _, job in jobs], poll_frequency=poll_s):
+            done.add(id(job))
+            exc = job.exception()
+            reason = failure_reason(exc) if exc is not None else ""
+            log(f"job {job.job_id} ({names[id(job)]}): {job.state}" + (f", failed: {reason}" if exc is not None else ""))
+            if exc is not None:
+                failed.append(f"{names[id(job)]} (job {job.job_id}: {reason})")
+    except BaseException:
+        for name, job in jobs:
+            if id(job) not in done:
+                log(f"cancelling job {job.job_id} ({name})")
+                job.cancel(check=False)
+        raise
+    return failed

@@ -1,0 +1,234 @@
+"""The DeepSpeed engine: ZeRO stage 0-3, fp32 or bf16, optional CPU offload (the only module importing deepspeed).
+
+Gradient accumulation is owned by the trainer (``managed_gradient_accumulation:
+false``): every ``backward`` accumulates, ``step`` is the boundary that reduces (stage
+0/1) or finalises the reduce-scattered partitions (stage 2/3) and applies AdamW. Stage
+2/3 reduce in every backward and stage 3 gathers parameters in every forward, so
+every rank runs the same number of micro-batches (the trainer pads with empty ones).
+
+DeepSpeed averages gradients over ranks; the trainer's loss is a sum over ranks, so
+:meth:`DeepSpeedEngine.backward` multiplies by the world size, as the torch engine does.
+
+Optimizer: on CPU a torch ``AdamW`` is passed in (a config ``"optimizer"`` would JIT-build
+FusedAdam/CPUAdam, ~50 s on these machines); on GPU DeepSpeed's own AdamW is configured.
+A non-finite gradient makes DeepSpeed's ZeRO optimizers skip the step (its overflow
+check); at stage 0 the engine averages, measures and checks the gradients itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dapo_cli.batch import RolloutBatch
+from dapo_cli.engine.base import no_context
+from dapo_cli.engine.dist import Collective
+from dapo_cli.engine.torch import adamw, frozen, pick_device, policy_forward, warmup_constant
+
+CHECKPOINT_TAG = "state"
+
+
+def deepspeed_config(
+    *,
+    zero_stage: int,
+    bf16: bool,
+    grad_clip: float,
+    offload_optimizer: bool,
+    offload_params: bool,
+    lr: float | None = None,
+    weight_decay: float = 0.0,
+) -> dict[str, Any]:
+    """The DeepSpeed JSON config for one training engine (``lr`` set → DeepSpeed's own AdamW)."""
+    zero: dict[str, Any] = {"stage": zero_stage}
+    if offload_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu"}
+    if offload_params:
+        zero["offload_param"] = {"device": "cpu"}
+    if zero_stage == 3:
+        zero["stage3_gather_16bit_weights_on_model_save"] = True
+    cfg: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": 1,  # batches come from the trainer, not DeepSpeed's loader
+        "gradient_accumulation_steps": 1,
+        "managed_gradient_accumulation": False,
+        "gradient_clipping": grad_clip if grad_clip > 0 else 0.0,
+        "zero_optimization": zero,
+        "bf16": {"enabled": bf16, "check_grad_overflow": True},
+        "zero_allow_untested_optimizer": True,
+        "zero_force_ds_cpu_optimizer": False,
+        "steps_per_print": 2**31 - 1,
+        "wall_clock_breakdown": False,
+    }
+    if lr is not None:
+        cfg["optimizer"] = {"type": "AdamW", "params": {"lr": lr, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": weight_decay}}
+    return cfg
+
+
+def reference_config(zero_stage: int, bf16: bool) -> dict[str, Any]:
+    """Inference-only engine for the frozen reference: sharded like the policy at stage 3."""
+    return {
+        "train_micro_batch_size_per_gpu": 1,
+        "zero_optimization": {"stage": 3 if zero_stage == 3 else 0},
+        "bf16": {"enabled": bf16},
+        "steps_per_print": 2**31 - 1,
+    }
+
+
+class DeepSpeedEngine:
+    """:class:`~dapo_cli.engine.base.TrainingEngine` on ``deepspeed.initialize``."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        dist: Collective,
+        lr: float,
+        weight_decay: float,
+        warmup_steps: int,
+        grad_clip: float,
+        zero_stage: int,
+        bf16: bool = False,
+        offload_optimizer: bool = False,
+        offload_params: bool = False,
+        device: str = "auto",
+        ref_model: torch.nn.Module | None = None,
+    ) -> None:
+        import deepspeed
+
+        self._ds = deepspeed
+        self.dist = dist
+        self.device = pick_device(device, dist.local_rank)
+        self.zero_stage = zero_stage
+        on_gpu = self.device.type == "cuda"
+        config = deepspeed_config(
+            zero_stage=zero_stage, bf16=bf16, grad_clip=grad_clip, offload_optimizer=offload_optimizer,
+            offload_params=offload_params, lr=lr if on_gpu else None, weight_decay=weight_decay,
+        )
+        factor = warmup_constant(warmup_steps)
+
+        def schedule(optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:
+            return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+        params = [p for p in model.parameters() if p.requires_grad]
+        optimizer = None if on_gpu else adamw(params, lr=lr, weight_decay=weight_decay)
+        self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
+            model=model, model_parameters=params, optimizer=optimizer, lr_scheduler=schedule, config=config,
+            dist_init_required=True,
+        )
+        self.module: torch.nn.Module = self.engine.module
+        self.module.train()
+        if zero_stage == 0:
+            self.engine.enable_backward_allreduce = False  # _step_stage0 reduces, once
+        self.ref: Any = None
+        if ref_model is not None:
+            ref_model = frozen(ref_model)
+            if zero_stage == 3:
+                self.ref, *_ = deepspeed.initialize(model=ref_model, config=reference_config(zero_stage, bf16))
+                self.ref.module.eval()
+            else:
+                self.ref = ref_model.to(self.device)
+
+    # ------------------------------------------------------------ forward / backward / step
+
+    def log_probs(
+        self, batch: RolloutBatch, *, temperature: float, with_entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return policy_forward(self.engine, batch, temperature=temperature, with_entropy=with_entropy, device=self.device)
+
+    @torch.no_grad()
+    def ref_log_probs(self, batch: RolloutBatch, *, temperature: float) -> torch.Tensor:
+        if self.ref is None:
+            raise RuntimeError("this engine was built without a reference policy (algorithm.use_kl_loss is off)")
+        logp, _ = policy_forward(self.ref, batch, temperature=temperature, with_entropy=False, device=self.device)
+        return logp
+
+    def accumulate(self, *, last: bool) -> contextlib.AbstractContextManager[None]:
+        """No-op: with unmanaged accumulation, ``step`` is the boundary."""
+        return no_context()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        # DeepSpeed averages over ranks; the loss is a sum over ranks → scale by the world size.
+        self.engine.backward(loss * self.dist.world_size, scale_wrt_gas=False)
+
+    def step(self) -> tuple[float, bool]:
+        if self.zero_stage == 0:
+            return self._step_stage0()
+        self.engine.step()  # ZeRO 1-3: DeepSpeed's overflow check skips a non-finite step
+        applied = bool(self.engine.was_step_applied())
+        norm = self.engine.get_global_grad_norm()
+        self.engine.zero_grad()
+        return (float(norm) if applied and norm is not None else math.nan), applied
+
+    def _step_stage0(self) -> tuple[float, bool]:
+        """Stage 0 has no overflow check and reports no norm: average the gradients here
+        (DeepSpeed's own reduce in ``step`` is switched off), check and measure them, then step."""
+        self.engine.buffered_allreduce_fallback()
+        grads = [p.grad for p in self.module.parameters() if p.grad is not None]
+        norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))) if grads else 0.0
+        applied = math.isfinite(norm)  # the averaged gradients are identical on every rank
+        if applied:
+            self.engine.step()
+        self.engine.zero_grad()
+        return (norm if applied else math.nan), applied
+
+    @property
+    def lr(self) -> float:
+        return float(self.engine.get_lr()[0])
+
+    # ------------------------------------------------------------ weights
+
+    def generation_model(self) -> torch.nn.Module | None:
+        return None if self.zero_stage == 3 else self.module
+
+    def export_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        if self.zero_stage != 3:
+            yield from self.module.state_dict().items()
+            return
+        # keep_vars: the Parameter objects themselves (tied weights appear under each name)
+        for name, tensor in self.module.state_dict(keep_vars=True).items():
+            if not hasattr(tensor, "ds_id"):  # a buffer: never partitioned
+                yield name, tensor.detach()
+                continue
+            with self._ds.zero.GatheredParameters([tensor], modifier_rank=None):
+                yield name, tensor.detach()
+
+    def params_finite(self) -> bool:
+        bad = False
+        for _, tensor in self.export_weights():
+            bad = bad or not bool(torch.isfinite(tensor).all())
+        return not bool(self.dist.all_reduce(torch.tensor([float(bad)]), "max").item())
+
+    # ------------------------------------------------------------ checkpoints
+
+    def save_checkpoint(self, directory: Path) -> None:
+        """DeepSpeed's sharded checkpoint (module, optimizer partitions, schedule); every rank writes its part."""
+        self.engine.save_checkpoint(str(directory), tag=CHECKPOINT_TAG)
+
+    def load_checkpoint(self, directory: Path) -> None:
+        path, _ = self.engine.load_checkpoint(
+            str(directory), tag=CHECKPOINT_TAG, load_optimizer_states=True, load_lr_scheduler_states=True
+        )
+        if path is None:
+            raise FileNotFoundError(f"no DeepSpeed checkpoint under {directory}")
+
+    def save_model(self, directory: Path, tokenizer: Any) -> None:
+        """Gathers full tensors (a collective at stage 3) and writes a ``save_pretrained`` dir on rank 0."""
+        state: dict[str, torch.Tensor] = {}
+        for name, tensor in self.export_weights():  # every rank iterates: a collective at stage 3
+            if self.dist.is_main:
+                state[name] = tensor.detach().cpu().clone()
+        if self.dist.is_main:
+            from dapo_cli.models import save_policy
+
+            save_policy(self.module, tokenizer, directory, state_dict=state)
+
+
+def deepspeed_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("deepspeed") is not None
+

@@ -1,0 +1,102 @@
+"""One optimizer update on a fixed batch, under any engine and world size (run by the tests).
+
+    python dist_worker.py MODEL_DIR OUT.pt                       # one process, torch engine
+    torchrun --standalone --nproc_per_node 2 dist_worker.py MODEL_DIR OUT.pt
+
+Every process builds the same 8 scripted groups of 4 responses (ragged lengths, mixed
+accuracy); ``collect_batch`` hands each rank its share. For each case (the torch engine,
+then DeepSpeed ZeRO 0-3 when installed) the worker loads the same initial weights, runs
+``update_policy`` once with one mini-batch (one optimizer step), and rank 0 records the
+weights after the step and the logged metrics. It also records, for the torch engine,
+the metrics of a 2-epoch update under micro-batch sizes 1, 2 and 4.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
+
+from fakes import ScriptedRollout  # noqa: E402
+
+from dapo_cli.components import build_collective, build_training_engine  # noqa: E402
+from dapo_cli.config import apply_techniques, load_config  # noqa: E402
+from dapo_cli.data.loader import Prompt, PromptStream  # noqa: E402
+from dapo_cli.engine.dist import shutdown_process_group  # noqa: E402
+from dapo_cli.models import load_policy  # noqa: E402
+from dapo_cli.train import collect_batch, compute_advantages, fill_old_log_probs, update_policy  # noqa: E402
+
+GROUPS = 8
+SAMPLES = 4
+
+
+def script(prompt: str, j: int) -> tuple[str, int, bool]:
+    k = int(prompt[1:])
+    # lengths 2..12 vary within and across groups; samples 0 and 1 (and 2 for odd k) are right
+    right = j < 2 + k % 2
+    return (f"Answer: {k if right else -1}", 2 + (3 * j + 5 * k) % 11, False)
+
+
+def lopsided(prompt: str, j: int) -> tuple[str, int, bool]:
+    """Groups 0-3 as in ``script``; groups 4-7 (rank 1's half on 2 ranks) are all right: no signal."""
+    k = int(prompt[1:])
+    return script(prompt, j) if k < 4 else (f"Answer: {k}", 3 + j, False)
+
+
+def config(engine: str, stage: int, micro: int, epochs: int, dynamic: bool = False):
+    cfg = load_config(None, [
+        f"rollout.n={SAMPLES}", f"data.train_batch_size={GROUPS}", f"trainer.ppo_mini_batch_size={GROUPS}",
+        f"trainer.ppo_micro_batch_size={micro}", f"trainer.ppo_epochs={epochs}", "rollout.max_response_length=12",
+        "algorithm.overlong_buffer.len=4", "trainer.lr=5e-3", "trainer.lr_warmup_steps=0", "trainer.grad_clip=1.0",
+        "trainer.weight_decay=0.0", f"engine.name={engine}", f"engine.zero_stage={stage}", "engine.device=cpu",
+    ])
+    return apply_techniques(cfg, dynamic_sampling=dynamic)
+
+
+def one_update(
+    model_dir: str, dist, engine_name: str, stage: int, micro: int, epochs: int, *, uneven: bool = False
+) -> dict:
+    # uneven: dynamic sampling keeps only groups 0-3, twice over two rounds, so on 2 ranks
+    # rank 0 trains all 8 kept groups and rank 1 none (it runs empty micro-batches in lockstep)
+    cfg = config(engine_name, stage, micro, epochs, dynamic=uneven)
+    torch.manual_seed(0)
+    model, _ = load_policy(model_dir)
+    engine = build_training_engine(cfg, model, dist, load_reference=None)
+    prompts = [Prompt(text=f"p{k}", ground_truth=str(k), problem_id=str(k)) for k in range(GROUPS)]
+    stream = PromptStream(prompts, seed=0, shuffle=False)
+    rollout = ScriptedRollout(lopsided if uneven else script)
+    batch = collect_batch(rollout, stream, cfg, step=1, pad_id=0, dist=dist).batch
+    compute_advantages(batch, cfg)
+    fill_old_log_probs(engine, batch, cfg)
+    metrics = update_policy(engine, batch, cfg, step=1)
+    weights = {name: t.detach().cpu().clone() for name, t in engine.export_weights()}
+    return {"metrics": metrics, "weights": weights, "rows": len(batch)}
+
+
+def main() -> None:
+    model_dir, out = sys.argv[1], Path(sys.argv[2])
+    torch.set_num_threads(1)
+    cfg = config("torch", 0, 4, 1)
+    dist = build_collective(cfg.engine)
+    initial, _ = load_policy(model_dir)
+    results: dict = {"world_size": dist.world_size, "cases": {}, "micro": {}, "initial": initial.state_dict()}
+    results["cases"]["torch"] = one_update(model_dir, dist, "torch", 0, 4, 1)
+    results["cases"]["torch-uneven"] = one_update(model_dir, dist, "torch", 0, 4, 1, uneven=True)
+    for micro in (1, 2, 4):
+        results["micro"][micro] = one_update(model_dir, dist, "torch", 0, micro, 2)["metrics"]
+    if "--deepspeed" in sys.argv:
+        for stage in (0, 1, 2, 3):
+            results["cases"][f"deepspeed-zero{stage}"] = one_update(model_dir, dist, "deepspeed", stage, 4, 1)
+        results["cases"]["deepspeed-zero3-uneven"] = one_update(model_dir, dist, "deepspeed", 3, 4, 1, uneven=True)
+    if dist.is_main:
+        torch.save(results, out)
+    dist.barrier()
+    dist.close()
+    shutdown_process_group()
+
+
+if __name__ == "__main__":
+    main()

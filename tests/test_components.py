@@ -1,0 +1,125 @@
+"""The component factory: settings rejected before anything loads, engines and rollouts built by name."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from dapo_cli import components
+from dapo_cli.config import load_config
+from dapo_cli.engine.dist import SingleProcess
+from dapo_cli.errors import UserError
+
+
+def cfg(*sets: str):
+    return load_config(None, list(sets))
+
+
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        (["engine.offload_optimizer=true"], "CPU offload (engine.offload_optimizer / engine.offload_params) needs engine.name=deepspeed"),
+        (["engine.name=deepspeed", "engine.offload_params=true", "engine.zero_stage=2"], "engine.offload_params needs engine.zero_stage=3"),
+    ],
+)
+def test_engine_settings_that_cannot_work_are_rejected(sets, message):
+    with pytest.raises(UserError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        components.check_engine_settings(cfg(*sets).engine)
+
+
+def test_deepspeed_without_deepspeed_installed_says_how_to_install_it(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "deepspeed" else real(name, *a))
+    with pytest.raises(UserError, match=r"pip install 'dapo-cli\[deepspeed\]'"):
+        components.check_engine_settings(cfg("engine.name=deepspeed").engine)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is present")
+def test_cuda_without_cuda_is_rejected():
+    with pytest.raises(UserError, match="engine.device=cuda but no CUDA device"):
+        components.check_engine_settings(cfg("engine.device=cuda").engine)
+
+
+def test_vllm_rollouts_say_what_is_missing():
+    with pytest.raises(UserError, match="rollout.engine=vllm"):
+        components.check_rollout_settings(cfg("rollout.engine=vllm").rollout)
+
+
+@pytest.mark.parametrize(
+    ("sets", "world", "message"),
+    [
+        (["data.train_batch_size=6", "trainer.ppo_mini_batch_size=6"], 4, "data.gen_batch_size \\(or train_batch_size\\)=6 is not divisible by the world size 4"),
+        (["data.train_batch_size=8", "trainer.ppo_mini_batch_size=2"], 4, "trainer.ppo_mini_batch_size=2 is not divisible by the world size 4"),
+        (["data.train_batch_size=8", "data.gen_batch_size=12", "trainer.ppo_mini_batch_size=8"], 8, "gen_batch_size"),
+    ],
+)
+def test_a_world_size_that_does_not_divide_the_batch_is_rejected(sets, world, message):
+    with pytest.raises(UserError, match=message):
+        components.check_world_size(cfg(*sets), world)
+
+
+def test_a_world_size_that_divides_everything_passes():
+    components.check_world_size(cfg("data.train_batch_size=8", "trainer.ppo_mini_batch_size=4"), 4)
+    components.check_world_size(cfg("data.train_batch_size=3", "trainer.ppo_mini_batch_size=3"), 1)
+
+
+def test_the_torch_engine_samples_with_its_own_module(tiny_model_dir):
+    c = cfg("engine.device=cpu")
+    model = components.model_loader(tiny_model_dir, torch.float32)()
+    engine = components.build_training_engine(c, model, SingleProcess(), load_reference=None)
+    from dapo_cli.models import load_policy
+
+    _, tok = load_policy(tiny_model_dir)
+    rollout = components.build_train_rollout(c, engine, tok, lambda: pytest.fail("no copy is needed"))
+    assert rollout.model is engine.generation_model() and rollout.shares_weights
+
+
+def test_a_sharded_engine_gets_a_private_rollout_copy_synced_from_export_weights(tiny_model_dir):
+    from dapo_cli.models import load_policy
+
+    trained, tok = load_policy(tiny_model_dir)
+    with torch.no_grad():
+        for p in trained.parameters():
+            p.mul_(0.5)
+
+    class ShardedEngine:  # what ZeRO-3 looks like to the factory
+        device = torch.device("cpu")
+
+        def generation_model(self):
+            return None
+
+        def export_weights(self):
+            yield from trained.state_dict().items()
+
+    rollout = components.build_train_rollout(cfg(), ShardedEngine(), tok, components.model_loader(tiny_model_dir, torch.float32))
+    assert not rollout.shares_weights and rollout.model is not trained
+    for name, value in trained.state_dict().items():
+        assert torch.equal(rollout.model.state_dict()[name], value), name
+
+
+def test_a_reference_policy_is_a_fresh_load_and_frozen(tiny_model_dir):
+    c = cfg("algorithm.use_kl_loss=true", "engine.device=cpu")
+    model = components.model_loader(tiny_model_dir, torch.float32)()
+    loads = []
+
+    def load_reference():
+        loads.append(1)
+        return components.model_loader(tiny_model_dir, torch.float32)()
+
+    engine = components.build_training_engine(c, model, SingleProcess(), load_reference=load_reference)
+    assert loads == [1]
+    assert all(not p.requires_grad for p in engine.ref_model.parameters())
+    assert engine.ref_model is not engine.module
+    no_kl = components.build_training_engine(cfg("engine.device=cpu"), model, SingleProcess(), load_reference=load_reference)
+    assert loads == [1] and no_kl.ref_model is None  # not loaded when the KL term is off
+    with pytest.raises(RuntimeError, match="without a reference policy"):
+        no_kl.ref_log_probs(None, temperature=1.0)
+
+
+def test_eval_rollouts_come_from_the_same_factory(tiny_model_dir):
+    rollout, fmt = components.build_eval_rollout("hf", str(tiny_model_dir), 0, lambda _m: None)
+    assert rollout.shares_weights and "hi" in fmt([{"role": "user", "content": "hi"}])
+    with pytest.raises(UserError, match="unknown engine 'nope'"):
+        components.build_eval_rollout("nope", str(tiny_model_dir), 0, lambda _m: None)
