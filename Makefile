@@ -1,12 +1,13 @@
 # dapo: two commands from a fresh clone.
 #   make demo   set up .venv, build the tiny policy once (cached), train it with DAPO on CPU (MLflow)
 #   make test   set up .venv and run the test suite
+#   make bench  the benchmarks/ tables (minutes)
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-dev
 
-.PHONY: demo test setup clean
+.PHONY: demo test bench setup clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +28,11 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest
+
+# Measurements (minutes; never part of `make test`): tables printed side by side from one run.
+bench: $(STAMP)
+	$(VENV)/bin/dapo init-model
+	$(PY) benchmarks/distributed_step.py
 
 clean:
 	rm -rf $(VENV) runs mlflow.db mlruns mlartifacts .pytest_cache
