@@ -47,6 +47,9 @@ class RolloutConfig:
     top_k: int = setting(0, "top-k sampling for training rollouts (0 = off)")
     max_response_length: int = setting(20480, "maximum generated tokens per response (L_max)")
     batch_size: int = setting(0, "sequences per generate call (0 = all at once)")
+    gpu_memory_utilization: float = setting(0.5, "vLLM only: fraction of each GPU's memory vLLM may take (weights + KV cache), colocated with training")
+    tensor_parallel_size: int = setting(1, "vLLM only: GPUs one vLLM engine spans (tensor parallelism); must divide the world size")
+    sleep_level: int = setting(1, "vLLM only: sleep mode during the update phase (0: stay awake, 1: offload weights and drop the KV cache, 2: drop both)")
 
 
 @dataclass
@@ -62,6 +65,12 @@ class FilterGroupsConfig:
     metric: str = setting("acc", "value that must vary within a kept group: raw accuracy, or the shaped reward", choices=("acc", "score"))
     max_num_gen_batches: int = setting(10, "generation rounds per step before giving up (<= 0: unlimited)")
     on_exhausted: str = setting("train", "when rounds run out: train on the groups kept so far, or stop with an error", choices=("train", "error"))
+
+
+@dataclass
+class RolloutISConfig:
+    enable: bool = setting(False, "truncated importance sampling: weight each token's loss by min(pi_old / pi_rollout, cap) (Yao et al. 2025)")
+    cap: float = setting(2.0, "upper bound C of the truncated importance weight")
 
 
 @dataclass
@@ -82,6 +91,12 @@ class AlgorithmConfig:
     kl_loss_coef: float = setting(0.001, "weight of the KL penalty when use_kl_loss")
     kl_loss_type: str = setting("low_var_kl", "KL estimator", choices=("kl", "abs", "mse", "low_var_kl"))
     entropy_coeff: float = setting(0.0, "entropy bonus weight (0 = none, as in DAPO)")
+    loss_norm: str = setting(
+        "mini_batch",
+        "denominator of the loss mean: the whole mini-batch over all ranks (exact) or each micro-batch (what some frameworks do; for reproduction only)",
+        choices=("mini_batch", "micro_batch"),
+    )
+    rollout_is: RolloutISConfig = setting(RolloutISConfig(), "correction for the rollout engine's log-probs differing from the trainer's")
 
 
 @dataclass

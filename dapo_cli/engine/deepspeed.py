@@ -28,7 +28,7 @@ import torch
 from dapo_cli.batch import RolloutBatch
 from dapo_cli.engine.base import no_context
 from dapo_cli.engine.dist import Collective
-from dapo_cli.engine.torch import adamw, frozen, pick_device, policy_forward, warmup_constant
+from dapo_cli.engine.torch import adamw, frozen, pick_device, policy_forward, reference_log_probs, warmup_constant
 
 CHECKPOINT_TAG = "state"
 
@@ -139,12 +139,8 @@ class DeepSpeedEngine:
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         return policy_forward(self.engine, batch, temperature=temperature, with_entropy=with_entropy, device=self.device)
 
-    @torch.no_grad()
     def ref_log_probs(self, batch: RolloutBatch, *, temperature: float) -> torch.Tensor:
-        if self.ref is None:
-            raise RuntimeError("this engine was built without a reference policy (algorithm.use_kl_loss is off)")
-        logp, _ = policy_forward(self.ref, batch, temperature=temperature, with_entropy=False, device=self.device)
-        return logp
+        return reference_log_probs(self.ref, batch, temperature=temperature, device=self.device)
 
     def accumulate(self, *, last: bool) -> contextlib.AbstractContextManager[None]:
         """No-op: with unmanaged accumulation, ``step`` is the boundary."""

@@ -60,6 +60,17 @@ def policy_forward(
     return logp, ent
 
 
+@torch.no_grad()
+def reference_log_probs(
+    ref: torch.nn.Module | None, batch: RolloutBatch, *, temperature: float, device: torch.device
+) -> torch.Tensor:
+    """log π_ref of the response tokens ``[N, T]`` under a frozen reference module (no grad)."""
+    if ref is None:
+        raise RuntimeError("this engine was built without a reference policy (algorithm.use_kl_loss is off)")
+    logp, _ = policy_forward(ref, batch, temperature=temperature, with_entropy=False, device=device)
+    return logp
+
+
 def warmup_constant(warmup_steps: int) -> Callable[[int], float]:
     """LR multiplier: linear warm-up over ``warmup_steps`` optimizer steps, then 1."""
 
@@ -123,12 +134,8 @@ class TorchEngine:
             model = self.module
         return policy_forward(model, batch, temperature=temperature, with_entropy=with_entropy, device=self.device)
 
-    @torch.no_grad()
     def ref_log_probs(self, batch: RolloutBatch, *, temperature: float) -> torch.Tensor:
-        if self.ref_model is None:
-            raise RuntimeError("this engine was built without a reference policy (algorithm.use_kl_loss is off)")
-        logp, _ = policy_forward(self.ref_model, batch, temperature=temperature, with_entropy=False, device=self.device)
-        return logp
+        return reference_log_probs(self.ref_model, batch, temperature=temperature, device=self.device)
 
     def accumulate(self, *, last: bool) -> contextlib.AbstractContextManager[None]:
         """DDP reduces gradients only in the backward of the ``last`` micro-batch."""

@@ -80,6 +80,11 @@ INVALID: list[tuple[dict[str, object], str]] = [
     ({"ablate__slurm__folder": " "}, "ablate.slurm.folder is empty"),
     ({"engine__zero_stage": 4}, "engine.zero_stage=4 is not a ZeRO stage; use 0, 1, 2 or 3"),
     ({"engine__num_threads": -1}, "engine.num_threads=-1 must be >= 0"),
+    ({"rollout__gpu_memory_utilization": 0.0}, "rollout.gpu_memory_utilization=0.0 must be in (0, 1]"),
+    ({"rollout__gpu_memory_utilization": 1.5}, "rollout.gpu_memory_utilization=1.5 must be in (0, 1]"),
+    ({"rollout__tensor_parallel_size": 0}, "rollout.tensor_parallel_size=0 must be >= 1"),
+    ({"rollout__sleep_level": 3}, "rollout.sleep_level=3 must be 0 (awake), 1 or 2"),
+    ({"algorithm__rollout_is__cap": 0.5}, "algorithm.rollout_is.cap=0.5 must be >= 1"),
 ]
 
 
