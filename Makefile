@@ -2,12 +2,13 @@
 #   make demo   set up .venv, build the tiny policy once (cached), train it with DAPO on CPU (MLflow)
 #   make test   set up .venv and run the test suite
 #   make bench  the benchmarks/ tables (minutes)
+#   make gpu-check  on a CUDA machine: vLLM vs HF, 3 steps on vLLM rollouts
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-dev
 
-.PHONY: demo test bench setup clean
+.PHONY: demo test bench gpu-check setup clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -34,5 +35,13 @@ bench: $(STAMP)
 	$(VENV)/bin/dapo init-model
 	$(PY) benchmarks/distributed_step.py
 
+# On a machine with a CUDA GPU: its own venv with vLLM and DeepSpeed next to the CUDA torch they
+# pull (not constraints.txt, whose torch is the CPU build), then benchmarks/gpu_check.py.
+gpu-check:
+	$(PYTHON) -m venv .venv-gpu
+	.venv-gpu/bin/python -m pip install --quiet --upgrade pip
+	.venv-gpu/bin/python -m pip install --quiet -e '.[vllm,deepspeed]'
+	.venv-gpu/bin/python benchmarks/gpu_check.py
+
 clean:
-	rm -rf $(VENV) runs mlflow.db mlruns mlartifacts .pytest_cache
+	rm -rf $(VENV) .venv-gpu runs mlflow.db mlruns mlartifacts .pytest_cache

@@ -24,6 +24,8 @@ advantages             FloatTensor [N]              algo.advantages
 old_log_probs          FloatTensor [N, T]           engine (no grad), policy that sampled
 ref_log_probs          FloatTensor [N, T] | None    engine (frozen reference), KL only
 entropy                FloatTensor [N, T] | None    engine, with old_log_probs
+rollout_log_probs      FloatTensor [N, T] | None    rollout engine: log-probs of its own samples
+is_weights             FloatTensor [N, T] | None    algo.importance (truncated IS), when enabled
 =====================  ===========================  ===================================
 """
 
@@ -60,6 +62,8 @@ class RolloutBatch:
     old_log_probs: torch.Tensor | None = None
     ref_log_probs: torch.Tensor | None = None
     entropy: torch.Tensor | None = None
+    rollout_log_probs: torch.Tensor | None = None
+    is_weights: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return int(self.response_ids.shape[0])

@@ -56,7 +56,7 @@ def check_rollout_settings(rollout_cfg: Any) -> None:
     if rollout_cfg.engine not in ROLLOUT_ENGINES:
         raise UserError(f"unknown rollout.engine '{rollout_cfg.engine}'; valid: {', '.join(ROLLOUT_ENGINES)}")
     if rollout_cfg.engine == "vllm":
-        raise UserError(_vllm_missing("rollout.engine=vllm"))
+        check_vllm("rollout.engine=vllm")
 
 
 def check_world_size(cfg: Any, world_size: int) -> None:
@@ -107,10 +107,25 @@ def build_training_engine(
 # ---------------------------------------------------------------- rollout engines
 
 
-def build_train_rollout(cfg: Any, engine: TrainingEngine, tokenizer: Any, load_copy: Callable[[], torch.nn.Module]) -> RolloutEngine:
-    """The rollout engine of a training run: samples with the trainer's live module when it is
-    unsharded, else with a private copy that ``sync_weights(engine)`` refreshes after each update."""
+def build_train_rollout(
+    cfg: Any, engine: TrainingEngine, tokenizer: Any, load_copy: Callable[[], torch.nn.Module], model_path: str | Path
+) -> RolloutEngine:
+    """The rollout engine of a training run.
+
+    ``hf``: samples with the trainer's live module when it is unsharded, else with a private copy
+    (``load_copy()``) that ``sync_weights(engine)`` refreshes after each update. ``vllm``: a
+    colocated engine on ``model_path`` (the policy the trainer starts from), synced the same way.
+    """
     check_rollout_settings(cfg.rollout)
+    r = cfg.rollout
+    if r.engine == "vllm":
+        from dapo_cli.rollout.vllm import VLLMRolloutEngine
+
+        return VLLMRolloutEngine(
+            model_path, tokenizer, gpu_memory_utilization=r.gpu_memory_utilization, tensor_parallel_size=r.tensor_parallel_size,
+            sleep_level=r.sleep_level, max_model_len=cfg.data.max_prompt_length + r.max_response_length,
+            dtype=cfg.model.dtype, seed=cfg.trainer.seed, dist=engine.dist,
+        )
     from dapo_cli.rollout.hf import HFRolloutEngine
 
     batch_size = cfg.rollout.batch_size or None
@@ -136,22 +151,21 @@ def build_eval_rollout(name: str, model: str, batch_size: int, log: Callable[[st
         policy, tokenizer = load_policy(model, device=device, dtype=dtype)
         return HFRolloutEngine(policy, tokenizer, batch_size=batch_size or None), lambda m: format_prompt(tokenizer, m)
     if name == "vllm":
-        if importlib.util.find_spec("vllm") is None:
-            raise UserError(_vllm_missing("--engine vllm"))
-        try:
-            from dapo_cli.rollout import vllm as vllm_rollout
-        except ImportError as exc:
-            raise UserError(f"the vllm engine cannot be loaded ({exc}); use --engine hf") from None
+        check_vllm("--engine vllm")
+        from dapo_cli.rollout import vllm as vllm_rollout
+
         log(f"loading {model} with vLLM")
         engine, tokenizer = vllm_rollout.load_vllm_engine(model)
         return engine, lambda m: format_prompt(tokenizer, m)
     raise UserError(f"unknown engine '{name}'; valid names: {', '.join(ROLLOUT_ENGINES)}")
 
 
-def _vllm_missing(what: str) -> str:
+def check_vllm(what: str) -> None:
+    """vLLM installed and a CUDA GPU visible, else a one-line error saying which is missing."""
     if importlib.util.find_spec("vllm") is None:
-        return f"{what} needs vLLM and a GPU: pip install 'dapo-cli[vllm]' (or use the hf engine)"
-    return f"{what}: the vLLM rollout engine is not built yet; use the hf engine"
+        raise UserError(f"{what} needs vLLM and a GPU: pip install 'dapo-cli[vllm]' next to a CUDA torch (or use the hf engine)")
+    if not torch.cuda.is_available():
+        raise UserError(f"{what} needs a CUDA GPU and none is visible; use the hf engine on this machine")
 
 
 # ---------------------------------------------------------------- trackers

@@ -169,7 +169,9 @@ class TrainingSession:
             engine = components.build_training_engine(
                 cfg, model, dist, load_reference=components.model_loader(base_path, dtype)
             )
-            rollout = components.build_train_rollout(cfg, engine, tokenizer, components.model_loader(model_path, dtype))
+            rollout = components.build_train_rollout(
+                cfg, engine, tokenizer, components.model_loader(model_path, dtype), model_path
+            )
         except BaseException:
             dist.close()
             raise

@@ -9,7 +9,7 @@ One step (DAPO Algorithm 1; Yu et al. 2025, arXiv:2503.14476)::
             ─algo.advantages────────► Â per response (group-normalised)
             ─engine (no grad)───────► old log-probs, entropy
             ─epochs × mini-batches × micro-batches: policy_loss (decoupled clip Eq. 10, token-level Eq. 12)
-            ─engine.step────────────► rollout.sync_weights(engine)  (export_weights, in memory)
+            ─engine.step────────────► rollout.wake_up + sync_weights(engine)  (export_weights, in memory)
             ─tracker.log_metrics (one batched call) / checkpoint / validate
 
 Departures from the paper, each deliberate: (1) no KL term unless ``algorithm.use_kl_loss``
@@ -34,7 +34,8 @@ import torch
 
 from dapo_cli.algo.advantages import group_advantages
 from dapo_cli.algo.kl import kl_penalty
-from dapo_cli.algo.losses import aggregate_loss, global_counts, masked_mean, policy_loss
+from dapo_cli.algo.importance import mismatch_sums, truncated_is_weights
+from dapo_cli.algo.losses import LOG_RATIO_CLAMP, aggregate_loss, global_counts, masked_mean, policy_loss
 from dapo_cli.algo.overlong import mask_responses, overlong_filter_mask, overlong_penalty
 from dapo_cli.algo.sampling import GroupBatchAssembler, informative_groups
 from dapo_cli.batch import RolloutBatch
@@ -69,6 +70,7 @@ def generate_round(
         ground_truths=[prompts[i].ground_truth for i in out.prompt_index.tolist()],
         prompts=[prompts[i].text for i in out.prompt_index.tolist()],
         pad_id=pad_id,
+        rollout_log_probs=out.logprobs,
     )
 
 
@@ -202,6 +204,40 @@ def fill_old_log_probs(engine: TrainingEngine, batch: RolloutBatch, cfg: Config)
     batch.ref_log_probs = (torch.cat(refs) if refs else empty.clone()) if use_ref else None
 
 
+def rollout_mismatch(batch: RolloutBatch, cfg: Config, dist: Collective) -> dict[str, float]:
+    """How far the rollout engine's log-probs of its samples are from the trainer's old log-probs
+    (over all ranks' trained responses), and the truncated-IS weights when the correction is on.
+
+    ``rollout/logprob_diff_mean`` / ``_max``: mean / max of |log π_old − log π_rollout| per token;
+    with ``algorithm.rollout_is.enable``: ``batch.is_weights`` and ``rollout/is_weight_mean``,
+    ``rollout/is_truncated_frac`` (share of trained tokens whose ratio exceeded the cap).
+    """
+    if batch.rollout_log_probs is None:
+        return {}
+    old, rollout = batch.old_log_probs, batch.rollout_log_probs
+    local = mismatch_sums(old, rollout, batch.response_mask)
+    biggest = float(dist.all_reduce(torch.tensor([local.pop("max_abs_diff")], dtype=torch.float64), "max").item())
+    out: dict[str, float] = {}
+    sums = {**local}
+    ris = cfg.algorithm.rollout_is
+    if ris.enable:
+        batch.is_weights = truncated_is_weights(old, rollout, batch.loss_mask, cap=ris.cap)
+        keep = batch.loss_mask.bool()
+        ratio = torch.exp(torch.clamp(old - rollout, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+        sums.update({
+            "is_weight": float(batch.is_weights[keep].double().sum()),
+            "is_truncated": float((ratio[keep] > ris.cap).sum()),
+            "is_tokens": float(keep.sum()),
+        })
+    total = reduce_sums(dist, sums)
+    out["rollout/logprob_diff_mean"] = total["abs_diff"] / total["tokens"] if total["tokens"] else 0.0
+    out["rollout/logprob_diff_max"] = biggest
+    if ris.enable and total["is_tokens"]:
+        out["rollout/is_weight_mean"] = total["is_weight"] / total["is_tokens"]
+        out["rollout/is_truncated_frac"] = total["is_truncated"] / total["is_tokens"]
+    return out
+
+
 def update_policy(engine: TrainingEngine, batch: RolloutBatch, cfg: Config, *, step: int) -> dict[str, float]:
     """``ppo_epochs`` × mini-batches (by group) × micro-batches; one optimizer step per mini-batch.
 
@@ -232,6 +268,8 @@ def update_policy(engine: TrainingEngine, batch: RolloutBatch, cfg: Config, *, s
         counts = {**reduce_sums(dist, local), "norm_length": cfg.rollout.max_response_length}
         for i in range(count):
             micro = mini.select(slices[i]) if i < len(slices) else blank_micro(batch)
+            if algo.loss_norm == "micro_batch":  # each micro-batch its own mean: not exact, for reproduction
+                counts = {**global_counts(micro.loss_mask, algo.loss_agg_mode), "norm_length": cfg.rollout.max_response_length}
             with engine.accumulate(last=i == count - 1):
                 loss, m, weight = micro_loss(engine, micro, cfg, counts)
                 engine.backward(loss)
@@ -262,10 +300,11 @@ def micro_loss(
     algo = cfg.algorithm
     logp, ent = engine.log_probs(micro, temperature=cfg.rollout.temperature, with_entropy=algo.entropy_coeff > 0)
     mask = micro.loss_mask.to(logp.device)
+    weights = micro.is_weights.to(logp.device) if algo.rollout_is.enable and micro.is_weights is not None else None
     loss, m = policy_loss(
         logp, micro.old_log_probs.to(logp.device), micro.advantages.to(logp.device), mask,
         clip_ratio_low=algo.clip_ratio_low, clip_ratio_high=algo.clip_ratio_high,
-        clip_ratio_c=algo.clip_ratio_c, loss_agg_mode=algo.loss_agg_mode, **counts,
+        clip_ratio_c=algo.clip_ratio_c, loss_agg_mode=algo.loss_agg_mode, token_weights=weights, **counts,
     )
     if algo.entropy_coeff > 0:
         loss = loss - algo.entropy_coeff * aggregate_loss(ent, mask, algo.loss_agg_mode, **counts)
@@ -339,8 +378,12 @@ def informative_step(batch: RolloutBatch | None, dist: Collective) -> bool:
 
 
 def rollout_params(cfg: Config, *, seed: int) -> SamplingParams:
+    """Training rollouts: the config's sampling, with the engine's log-probs of its samples
+    (the train-inference mismatch metric and the truncated-IS correction use them)."""
     r = cfg.rollout
-    return SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_tokens=r.max_response_length, seed=seed)
+    return SamplingParams(
+        temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_tokens=r.max_response_length, seed=seed, logprobs=True
+    )
 
 
 def micro_slices(n: int, size: int) -> list[torch.Tensor]:
@@ -364,7 +407,7 @@ def blank_micro(batch: RolloutBatch) -> RolloutBatch:
         lengths=torch.zeros(1, dtype=torch.long), truncated=torch.zeros(1, dtype=torch.bool),
         group_ids=torch.full((1,), -1, dtype=torch.long), texts=[""], ground_truths=[""], prompts=[""],
         pad_id=batch.pad_id, loss_mask=~one, advantages=torch.zeros(1),
-        old_log_probs=torch.zeros(1, 1), ref_log_probs=torch.zeros(1, 1),
+        old_log_probs=torch.zeros(1, 1), ref_log_probs=torch.zeros(1, 1), is_weights=torch.zeros(1, 1),
     )
 
 
@@ -405,18 +448,22 @@ def run_train(
                     s.reporter.phase(step, "generate + score")
                     collected = collect_batch(s.rollout, s.stream, cfg, step=step, pad_id=s.pad_id, dist=dist)
                     t_gen = elapsed(t0)
+                    s.rollout.sleep()  # a colocated engine hands its GPU memory to the update
                     batch, update = collected.batch, {}
                     if batch is not None:
                         compute_advantages(batch, cfg)
                         s.reporter.phase(step, "old log-probs")
                         fill_old_log_probs(s.engine, batch, cfg)
+                        mismatch = rollout_mismatch(batch, cfg, dist)
                         t_old = elapsed(t0) - t_gen
                         s.reporter.phase(step, "update")
                         update = update_policy(s.engine, batch, cfg, step=step)
-                        t_sync = time.perf_counter()
-                        s.rollout.sync_weights(s.engine)
+                        update.update(mismatch, **{"timing/old_log_prob": t_old})
+                    t_sync = time.perf_counter()
+                    s.rollout.wake_up()
+                    if batch is not None:
+                        s.rollout.sync_weights(s.engine)  # in memory, from engine.export_weights()
                         update["timing/weight_sync"] = elapsed(t_sync)
-                        update["timing/old_log_prob"] = t_old
                     s.barren_steps = 0 if informative_step(batch, dist) else s.barren_steps + 1
                     metrics = {**step_metrics(collected, batch, cfg, dist), **update}
                     metrics["timing/gen_and_score"] = t_gen

@@ -42,9 +42,19 @@ def test_cuda_without_cuda_is_rejected():
         components.check_engine_settings(cfg("engine.device=cuda").engine)
 
 
-def test_vllm_rollouts_say_what_is_missing():
-    with pytest.raises(UserError, match="rollout.engine=vllm"):
+def test_vllm_rollouts_say_what_is_missing(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    with pytest.raises(UserError, match=r"rollout.engine=vllm needs vLLM and a GPU: pip install 'dapo-cli\[vllm\]'"):
         components.check_rollout_settings(cfg("rollout.engine=vllm").rollout)
+
+
+def test_vllm_without_a_gpu_says_so(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else real(name, *a))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(UserError, match="--engine vllm needs a CUDA GPU and none is visible"):
+        components.check_vllm("--engine vllm")
 
 
 @pytest.mark.parametrize(
@@ -72,7 +82,7 @@ def test_the_torch_engine_samples_with_its_own_module(tiny_model_dir):
     from dapo_cli.models import load_policy
 
     _, tok = load_policy(tiny_model_dir)
-    rollout = components.build_train_rollout(c, engine, tok, lambda: pytest.fail("no copy is needed"))
+    rollout = components.build_train_rollout(c, engine, tok, lambda: pytest.fail("no copy is needed"), tiny_model_dir)
     assert rollout.model is engine.generation_model() and rollout.shares_weights
 
 
@@ -93,7 +103,9 @@ def test_a_sharded_engine_gets_a_private_rollout_copy_synced_from_export_weights
         def export_weights(self):
             yield from trained.state_dict().items()
 
-    rollout = components.build_train_rollout(cfg(), ShardedEngine(), tok, components.model_loader(tiny_model_dir, torch.float32))
+    rollout = components.build_train_rollout(
+        cfg(), ShardedEngine(), tok, components.model_loader(tiny_model_dir, torch.float32), tiny_model_dir
+    )
     assert not rollout.shares_weights and rollout.model is not trained
     for name, value in trained.state_dict().items():
         assert torch.equal(rollout.model.state_dict()[name], value), name

@@ -192,6 +192,7 @@ def policy_loss(
     global_tokens: Count | None = None,
     global_seqs: Count | None = None,
     norm_length: int | None = None,
+    token_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped policy-gradient loss with DAPO's decoupled clip (Eq. 8/10), aggregated by mode.
 
@@ -207,6 +208,10 @@ def policy_loss(
     With ``clip_ratio_c = c`` (> 1) the dual clip applies to tokens with ``A < 0``:
     :math:`L \\leftarrow \\min(L, -A c)`. The loss matrix is then reduced by
     :func:`aggregate_loss` with ``loss_agg_mode`` and the global counts.
+
+    ``token_weights`` ``[B, T]`` (constants, e.g. truncated importance weights from
+    :mod:`dapo_cli.algo.importance`) multiply each token's loss before aggregation; the
+    denominators (token / sequence counts) still come from ``mask``.
 
     Returns ``(loss [], metrics)``; metrics are token means over ``mask`` (floats):
     ``actor/pg_loss`` (the aggregated loss), ``actor/pg_clipfrac`` (clipped branch strictly
@@ -236,6 +241,10 @@ def policy_loss(
         loss_dual = -adv * clip_ratio_c
         dual_hit = (adv < 0) & (loss_dual < loss_mat)
         loss_mat = torch.where(dual_hit, loss_dual, loss_mat)
+    if token_weights is not None:
+        if token_weights.shape != loss_mat.shape:
+            raise ValueError(f"token_weights shape {list(token_weights.shape)} does not match {list(loss_mat.shape)}")
+        loss_mat = loss_mat * token_weights.detach().to(loss_mat.dtype)
 
     loss = aggregate_loss(
         loss_mat, mask, loss_agg_mode, global_tokens=global_tokens, global_seqs=global_seqs, norm_length=norm_length

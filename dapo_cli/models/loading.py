@@ -128,10 +128,32 @@ def load_policy(
         model, tokenizer = _load_hub(spec, dtype)
     else:
         raise UserError(f"model directory not found: {spec} (give a folder written by save_pretrained)")
+    return model.to(device), _for_generation(tokenizer)
+
+
+def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
+    """The tokenizer of a local folder or cached hub id, set up as :func:`load_policy` sets it up."""
+    spec = str(path)
+    local = Path(path).expanduser()
+    try:
+        with quiet_hf_progress():
+            if local.is_dir():
+                tokenizer = _tokenizer_class(local).from_pretrained(local)
+            elif is_hub_id(spec):
+                tokenizer = AutoTokenizer.from_pretrained(spec, local_files_only=hub_offline() or not hub_reachable())
+            else:
+                raise UserError(f"model directory not found: {spec} (give a folder written by save_pretrained)")
+    except (OSError, ValueError) as exc:
+        raise UserError(f"cannot load the tokenizer of {spec}: {_first_line(exc)}") from None
+    return _for_generation(tokenizer)
+
+
+def _for_generation(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
+    """Left padding (prompts end where generation starts); EOS as pad when there is no pad token."""
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
-    return model.to(device), tokenizer
+    return tokenizer
 
 
 def _load_local(path: Path, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:

@@ -23,6 +23,8 @@ class SamplingParams:
     top_k: int = 0
     max_tokens: int = 64
     seed: int | None = None
+    logprobs: bool = False
+    """Also return log π(o_t) of each sampled token at ``temperature`` (before top-k/top-p truncation)."""
 
 
 @dataclass
@@ -37,6 +39,9 @@ class Rollouts:
     truncated:     BoolTensor [N]     True when no EOS was produced within max_tokens
     texts:         list[str] (N)      decoded responses without special tokens
     prompt_index:  LongTensor [N]     index into the ``prompts`` argument (i // n)
+    logprobs:      FloatTensor [N, T] log softmax(z_t / temperature) of each sampled token under the
+                                      engine's own weights and kernels (0.0 on padding); None unless
+                                      ``params.logprobs`` (what the train-inference mismatch is measured on)
     """
 
     prompt_ids: torch.Tensor
@@ -47,6 +52,7 @@ class Rollouts:
     truncated: torch.Tensor
     texts: list[str]
     prompt_index: torch.Tensor
+    logprobs: torch.Tensor | None = None
 
 
 class WeightSource(Protocol):
@@ -60,6 +66,15 @@ class RolloutEngine(Protocol):
 
     def generate(self, prompts: Sequence[str], n: int, params: SamplingParams) -> Rollouts:
         """``prompts`` are already-templated strings (chat template applied)."""
+        ...
+
+    def sleep(self) -> None:
+        """Free what generation holds on the accelerator (KV cache, weights) while the trainer updates
+        (no-op for engines that share the trainer's module)."""
+        ...
+
+    def wake_up(self) -> None:
+        """Take back what :meth:`sleep` freed, before the next sync and generate."""
         ...
 
     def sync_weights(self, source: WeightSource) -> None:

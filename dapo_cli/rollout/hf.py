@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList, PreTrainedModel, PreTrainedTokenizerBase
 
 from dapo_cli.rollout.base import Rollouts, SamplingParams, WeightSource
 
@@ -89,6 +89,36 @@ def response_mask(response_ids: torch.Tensor, eos_ids: list[int]) -> torch.Tenso
     is_eos = torch.isin(response_ids, torch.tensor(eos_ids, device=response_ids.device))
     eos_before = torch.cumsum(is_eos.long(), dim=-1) - is_eos.long()  # EOS count in [0, t)
     return eos_before == 0
+
+
+class SampledTokenLogProbs(LogitsProcessor):
+    """Records log softmax(z / T) of every sampled token during ``generate``, one step behind.
+
+    ``generate`` calls processors before sampling, with ``input_ids`` that end in the token
+    sampled at the previous step; this processor runs before the temperature and top-k/top-p
+    warpers (``transformers`` appends those after custom processors), so ``scores`` are the raw
+    logits. It keeps one ``[B, V]`` distribution, never the whole ``[B, T, V]``; :meth:`finish`
+    adds the last step's token. Greedy decoding (T = 0) records log softmax(z).
+    """
+
+    def __init__(self, temperature: float) -> None:
+        self.temperature = temperature if temperature > 0 else 1.0
+        self.previous: torch.Tensor | None = None
+        self.values: list[torch.Tensor] = []
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if self.previous is not None:
+            self.values.append(self.previous.gather(1, input_ids[:, -1:]).squeeze(1))
+        self.previous = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        return scores
+
+    def finish(self, generated: torch.Tensor) -> torch.Tensor:
+        """``[B, T]`` log-probs of ``generated`` ``[B, T]`` (the tokens after the prompt)."""
+        if self.previous is not None and generated.shape[1] > len(self.values):
+            self.values.append(self.previous.gather(1, generated[:, -1:].to(self.previous.device)).squeeze(1))
+        if not self.values:
+            return torch.zeros(generated.shape[0], 0)
+        return torch.stack(self.values, dim=1).cpu()
 
 
 class HFRolloutEngine:
@@ -159,13 +189,16 @@ class HFRolloutEngine:
                 if params.seed is not None:
                     torch.manual_seed(params.seed)
                 pieces = [
-                    self._generate_chunk(prompt_ids[i : i + chunk], prompt_mask[i : i + chunk], gen_config)
+                    self._generate_chunk(prompt_ids[i : i + chunk], prompt_mask[i : i + chunk], gen_config, params)
                     for i in range(0, prompt_ids.shape[0], chunk)
                 ]
         finally:
             self.model.train(was_training)
-        response_ids = _right_pad_cat(pieces, pad_id)  # [N, T]
+        response_ids = _right_pad_cat([ids for ids, _ in pieces], pad_id)  # [N, T]
         mask = response_mask(response_ids, eos_ids)  # [N, T]
+        logprobs = None
+        if params.logprobs:
+            logprobs = _right_pad_cat([lp for _, lp in pieces], 0.0).masked_fill(~mask, 0.0)  # [N, T]
         ended = (torch.isin(response_ids, torch.tensor(eos_ids)) & mask).any(-1)  # [N]
         response_ids = response_ids.masked_fill(~mask, pad_id)
         lengths = mask.sum(-1)
@@ -182,7 +215,14 @@ class HFRolloutEngine:
             truncated=~ended,
             texts=texts,
             prompt_index=torch.arange(len(prompts)).repeat_interleave(n),
+            logprobs=logprobs,
         )
+
+    def sleep(self) -> None:
+        """No-op: the weights are the trainer's and no cache outlives ``generate``."""
+
+    def wake_up(self) -> None:
+        """No-op (see :meth:`sleep`)."""
 
     def _rng_devices(self) -> list[int]:
         """CUDA devices whose RNG ``fork_rng`` must save and restore (none on CPU)."""
@@ -191,17 +231,21 @@ class HFRolloutEngine:
 
     @torch.inference_mode()
     def _generate_chunk(
-        self, ids: torch.Tensor, mask: torch.Tensor, gen_config: GenerationConfig
-    ) -> torch.Tensor:
-        """Generated tokens only, on CPU: LongTensor [B, T_chunk] (T_chunk <= max_tokens)."""
+        self, ids: torch.Tensor, mask: torch.Tensor, gen_config: GenerationConfig, params: SamplingParams
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Generated tokens only, on CPU: LongTensor [B, T_chunk] (T_chunk <= max_tokens), and
+        their log-probs [B, T_chunk] when ``params.logprobs``."""
         device = self.model.device
+        recorder = SampledTokenLogProbs(params.temperature) if params.logprobs else None
         out = self.model.generate(
-            input_ids=ids.to(device), attention_mask=mask.long().to(device), generation_config=gen_config
+            input_ids=ids.to(device), attention_mask=mask.long().to(device), generation_config=gen_config,
+            logits_processor=LogitsProcessorList([recorder]) if recorder is not None else None,
         )
-        return out[:, ids.shape[1] :].cpu()
+        generated = out[:, ids.shape[1] :].cpu()
+        return generated, (recorder.finish(generated) if recorder is not None else None)
 
 
-def _right_pad_cat(pieces: list[torch.Tensor], pad_id: int) -> torch.Tensor:
-    """Concatenate [B_i, T_i] LongTensors along rows, right-padding each to max T_i with ``pad_id``."""
+def _right_pad_cat(pieces: list[torch.Tensor], pad_id: float) -> torch.Tensor:
+    """Concatenate [B_i, T_i] tensors along rows, right-padding each to max T_i with ``pad_id``."""
     width = max(p.shape[1] for p in pieces)
     return torch.cat([torch.nn.functional.pad(p, (0, width - p.shape[1]), value=pad_id) for p in pieces])

@@ -84,6 +84,10 @@ def test_two_steps_record_params_metrics_samples_and_checkpoint(workdir, tiny_mo
     for key in STEP_METRICS:
         steps = [m.step for m in client.get_metric_history(run.info.run_id, key)]
         assert steps == [1, 2], key
+    # the HF engine samples with the trainer's own module: its log-probs are the trainer's, up to
+    # batching (a different padding width in the trainer's forward)
+    mismatch = last_values(client, run.info.run_id, ["rollout/logprob_diff_mean", "rollout/logprob_diff_max"], 2)
+    assert 0.0 <= mismatch["rollout/logprob_diff_mean"] <= mismatch["rollout/logprob_diff_max"] < 1e-4
     # 4 prompts × 4 samples, one generation round per step without dynamic sampling.
     assert last_values(client, run.info.run_id, ["train/samples_generated"], 2)["train/samples_generated"] == 16
     # validation before the first step and after the last (test_freq 0)

@@ -23,6 +23,12 @@ class ScriptedRollout:
     def sync_weights(self, source: object) -> None:
         pass
 
+    def sleep(self) -> None:
+        pass
+
+    def wake_up(self) -> None:
+        pass
+
     def generate(self, prompts: Sequence[str], n: int, params: SamplingParams) -> Rollouts:
         self.calls.append(len(prompts))
         rows = [self.script(p, j) for p in prompts for j in range(n)]

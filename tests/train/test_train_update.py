@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
@@ -25,9 +26,9 @@ def script(prompt: str, j: int) -> tuple[str, int, bool]:
     return (f"Answer: {k if j < 2 else -1}", 3 + (2 * j + k) % 7, False)
 
 
-def mini_batch_grads(model_dir: Path, mode: str, micro: int) -> list[list[torch.Tensor]]:
+def mini_batch_grads(model_dir: Path, mode: str, micro: int, extra: list[str] = ()) -> list[list[torch.Tensor]]:
     """The accumulated gradient at each optimizer step of one update_policy call."""
-    cfg = load_config(None, [
+    cfg = load_config(None, [*extra,
         "rollout.n=4", "data.train_batch_size=4", "trainer.ppo_mini_batch_size=2", f"trainer.ppo_micro_batch_size={micro}",
         "rollout.max_response_length=10", "algorithm.overlong_buffer.len=4", f"algorithm.loss_agg_mode={mode}",
         "trainer.lr=1e-2", "trainer.lr_warmup_steps=0", "trainer.grad_clip=0",
@@ -114,3 +115,62 @@ def test_optional_kl_penalty_to_a_frozen_reference(tiny_model_dir):
     assert metrics["actor/num_updates"] == 4
     assert metrics["actor/kl_loss"] > 0
     assert all(not p.requires_grad for p in ref.parameters())
+
+
+def tis_grads(model_dir: Path, *, enable: bool, cap: float, shift: float) -> tuple[list[torch.Tensor], dict]:
+    """Gradient of one update when the rollout engine's log-probs are the trainer's minus ``shift``."""
+    from dapo_cli.engine.dist import SingleProcess
+    from dapo_cli.train import rollout_mismatch
+
+    cfg = apply_techniques(load_config(None, [
+        "rollout.n=4", "data.train_batch_size=4", "trainer.ppo_mini_batch_size=4", "trainer.ppo_micro_batch_size=3",
+        "rollout.max_response_length=10", "algorithm.overlong_buffer.len=4", "trainer.grad_clip=0",
+        f"algorithm.rollout_is.enable={str(enable).lower()}", f"algorithm.rollout_is.cap={cap}",
+    ]), dynamic_sampling=False)
+    model, _ = load_policy(model_dir, dtype=torch.float64)
+    engine = TorchEngine(model, lr=1e-2, weight_decay=0.0, warmup_steps=0, grad_clip=0.0)
+    grads: list[torch.Tensor] = []
+    step = engine.step
+
+    def recording_step():
+        grads.extend(p.grad.detach().clone() for p in engine.module.parameters())
+        return step()
+
+    engine.step = recording_step
+    prompts = [Prompt(text=f"p{k}", ground_truth=str(k), problem_id=str(k)) for k in range(4)]
+    batch = collect_batch(ScriptedRollout(script), PromptStream(prompts, seed=0, shuffle=False), cfg, step=1, pad_id=0).batch
+    compute_advantages(batch, cfg)
+    fill_old_log_probs(engine, batch, cfg)
+    batch.rollout_log_probs = batch.old_log_probs - shift  # pi_old / pi_rollout = exp(shift) on every token
+    metrics = rollout_mismatch(batch, cfg, SingleProcess())
+    update_policy(engine, batch, cfg, step=1)
+    return grads, metrics
+
+
+@pytest.mark.parametrize(("cap", "factor"), [(1.5, 1.5), (3.0, 2.0)])
+def test_truncated_importance_sampling_scales_the_gradient_by_the_truncated_ratio(tiny_model_dir, cap, factor):
+    # ratio exp(log 2) = 2 on every token: the weight is min(2, cap), a constant, so the whole
+    # gradient is that constant times the uncorrected one (one update, ratio 1 to pi_old)
+    plain, metrics_off = tis_grads(tiny_model_dir, enable=False, cap=cap, shift=math.log(2))
+    corrected, metrics_on = tis_grads(tiny_model_dir, enable=True, cap=cap, shift=math.log(2))
+    # relative error of each tensor in norm, 1e-6 rather than 1e-12: the model is float64, but
+    # transformers' attention softmax runs in float32, so a 1.5x larger upstream gradient rounds
+    # differently there (measured: 2.6e-7 of the largest entry)
+    for a, b in zip(plain, corrected):
+        assert float((b - factor * a).norm() / (factor * a).norm()) < 1e-6
+    assert metrics_off["rollout/logprob_diff_mean"] == pytest.approx(math.log(2), rel=1e-9)
+    assert metrics_off["rollout/logprob_diff_max"] == pytest.approx(math.log(2), rel=1e-6)
+    assert "rollout/is_weight_mean" not in metrics_off
+    assert metrics_on["rollout/is_weight_mean"] == pytest.approx(factor, rel=1e-9)
+    assert metrics_on["rollout/is_truncated_frac"] == (1.0 if cap < 2 else 0.0)
+
+
+def test_micro_batch_loss_norm_is_what_per_micro_batch_frameworks_compute(tiny_model_dir):
+    # token-mean normalised per micro-batch is NOT the mini-batch token mean: the gradients differ
+    exact = mini_batch_grads(tiny_model_dir, "token-mean", 3)
+    per_micro = mini_batch_grads(tiny_model_dir, "token-mean", 3, extra=["algorithm.loss_norm=micro_batch"])
+    whole_micro = mini_batch_grads(tiny_model_dir, "token-mean", 8, extra=["algorithm.loss_norm=micro_batch"])
+    diff = max(float((a - b).abs().max()) for a, b in zip(exact[0], per_micro[0]))
+    assert diff > 1e-4
+    for a, b in zip(exact[0], whole_micro[0]):  # one micro-batch per mini-batch: the same thing
+        torch.testing.assert_close(b, a, rtol=1e-8, atol=1e-10)

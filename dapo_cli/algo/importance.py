@@ -1,0 +1,53 @@
+"""Train-inference mismatch: how far the rollout engine's log-probs are from the trainer's, and
+truncated importance sampling (TIS) to correct for it.
+
+The rollout engine (vLLM, a faster sampler) samples ``o ~ π_rollout`` with its own kernels and
+precision; the trainer's "old" policy π_old has the same weights but not the same numbers. PPO's
+ratio assumes the samples came from π_old. Truncated importance sampling (Yao et al. 2025,
+"Your efficient RL framework secretly brings you off-policy RL training") weights each token's
+loss by
+
+.. math:: w_t = \\min\\Big(\\frac{\\pi_{old}(o_t \\mid q, o_{<t})}{\\pi_{rollout}(o_t \\mid q, o_{<t})},\\ C\\Big)
+
+a constant (no gradient) that makes the estimator unbiased up to the truncation at ``C``.
+
+Shapes: ``B`` responses, ``T`` response tokens; masks ``[B, T]``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dapo_cli.algo.losses import LOG_RATIO_CLAMP
+
+
+def truncated_is_weights(
+    old_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor, mask: torch.Tensor, *, cap: float
+) -> torch.Tensor:
+    """:math:`w = \\min(\\exp(\\log\\pi_{old} - \\log\\pi_{rollout}), C)` on ``mask``, 0 elsewhere.
+
+    old_log_prob, rollout_log_prob: ``[B, T]``; mask: ``[B, T]`` bool or 0/1.
+    Returns detached float ``[B, T]``. The log-ratio is clamped to ±20 before ``exp`` (as in the
+    policy loss), so padding holding garbage cannot overflow. ``cap`` must be >= 1.
+    """
+    if cap < 1.0:
+        raise ValueError(f"cap must be >= 1, got {cap}")
+    if old_log_prob.shape != rollout_log_prob.shape or old_log_prob.shape != mask.shape:
+        raise ValueError(
+            f"shapes differ: old {list(old_log_prob.shape)}, rollout {list(rollout_log_prob.shape)}, mask {list(mask.shape)}"
+        )
+    log_ratio = torch.clamp(old_log_prob.detach() - rollout_log_prob.detach(), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    weights = torch.clamp(torch.exp(log_ratio), max=cap)
+    return torch.where(mask.bool(), weights, torch.zeros_like(weights))
+
+
+def mismatch_sums(
+    old_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor, mask: torch.Tensor
+) -> dict[str, float]:
+    """Sums to reduce over micro-batches and ranks: ``abs_diff`` = Σ |log π_old − log π_rollout| over
+    ``mask``, ``tokens`` = Σ mask; and ``max_abs_diff`` (reduce with max). All 0.0 when empty."""
+    keep = mask.bool()
+    diff = (old_log_prob.detach() - rollout_log_prob.detach()).abs()[keep]
+    if diff.numel() == 0:
+        return {"abs_diff": 0.0, "tokens": 0.0, "max_abs_diff": 0.0}
+    return {"abs_diff": float(diff.double().sum()), "tokens": float(diff.numel()), "max_abs_diff": float(diff.max())}
