@@ -12,6 +12,7 @@ from dapo_cli.cli import ablate as _ablate
 from dapo_cli.cli import config_cmd as _config
 from dapo_cli.cli import eval as _eval
 from dapo_cli.cli import init_model as _init_model
+from dapo_cli.cli import lint as _lint
 from dapo_cli.cli import prepare as _prepare
 from dapo_cli.cli import report as _report
 from dapo_cli.cli import train as _train
@@ -32,6 +33,7 @@ app.command("eval")(handles_errors(_eval.eval_command))
 app.command("ablate")(handles_errors(_ablate.ablate))
 app.command("report")(handles_errors(_report.report))
 app.command("config")(handles_errors(_config.config_command))
+app.command("lint", epilog=_lint.EPILOG)(handles_errors(_lint.lint))
 
 
 def main() -> None:

@@ -1,0 +1,239 @@
+"""Lint rules, one by one: a config that triggers each rule and one that does not.
+
+The base config is the paper's 32B preset, which lints clean; each case changes only
+what the rule is about, and checks the rule's own function (``RULES[id]``) so another
+rule firing on the same change cannot make the test pass.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dapo_cli.config import apply_techniques, load_config
+from dapo_cli.config.lint import (
+    ERROR,
+    RULES,
+    WARN,
+    Finding,
+    exit_code,
+    findings_json,
+    is_tiny_model,
+    lint,
+    summary,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+PAPER = REPO / "experiments" / "dapo-qwen2.5-32b.yaml"
+PRESETS = ["dapo-qwen2.5-32b.yaml", "dapo-qwen2.5-7b.yaml", "dapo-qwen2.5-1.5b.yaml"]
+
+
+def paper(*overrides: str):
+    return load_config(PAPER, overrides)
+
+
+def tiny(*overrides: str):
+    return load_config(REPO / "experiments" / "tiny.yaml", overrides)
+
+
+def run(rule_id: str, cfg) -> list[Finding]:
+    found = RULES[rule_id](cfg)
+    assert all(f.id == rule_id for f in found)
+    return found
+
+
+# (rule id, overrides that trigger it, expected (severity, key) of each finding)
+TRIGGERS = [
+    ("kl-on", ["algorithm.use_kl_loss=true"], [(ERROR, "algorithm.use_kl_loss")]),
+    ("filter-on-shaped-reward", ["algorithm.filter_groups.metric=score"], [(ERROR, "algorithm.filter_groups.metric")]),
+    ("clip-inverted", ["algorithm.clip_ratio_high=0.1"], [(ERROR, "algorithm.clip_ratio_high")]),
+    ("loss-norm-micro-batch", ["algorithm.loss_norm=micro_batch"], [(ERROR, "algorithm.loss_norm")]),
+    ("technique-off", ["algorithm.clip_ratio_high=0.2"], [(WARN, "algorithm.clip_ratio_high")]),
+    ("technique-off", ["algorithm.filter_groups.enable=false"], [(WARN, "algorithm.filter_groups.enable")]),
+    ("technique-off", ["algorithm.loss_agg_mode=seq-mean-token-sum"], [(WARN, "algorithm.loss_agg_mode")]),
+    ("technique-off", ["algorithm.overlong_buffer.enable=false"], [(WARN, "algorithm.overlong_buffer.enable")]),
+    ("overlong-filter-with-shaping", ["algorithm.overlong_filter=true"], [(WARN, "algorithm.overlong_filter")]),
+    ("rollout-truncated-sampling", ["rollout.top_p=0.9"], [(WARN, "rollout.top_p")]),
+    ("rollout-truncated-sampling", ["rollout.top_k=20"], [(WARN, "rollout.top_k")]),
+    ("rollout-truncated-sampling", ["rollout.top_p=0.95", "rollout.top_k=50"], [(WARN, "rollout.top_p"), (WARN, "rollout.top_k")]),
+    ("eval-tied-to-rollout", ["validation.top_p=1.0"], [(WARN, "validation.top_p")]),
+    ("eval-tied-to-rollout", ["eval.top_p=1.0"], [(WARN, "eval.top_p")]),
+    (
+        "eval-tied-to-rollout",
+        ["rollout.temperature=0.8", "validation.temperature=0.8", "validation.top_p=1", "eval.temperature=0.8", "eval.top_p=1"],
+        [(WARN, "validation.top_p"), (WARN, "eval.top_p")],
+    ),
+    ("dynamic-sampling-exhausts", ["data.gen_batch_size=0", "algorithm.filter_groups.max_num_gen_batches=2"],
+     [(WARN, "algorithm.filter_groups.max_num_gen_batches")]),
+    ("dynamic-sampling-exhausts", ["data.gen_batch_size=1024", "algorithm.filter_groups.max_num_gen_batches=1"],
+     [(WARN, "algorithm.filter_groups.max_num_gen_batches")]),
+    ("one-update-per-rollout", ["trainer.ppo_mini_batch_size=512"], [(WARN, "trainer.ppo_mini_batch_size")]),
+    ("bf16-pure-adamw", ["engine.name=torch"], [(ERROR, "model.dtype")]),
+    ("bf16-pure-adamw", ["engine.name=torch", "model.dtype=float16"], [(ERROR, "model.dtype")]),
+    ("bf16-pure-adamw", ["engine.name=torch", "trainer.lr=1e-4"], [(WARN, "model.dtype")]),
+    ("lr-range", ["trainer.lr=1e-4"], [(WARN, "trainer.lr")]),
+    ("lr-range", ["trainer.lr=5e-8"], [(WARN, "trainer.lr")]),
+]
+
+# (rule id, overrides close to a trigger that must not trigger it)
+NON_TRIGGERS = [
+    ("kl-on", ["algorithm.kl_loss_coef=0.5"]),
+    ("filter-on-shaped-reward", ["algorithm.filter_groups.metric=score", "algorithm.overlong_buffer.enable=false"]),
+    ("filter-on-shaped-reward", ["algorithm.filter_groups.metric=score", "algorithm.filter_groups.enable=false"]),
+    ("clip-inverted", ["algorithm.clip_ratio_high=0.2"]),
+    ("clip-inverted", ["algorithm.clip_ratio_low=0.1", "algorithm.clip_ratio_high=0.15"]),
+    ("loss-norm-micro-batch", ["algorithm.loss_norm=micro_batch", "algorithm.loss_agg_mode=seq-mean-token-mean"]),
+    ("technique-off", ["algorithm.overlong_filter=true"]),
+    ("technique-off", ["algorithm.clip_ratio_high=0.3"]),
+    ("overlong-filter-with-shaping", ["algorithm.overlong_filter=true", "algorithm.overlong_buffer.enable=false"]),
+    ("rollout-truncated-sampling", ["validation.top_p=0.5", "eval.top_p=0.5"]),
+    ("eval-tied-to-rollout", ["validation.top_p=1.0", "validation.temperature=0.6"]),
+    ("eval-tied-to-rollout", ["rollout.top_p=0.7"]),
+    ("eval-tied-to-rollout", ["eval.top_p=0.95", "validation.top_p=0.95"]),
+    ("dynamic-sampling-exhausts", ["data.gen_batch_size=0", "algorithm.filter_groups.max_num_gen_batches=3"]),
+    ("dynamic-sampling-exhausts", ["data.gen_batch_size=0", "algorithm.filter_groups.max_num_gen_batches=0"]),
+    ("dynamic-sampling-exhausts", ["data.gen_batch_size=0", "algorithm.filter_groups.max_num_gen_batches=1", "algorithm.filter_groups.enable=false"]),
+    ("one-update-per-rollout", ["trainer.ppo_mini_batch_size=512", "trainer.ppo_epochs=2"]),
+    ("one-update-per-rollout", ["trainer.ppo_mini_batch_size=256"]),
+    ("bf16-pure-adamw", ["engine.name=torch", "model.dtype=float32"]),
+    ("bf16-pure-adamw", ["engine.name=deepspeed", "engine.zero_stage=0"]),
+    ("lr-range", ["trainer.lr=1e-5"]),
+    ("lr-range", ["trainer.lr=1e-7"]),
+]
+
+
+@pytest.mark.parametrize(("rule_id", "overrides", "expected"), TRIGGERS)
+def test_rule_triggers(rule_id: str, overrides: list[str], expected: list[tuple[str, str]]) -> None:
+    found = run(rule_id, paper(*overrides))
+    assert [(f.severity, f.key) for f in found] == expected
+    for f in found:
+        assert f.message and f.fix
+        assert f.line().startswith(f"{f.severity.upper()} {f.key}: ")
+        assert f.line().endswith(f" [{rule_id}]")
+        assert " — " in f.line()
+
+
+@pytest.mark.parametrize(("rule_id", "overrides"), NON_TRIGGERS)
+def test_rule_does_not_trigger(rule_id: str, overrides: list[str]) -> None:
+    assert run(rule_id, paper(*overrides)) == []
+
+
+def test_every_rule_has_a_trigger_and_a_non_trigger_case() -> None:
+    assert {r for r, *_ in TRIGGERS} == set(RULES)
+    assert {r for r, _ in NON_TRIGGERS} == set(RULES)
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_paper_presets_lint_clean(preset: str) -> None:
+    assert lint(load_config(REPO / "experiments" / preset)) == []
+
+
+def test_tiny_experiments_have_only_the_expected_warnings() -> None:
+    for name in ("tiny.yaml", "tiny-ladder.yaml"):
+        found = lint(load_config(REPO / "experiments" / name))
+        assert {(f.id, f.key) for f in found} == {
+            ("overlong-filter-with-shaping", "algorithm.overlong_filter"),
+            ("eval-tied-to-rollout", "validation.top_p"),
+        }
+        assert all(f.severity == WARN for f in found)
+
+
+# ---------------------------------------------------------------- rule details
+
+
+def test_technique_off_follows_the_toggles_and_skips_overlong_filtering() -> None:
+    cfg = paper()
+    for technique, key in [
+        ("clip_higher", "algorithm.clip_ratio_high"),
+        ("dynamic_sampling", "algorithm.filter_groups.enable"),
+        ("token_level_loss", "algorithm.loss_agg_mode"),
+        ("overlong_shaping", "algorithm.overlong_buffer.enable"),
+    ]:
+        assert [f.key for f in run("technique-off", apply_techniques(cfg, **{technique: False}))] == [key]
+    assert run("technique-off", apply_techniques(cfg, overlong_filtering=True)) == []
+    assert run("technique-off", apply_techniques(cfg, overlong_filtering=False)) == []
+
+
+def test_an_inverted_clip_is_an_error_not_a_technique_off_warning() -> None:
+    cfg = paper("algorithm.clip_ratio_high=0.1")
+    assert run("technique-off", cfg) == []
+    assert [f.id for f in lint(cfg)] == ["clip-inverted"]
+
+
+def test_exhaustion_message_says_what_happens_when_rounds_run_out() -> None:
+    base = ["data.gen_batch_size=0", "algorithm.filter_groups.max_num_gen_batches=2"]
+    (train,) = run("dynamic-sampling-exhausts", paper(*base))
+    assert "2 rounds × 512 prompts = 2× train_batch_size" in train.message
+    assert ">= 50% of the groups" in train.message
+    assert "trains on fewer groups" in train.message
+    (stop,) = run("dynamic-sampling-exhausts", paper(*base, "algorithm.filter_groups.on_exhausted=error"))
+    assert "stops with an error" in stop.message
+
+
+def test_truncated_rollout_mentions_rollout_is_when_it_is_on() -> None:
+    (plain,) = run("rollout-truncated-sampling", paper("rollout.top_p=0.9"))
+    (with_is,) = run("rollout-truncated-sampling", paper("rollout.top_p=0.9", "algorithm.rollout_is.enable=true"))
+    assert "rollout_is" not in plain.message
+    assert "rollout_is" in with_is.message
+
+
+def test_lr_range_depends_on_the_model(tmp_path: Path) -> None:
+    # builtin:tiny: the measured unstable rate and above
+    assert [f.key for f in run("lr-range", tiny("trainer.lr=3e-4"))] == ["trainer.lr"]
+    assert [f.key for f in run("lr-range", tiny("trainer.lr=1e-3"))] == ["trainer.lr"]
+    assert run("lr-range", tiny("trainer.lr=1e-4")) == []
+    assert run("lr-range", tiny("trainer.lr=1e-6")) == []  # slow, but nothing measured says it breaks
+    # a directory holding the tiny model's card counts as tiny, directly or as a checkpoint's model/
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "dapo_model.json").write_text("{}", encoding="utf-8")
+    for path in (tmp_path, tmp_path / "model"):
+        assert is_tiny_model(str(path))
+        assert run("lr-range", tiny(f"model.path={path}", "trainer.lr=1e-4")) == []
+    # any other model is a real LLM: 1e-4 is far above the paper's 1e-6
+    assert not is_tiny_model(str(tmp_path / "missing"))
+    assert not is_tiny_model("Qwen/Qwen2.5-7B")
+    (llm,) = run("lr-range", tiny("model.path=Qwen/Qwen2.5-7B", "trainer.lr=1e-4"))
+    assert "above" in llm.message and "Qwen/Qwen2.5-7B" in llm.message
+
+
+# ---------------------------------------------------------------- registry, summary, exit codes
+
+
+def test_findings_carry_their_rule_id_and_errors_come_first() -> None:
+    cfg = paper("algorithm.overlong_filter=true", "algorithm.use_kl_loss=true", "rollout.top_p=0.9")
+    found = lint(cfg)
+    assert [f.id for f in found] == ["kl-on", "overlong-filter-with-shaping", "rollout-truncated-sampling"]
+    assert [f.severity for f in found] == [ERROR, WARN, WARN]
+
+
+def test_summary_counts() -> None:
+    e = Finding(ERROR, "k", "m", "f", "x")
+    w = Finding(WARN, "k", "m", "f", "y")
+    assert summary([]) == "no findings"
+    assert summary([w]) == "1 finding (0 errors, 1 warning)"
+    assert summary([e, w, w]) == "3 findings (1 error, 2 warnings)"
+    assert summary([e, e]) == "2 findings (2 errors, 0 warnings)"
+
+
+def test_exit_code_errors_by_default_any_finding_when_strict() -> None:
+    e = Finding(ERROR, "k", "m", "f", "x")
+    w = Finding(WARN, "k", "m", "f", "y")
+    assert exit_code([]) == 0 and exit_code([], strict=True) == 0
+    assert exit_code([w]) == 0 and exit_code([w], strict=True) == 1
+    assert exit_code([e]) == 1 and exit_code([e, w], strict=True) == 1
+
+
+def test_findings_json_is_serialisable() -> None:
+    found = lint(paper("algorithm.use_kl_loss=true"))
+    data = json.loads(json.dumps(findings_json(found)))
+    assert data == [{"id": "kl-on", "severity": "error", "key": "algorithm.use_kl_loss",
+                     "message": found[0].message, "fix": "set algorithm.use_kl_loss=false"}]
+
+
+def test_registering_an_id_twice_fails() -> None:
+    from dapo_cli.config.lint import rule
+
+    with pytest.raises(ValueError, match="kl-on"):
+        rule("kl-on")(lambda cfg: [])
