@@ -9,7 +9,11 @@ The registry is data: ``datasets/registry.yaml`` (shipped in the package as
    ``repo_id`` only), which fails with a one-line :class:`UserError` saying which
    file to place where when the machine is offline or the hub unreachable.
 
-A known ``sha256`` is verified every time a file is resolved.
+A known ``sha256`` is verified every time a file is resolved (found locally or
+downloaded); a mismatch is a :class:`UserError`. When a registered name is loaded, the
+rows found are compared with ``num_rows``: a mismatch, or an entry marked
+``verified: false`` (its checksum or row count not established), prints one line on
+stderr with the rows and sha256 found against what is expected.
 
 :func:`load_dataset_rows` turns any dataset spec (a path or a name) into DAPO-schema
 rows: DAPO parquet or JSONL directly, raw files (``problem``/``answer`` …) through
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 from dataclasses import dataclass
 from functools import lru_cache
@@ -51,6 +56,10 @@ class DatasetEntry:
     path_in_repo: str | None = None
     sha256: str | None = None
     num_rows: int | None = None
+    verified: bool = False
+    """True when ``sha256`` and ``num_rows`` were checked against the published file."""
+    note: str | None = None
+    """Why an entry is unverified, and what is known instead (required when ``verified`` is false)."""
 
 
 def registry_path() -> Path:
@@ -72,6 +81,10 @@ def parse_registry(data: Any) -> dict[str, DatasetEntry]:
             raise ValueError(f"dataset registry entry {name!r}: format must be one of {', '.join(FORMATS)}")
         if entry.repo_id is not None and entry.path_in_repo is None:
             raise ValueError(f"dataset registry entry {name!r}: repo_id needs path_in_repo")
+        if entry.verified and (entry.sha256 is None or entry.num_rows is None):
+            raise ValueError(f"dataset registry entry {name!r}: verified: true needs sha256 and num_rows")
+        if not entry.verified and not entry.note:
+            raise ValueError(f"dataset registry entry {name!r}: verified: false needs a note saying what is unverified")
         entries[entry.name] = entry
     return entries
 
@@ -173,6 +186,19 @@ def resolve_dataset_path(spec: str) -> Path:
     return resolve_dataset(spec)
 
 
+def check_rows(entry: DatasetEntry, path: Path, rows: int) -> str | None:
+    """A line comparing ``rows`` (rows in ``path``) with the registry; None when the entry is verified and they match."""
+    if entry.verified and entry.num_rows == rows:
+        return None
+    mismatch = entry.num_rows is not None and entry.num_rows != rows
+    expected = "unknown" if entry.num_rows is None else str(entry.num_rows)
+    status = "" if entry.verified else "; registry entry unverified (no checked sha256 or row count)"
+    return (
+        f"{'warning' if mismatch else 'note'}: dataset '{entry.name}' ({path.name}): {rows} rows found, "
+        f"expected {expected}{status}; sha256 {sha256_file(path)}"
+    )
+
+
 @dataclass(frozen=True)
 class DatasetRows:
     """DAPO-schema rows of a dataset, the file they came from, and for a raw file how many rows it had."""
@@ -181,6 +207,8 @@ class DatasetRows:
     source: Path
     raw_rows: int | None = None
     """Rows of the raw file before conversion (None when the file was already in the DAPO schema)."""
+    check: str | None = None
+    """For a registered name: :func:`check_rows`'s line (printed on stderr), None when all matched."""
 
     def describe(self) -> str:
         """E.g. ``raw-minerva_math.jsonl: 272 raw rows, 65 kept by the prepare-data conversion``."""
@@ -211,8 +239,14 @@ def load_dataset_rows(spec: str) -> DatasetRows:
     """
     from dapo_cli.data.readers import read_input
 
+    registered = not Path(spec).expanduser().exists()
     path = resolve_dataset_path(spec)
     found = read_input(path)
+    check = None
+    if registered:
+        check = check_rows(get_dataset_entry(spec), path, found.rows_read)
+        if check is not None:
+            print(check, file=sys.stderr, flush=True)
     if found.kind == "dapo":
-        return DatasetRows(list(found.dapo_rows), path)
-    return DatasetRows(convert_raw(path), path, raw_rows=found.rows_read)
+        return DatasetRows(list(found.dapo_rows), path, check=check)
+    return DatasetRows(convert_raw(path), path, raw_rows=found.rows_read, check=check)

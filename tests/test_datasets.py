@@ -141,3 +141,72 @@ def test_raw_registered_file_is_converted_by_prepare_data(monkeypatch: pytest.Mo
     first = data.rows[0]
     assert first["reward_model"]["ground_truth"] == "27"  # source line 1: "answer": 27.0
     assert first["prompt"][0]["content"].startswith("Solve the following math problem step by step.")
+
+
+def test_registry_marks_what_is_unverified() -> None:
+    registry = D.load_registry()
+    entry = registry["dapo-math-17k"]
+    # no copy of the file could be checked: no invented checksum or row count, and a note saying so
+    assert (entry.verified, entry.sha256, entry.num_rows) == (False, None, None)
+    assert "1.79 M rows" in entry.note and "issues/36" in entry.note
+    assert all(e.verified for name, e in registry.items() if name != "dapo-math-17k")
+
+
+@needs_data
+def test_verified_entries_match_the_shared_files() -> None:
+    from dapo_cli.data.readers import open_input
+
+    for entry in D.load_registry().values():
+        if entry.verified:
+            path = DATA / entry.filename
+            assert (sha256_file(path), open_input(path).rows_read) == (entry.sha256, entry.num_rows), entry.name
+
+
+def test_registry_validation_of_verified() -> None:
+    base = {"filename": "x", "format": "dapo", "description": "", "license": "", "source_url": ""}
+    with pytest.raises(ValueError, match="verified: true needs sha256 and num_rows"):
+        D.parse_registry({"x": {**base, "verified": True, "num_rows": 3}})
+    with pytest.raises(ValueError, match="verified: false needs a note"):
+        D.parse_registry({"x": base})
+    assert D.parse_registry({"x": {**base, "note": "not checked"}})["x"].verified is False
+
+
+def _dapo_file(path: Path, n: int) -> Path:
+    write_dapo_parquet([make_row(f"Problem {i}?", str(i), index=i) for i in range(n)], path)
+    return path
+
+
+def test_unverified_entry_prints_rows_and_sha256_found(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    path = _dapo_file(data / "dapo-math-17k.parquet", 7)
+    monkeypatch.setenv("DAPO_DATA_DIR", str(data))
+    rows = D.load_dataset_rows("dapo-math-17k")
+    line = (
+        f"note: dataset 'dapo-math-17k' (dapo-math-17k.parquet): 7 rows found, expected unknown; "
+        f"registry entry unverified (no checked sha256 or row count); sha256 {sha256_file(path)}"
+    )
+    assert len(rows.rows) == 7 and rows.check == line
+    assert capsys.readouterr().err.strip() == line
+    D.load_dataset_rows(str(path))  # a path is not a registered name: nothing to compare
+    assert capsys.readouterr().err == ""
+
+
+def test_row_count_mismatch_warns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    _dapo_file(data / "mine.parquet", 4)
+    entry = D.DatasetEntry("mine", "mine.parquet", "dapo", "", "", "", num_rows=5, note="row count from a card")
+    monkeypatch.setattr(D, "load_registry", lambda: {"mine": entry})
+    monkeypatch.setenv("DAPO_DATA_DIR", str(data))
+    D.load_dataset_rows("mine")
+    assert capsys.readouterr().err.startswith("warning: dataset 'mine' (mine.parquet): 4 rows found, expected 5; registry entry unverified")
+
+
+@needs_data
+def test_verified_entry_with_matching_rows_is_silent(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("DAPO_DATA_DIR", str(DATA))
+    assert D.load_dataset_rows("aime24").check is None and D.load_dataset_rows("amc23").check is None
+    assert capsys.readouterr().err == ""

@@ -44,6 +44,14 @@ def prepare_data(
     seed: Annotated[int, typer.Option("--seed", help="Seed of the train/val split and of --synthetic.")] = 0,
     repeat: Annotated[int, typer.Option("--repeat", help="Write each problem K times (the avg@K layout).")] = 1,
     limit: Annotated[int | None, typer.Option("--limit", help="Keep at most N problems (in input order).")] = None,
+    keep_duplicates: Annotated[
+        bool,
+        typer.Option(
+            "--keep-duplicates",
+            help="Write every valid row as read. Default: one row per distinct problem (same text and answer), "
+            "the first; problems whose text has two answers are dropped.",
+        ),
+    ] = False,
     no_track: Annotated[bool, typer.Option("--no-track", help="Do not record the run in MLflow.")] = False,
     tracking_uri: Annotated[
         str, typer.Option("--tracking-uri", help="MLflow store (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db).")
@@ -65,6 +73,7 @@ def prepare_data(
         seed=seed,
         repeat=repeat,
         limit=limit,
+        keep_duplicates=keep_duplicates,
         track=not no_track,
         tracking_uri=tracking_uri,
         experiment=experiment,
@@ -73,6 +82,7 @@ def prepare_data(
     console.print(summary_table(result))
     if result.dropped:
         console.print(drop_table(result))
+    console.print(dedup_line(result), highlight=False, markup=False, soft_wrap=True)
     for written in result.manifest["outputs"]:
         console.print(f"{written['split']}: {written['path']} ({written['rows']} rows)", highlight=False, markup=False)
     console.print(f"manifest: {result.manifest_path}", highlight=False, markup=False)
@@ -101,6 +111,26 @@ def summary_table(result: PrepareResult) -> Table:
         "total", "", str(result.rows_read), *(str(kept[c]) for c in CONVERSIONS), str(sum(kept.values())), str(sum(result.dropped.values()))
     )
     return table
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def dedup_line(result: PrepareResult) -> str:
+    """One line on deduplication, e.g. ``duplicates removed: 930 rows (first copy kept); 30 distinct problems; ...``."""
+    counts = result.manifest["counts"]
+    conflicting = _count(counts["conflicting_problems"], "problem")
+    if not counts["deduplicated"]:
+        return (
+            f"duplicates kept (--keep-duplicates): {_count(counts['duplicates_kept'], 'row')} repeat an earlier "
+            f"problem; {conflicting} with conflicting answers kept"
+        )
+    return (
+        f"duplicates removed: {_count(counts['duplicates_removed'], 'row')} (first copy kept); "
+        f"{_count(counts['distinct_problems'], 'distinct problem')}; conflicting answers: "
+        f"{_count(counts['conflicting_duplicates_removed'], 'row')} of {conflicting} dropped"
+    )
 
 
 def drop_table(result: PrepareResult) -> Table:

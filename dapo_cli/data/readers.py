@@ -14,6 +14,11 @@ e.g. DAPO-Math-17K or ``aime-2024.parquet``) is read as prepared rows instead.
 The format comes from the extension (``.parquet``, ``.jsonl``/``.ndjson``,
 ``.json``) or, failing that, from the first bytes (``PAR1`` or ``{``/``[``).
 Every problem here raises :class:`~dapo_cli.errors.UserError` with one line.
+
+:func:`open_input` streams: parquet in record batches, JSONL line by line (one
+extra pass first for the column names), so ``dapo prepare-data`` holds only the
+rows it keeps (DAPO-Math-17K's 1.79 M rows are read, never all held);
+:func:`read_input` is the same, materialised.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import json
 import math
 import re
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -88,35 +94,50 @@ def detect_format(path: Path) -> str:
     raise UserError(f"cannot tell the format of {path}: expected a .parquet or .jsonl file")
 
 
-def _read_parquet(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
-    try:
-        table = pq.read_table(path)
+PARQUET_BATCH_ROWS = 4096
+"""Rows converted to Python at a time when a parquet file is streamed."""
+
+
+def _parquet_file(path: Path) -> pq.ParquetFile:
+    try:  # buffered column reads, no pre-buffering: memory stays at a batch, not a row group's column chunks
+        return pq.ParquetFile(path, buffer_size=1 << 20, pre_buffer=False)
     except (pa.ArrowInvalid, OSError) as exc:
         raise UserError(f"cannot read {path} as parquet: {' '.join(str(exc).split())}") from None
-    return table.to_pylist(), list(table.column_names)
 
 
-def _read_json_lines(path: Path) -> list[dict[str, Any]]:
-    records = []
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise UserError(f"{path}: line {number} is not valid JSON ({exc.msg})") from None
-            if not isinstance(record, dict):
-                raise UserError(f"{path}: line {number} is not a JSON object")
-            records.append(record)
-    return records
+def _iter_parquet(path: Path) -> Iterator[dict[str, Any]]:
+    try:
+        with _parquet_file(path) as parquet:
+            for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS):
+                yield from batch.to_pylist()
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise UserError(f"cannot read {path} as parquet: {' '.join(str(exc).split())}") from None
+
+
+def _iter_json_lines(path: Path) -> Iterator[dict[str, Any]]:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            for number, line in enumerate(handle, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise UserError(f"{path}: line {number} is not valid JSON ({exc.msg})") from None
+                if not isinstance(record, dict):
+                    raise UserError(f"{path}: line {number} is not a JSON object")
+                yield record
+    except UnicodeDecodeError:
+        raise UserError(f"{path} is not UTF-8 text; expected a .parquet or .jsonl file") from None
 
 
 def _read_json_array(path: Path) -> list[dict[str, Any]]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise UserError(f"{path} is not UTF-8 text; expected a .parquet or .jsonl file") from None
     except json.JSONDecodeError:
-        return _read_json_lines(path)  # a .json file holding JSON lines
+        return list(_iter_json_lines(path))  # a .json file holding JSON lines
     if isinstance(data, dict):
         data = [data]
     if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
@@ -124,20 +145,70 @@ def _read_json_array(path: Path) -> list[dict[str, Any]]:
     return data
 
 
-def read_records(path: Path) -> tuple[str, list[dict[str, Any]], list[str]]:
-    """(format, records, column names) of a parquet/JSONL/JSON file; UserError if missing or unreadable."""
+@dataclass(frozen=True)
+class InputSource:
+    """An opened input file: format, kind, row count and columns known; rows read on demand.
+
+    Each call of :meth:`records` (or :meth:`raw_problems`) is one fresh pass over the
+    file that holds one parquet batch or one JSON line at a time (a JSON array is
+    held whole: the format cannot be streamed).
+    """
+
+    path: Path
+    format: str
+    kind: str
+    """``raw`` (problems to convert) or ``dapo`` (already-prepared rows)."""
+    rows_read: int
+    columns: tuple[str, ...]
+    problem_field: str | None = None
+    _array: tuple[dict[str, Any], ...] | None = field(default=None, repr=False, compare=False)
+
+    def records(self) -> Iterator[dict[str, Any]]:
+        """Every record (row dict) of the file, in file order."""
+        if self._array is not None:
+            return iter(self._array)
+        if self.format == "parquet":
+            return _iter_parquet(self.path)
+        return _iter_json_lines(self.path)
+
+    def raw_problems(self) -> Iterator[RawProblem]:
+        """Every record of a raw file as a :class:`RawProblem` (problem text, answer and where it came from)."""
+        for row, record in enumerate(self.records()):
+            problem = next(
+                (record[name] for name in PROBLEM_FIELDS if isinstance(record.get(name), str) and record[name].strip()), ""
+            )
+            answer, source = extract_answer(record)
+            yield RawProblem(row, problem.strip(), answer, source)
+
+
+def open_input(path: str | Path) -> InputSource:
+    """Open one input file: its format, kind (raw or DAPO rows) and row count, without holding its rows."""
+    path = Path(path)
     if not path.is_file():
         raise UserError(f"input file not found: {path}")
     fmt = detect_format(path)
+    array = None
     if fmt == "parquet":
-        records, columns = _read_parquet(path)
+        with _parquet_file(path) as parquet:
+            rows, columns = parquet.metadata.num_rows, list(parquet.schema_arrow.names)
+    elif fmt == "jsonl":
+        rows, names = 0, {}  # one pass for the count and the union of the keys
+        for record in _iter_json_lines(path):
+            rows += 1
+            names.update(dict.fromkeys(record))
+        columns = list(names)
     else:
-        try:
-            records = _read_json_lines(path) if fmt == "jsonl" else _read_json_array(path)
-        except UnicodeDecodeError:
-            raise UserError(f"{path} is not UTF-8 text; expected a .parquet or .jsonl file") from None
-        columns = list(dict.fromkeys(key for record in records for key in record))
-    return fmt, records, columns
+        array = tuple(_read_json_array(path))
+        rows, columns = len(array), list(dict.fromkeys(key for record in array for key in record))
+    if not rows:
+        raise UserError(f"{path} holds no rows")
+    if is_dapo_table(columns):
+        return InputSource(path, fmt, "dapo", rows, tuple(columns), _array=array)
+    field_name = problem_field(columns)
+    if field_name is None:
+        found = ", ".join(columns[:12]) or "none"
+        raise UserError(f"{path} has no problem field: expected one of {', '.join(PROBLEM_FIELDS)} (found: {found})")
+    return InputSource(path, fmt, "raw", rows, tuple(columns), field_name, _array=array)
 
 
 def answer_text(value: Any) -> str | None:
@@ -179,23 +250,18 @@ def problem_field(columns: list[str]) -> str | None:
 
 
 def read_input(path: str | Path) -> InputFile:
-    """Read one input file: raw problems with their answers, or already-prepared DAPO rows."""
-    path = Path(path)
-    fmt, records, columns = read_records(path)
-    if not records:
-        raise UserError(f"{path} holds no rows")
-    if is_dapo_table(columns):
-        return InputFile(path, fmt, "dapo", len(records), dapo_rows=tuple(records))
-    field_name = problem_field(columns)
-    if field_name is None:
-        found = ", ".join(columns[:12]) or "none"
-        raise UserError(f"{path} has no problem field: expected one of {', '.join(PROBLEM_FIELDS)} (found: {found})")
-    problems = []
-    for row, record in enumerate(records):
-        problem = next((record[name] for name in PROBLEM_FIELDS if isinstance(record.get(name), str) and record[name].strip()), "")
-        answer, source = extract_answer(record)
-        problems.append(RawProblem(row, problem.strip(), answer, source))
+    """Read one input file whole: raw problems with their answers, or already-prepared DAPO rows."""
+    source = open_input(path)
+    if source.kind == "dapo":
+        return InputFile(source.path, source.format, "dapo", source.rows_read, dapo_rows=tuple(source.records()))
+    problems = tuple(source.raw_problems())
     sources = Counter(p.answer_source for p in problems)
     return InputFile(
-        path, fmt, "raw", len(records), problem_field=field_name, answer_sources=dict(sorted(sources.items())), problems=tuple(problems)
+        source.path,
+        source.format,
+        "raw",
+        source.rows_read,
+        problem_field=source.problem_field,
+        answer_sources=dict(sorted(sources.items())),
+        problems=problems,
     )

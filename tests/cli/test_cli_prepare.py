@@ -28,7 +28,7 @@ def tracking_uri(tmp_path_factory: pytest.TempPathFactory) -> str:
 @pytest.mark.parametrize(
     ("name", "rows", "problems", "kept", "dropped"),
     [
-        ("aime-2024.parquet", 960, 30, {"integer": 960}, 0),
+        ("aime-2024.parquet", 30, 30, {"integer": 30}, 930),  # 30 problems × 32 copies → one row each
         ("raw-amc23.jsonl", 40, 40, {"integer": 40}, 0),
         ("raw-gaokao2023en.jsonl", 263, 263, {"integer": 196, "fraction": 37, "surd": 27, "pi": 3}, 122),
         ("raw-minerva_math.jsonl", 65, 65, {"integer": 64, "pi": 1}, 207),
@@ -66,6 +66,9 @@ def test_prepare_each_shared_file_records_mlflow(
     assert all(run.data.metrics[f"data/kept_{c}"] == n for c, n in kept.items())
     assert [a.path for a in client.list_artifacts(run_id)] == ["prepared.parquet.manifest.json"]
     assert "prepare-data" in result.stdout and "total" in result.stdout
+    duplicates = 930 if name == "aime-2024.parquet" else 0  # only the AIME file repeats its problems (32 times)
+    assert manifest["counts"]["duplicates_removed"] == duplicates and run.data.metrics["data/duplicates_removed"] == duplicates
+    assert f"duplicates removed: {duplicates} rows (first copy kept); {problems} distinct problems;" in result.stdout
 
 
 @needs_data
@@ -135,3 +138,64 @@ def test_synthetic_through_the_cli(tmp_path: Path) -> None:
     assert manifest["options"]["synthetic"] == "add-2digit" and manifest["counts"]["kept"] == 12
     bad = runner.invoke(app, ["prepare-data", "--synthetic", "nope", "-o", str(tmp_path / "x.parquet"), "--no-track"])
     assert bad.exit_code == 2 and "unknown synthetic task 'nope'" in bad.stderr
+
+
+PREFIX = (
+    "Solve the following math problem step by step. The last line of your response should be of the form "
+    "Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n"
+)
+SUFFIX = '\n\nRemember to put your answer on its own line after "Answer:".'
+
+
+def _dapo_math_like(path: Path) -> Path:
+    """DAPO-Math-17K's columns; 3 problems × 5 copies (UUID index), one text published with answers 5 and 6."""
+    import pyarrow as pa
+
+    def row(problem: str, truth: str, index: str) -> dict:
+        return {
+            "data_source": "math_dapo",
+            "prompt": [{"content": PREFIX + problem + SUFFIX, "role": "user"}],
+            "ability": "MATH",
+            "reward_model": {"ground_truth": truth, "style": "rule-lighteval/MATH_v2"},
+            "extra_info": {"index": index},
+        }
+
+    problems = [("Find $1+2$.", "3", "0b0e"), ("Find $2+2$.", "4", "5d41"), ("Find $3 \\cdot 3$.", "9", "7f3a")]
+    rows = [row(p, t, i) for _ in range(5) for p, t, i in problems]
+    rows += [row("Find $2+3$.", "5", "c4ca"), row("Find $2+3$.", "6", "c4ca")]
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return path
+
+
+def test_dedup_summary_manifest_and_mlflow(tmp_path: Path, tracking_uri: str) -> None:
+    from mlflow import MlflowClient
+
+    source, out = _dapo_math_like(tmp_path / "dapo-math-17k.parquet"), tmp_path / "train.parquet"
+    result = runner.invoke(app, ["prepare-data", str(source), "-o", str(out), "--tracking-uri", tracking_uri])
+    assert result.exit_code == 0, result.output
+    # 17 rows: 3 × 5 copies (12 duplicates) + one text with two answers (both dropped)
+    line = "duplicates removed: 12 rows (first copy kept); 3 distinct problems; conflicting answers: 2 rows of 1 problem dropped"
+    assert line in result.stdout.splitlines()
+    assert re.search(r"conflicting_duplicate\s*│\s*2", result.stdout) and re.search(r"duplicate\s*│\s*12", result.stdout)
+    assert [r["extra_info"]["raw_problem"] for r in pq.read_table(out).to_pylist()] == ["Find $1+2$.", "Find $2+2$.", "Find $3 \\cdot 3$."]
+
+    counts = json.loads((tmp_path / "train.parquet.manifest.json").read_text())["counts"]
+    assert (counts["rows_read"], counts["kept"], counts["duplicates_removed"]) == (17, 3, 12)
+    assert (counts["conflicting_duplicates_removed"], counts["conflicting_problems"], counts["deduplicated"]) == (2, 1, True)
+
+    run = MlflowClient(tracking_uri=tracking_uri).get_run(re.search(r"MLflow run: (\w+)", result.stdout).group(1))
+    assert run.data.params["keep_duplicates"] == "False"
+    assert run.data.metrics["data/duplicates_removed"] == 12 and run.data.metrics["data/conflicting_duplicates_removed"] == 2
+    assert run.data.metrics["data/distinct_problems"] == 3 and run.data.metrics["data/train_rows"] == 3
+
+
+def test_keep_duplicates_flag(tmp_path: Path) -> None:
+    source, out = _dapo_math_like(tmp_path / "dapo-math-17k.parquet"), tmp_path / "all.parquet"
+    result = runner.invoke(app, ["prepare-data", str(source), "-o", str(out), "--keep-duplicates", "--no-track"])
+    assert result.exit_code == 0, result.output
+    line = "duplicates kept (--keep-duplicates): 12 rows repeat an earlier problem; 1 problem with conflicting answers kept"
+    assert line in result.stdout.splitlines()
+    assert len(pq.read_table(out)) == 17
+    again = runner.invoke(app, ["prepare-data", str(source), "-o", str(out), "--keep-duplicates", "--repeat", "2", "--no-track"])
+    assert again.exit_code == 0, again.output  # 1–5 copies per problem: not the K-copies layout, --repeat allowed
+    assert len(pq.read_table(out)) == 34

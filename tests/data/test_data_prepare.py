@@ -1,4 +1,7 @@
-"""The prepare-data library: shared files end to end, dedup, K-copies layout, split, repeat, limit, atomicity."""
+"""The prepare-data library: shared files end to end, dedup, K-copies layout, split, repeat, limit, atomicity.
+
+Deduplication of a DAPO-Math-17K-shaped file has its own module: test_data_dedup.py.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from dapo_cli.data import manifest as M
 from dapo_cli.data import prepare as P
 from dapo_cli.data.prepare import PrepareOptions, run_prepare
 from dapo_cli.data.schema import DAPO_INSTRUCTION, DAPO_SCHEMA, make_row, write_dapo_parquet
@@ -33,8 +37,8 @@ def write_jsonl(path: Path, records: list[dict]) -> Path:
 
 
 @needs_data
-def test_aime_k_copies_layout_is_kept(tmp_path: Path) -> None:
-    result = prepare(tmp_path, DATA / "aime-2024.parquet")
+def test_aime_k_copies_layout_is_kept_with_keep_duplicates(tmp_path: Path) -> None:
+    result = prepare(tmp_path, DATA / "aime-2024.parquet", keep_duplicates=True)
     source, out = rows(DATA / "aime-2024.parquet"), rows(tmp_path / "out.parquet")
     assert len(out) == 960 and result.train_rows == 960
     copies = Counter(r["extra_info"]["index"] for r in out)
@@ -50,6 +54,8 @@ def test_aime_k_copies_layout_is_kept(tmp_path: Path) -> None:
     assert pq.read_schema(tmp_path / "out.parquet").names == DAPO_SCHEMA.names  # no __index_level_0__
     [report] = result.manifest["inputs"]
     assert (report["layout"], report["kind"], report["kept"], report["dropped"]) == ("32 per problem", "dapo", {"integer": 960}, {})
+    counts = result.manifest["counts"]
+    assert (counts["deduplicated"], counts["duplicates_removed"], counts["duplicates_kept"]) == (False, 0, 930)
 
 
 @needs_data
@@ -106,12 +112,12 @@ def test_duplicates_are_dropped_by_folded_problem_text(tmp_path: Path) -> None:
         tmp_path / "raw.jsonl",
         [
             {"problem": "What is 1+1?", "answer": "2"},
-            {"problem": "  what IS\n1+1? ", "answer": "2"},  # same text up to case and whitespace
+            {"problem": "  what IS\n1+1? ", "answer": "2.0"},  # same text up to case and whitespace, same integer
             {"problem": "What is 2+2?", "answer": 4.0},
         ],
     )
     result = prepare(tmp_path, raw)
-    assert dict(result.dropped) == {"duplicate": 1}
+    assert dict(result.dropped) == {"duplicate": 1} and result.duplicates_removed == 1
     assert [r["extra_info"]["raw_problem"] for r in rows(tmp_path / "out.parquet")] == ["What is 1+1?", "What is 2+2?"]
 
 
@@ -134,7 +140,7 @@ def test_split_is_seeded_deterministic_and_by_problem(tmp_path: Path) -> None:
 
 @needs_data
 def test_k_copies_split_keeps_copies_together(tmp_path: Path) -> None:
-    prepare(tmp_path, DATA / "aime-2024.parquet", val_fraction=0.2, seed=1)
+    prepare(tmp_path, DATA / "aime-2024.parquet", val_fraction=0.2, seed=1, keep_duplicates=True)
     train, val = rows(tmp_path / "out.parquet"), rows(tmp_path / "out.val.parquet")
     # 30 problems → round(6.0) = 6 val problems × 32 copies
     assert (len(train), len(val)) == (24 * 32, 6 * 32)
@@ -147,11 +153,14 @@ def test_repeat_writes_the_avg_at_k_layout(tmp_path: Path) -> None:
     assert result.train_rows == 15
 
 
-def test_k_copies_input_refuses_repeat(tmp_path: Path) -> None:
+def test_k_copies_input_refuses_repeat_only_when_kept(tmp_path: Path) -> None:
     copies = [make_row(f"P{i}?", str(i), index=i) for i in range(3) for _ in range(4)]
     write_dapo_parquet(copies, tmp_path / "k.parquet")
-    with pytest.raises(UserError, match="already in the 4-copies layout; drop --repeat"):
-        prepare(tmp_path, tmp_path / "k.parquet", repeat=2)
+    with pytest.raises(UserError, match=r"already in the 4-copies layout; drop --repeat \(or --keep-duplicates\)"):
+        prepare(tmp_path, tmp_path / "k.parquet", repeat=2, keep_duplicates=True)
+    result = prepare(tmp_path, tmp_path / "k.parquet", repeat=2)  # deduplicated first: 3 problems, then 2 each
+    assert [r["extra_info"]["index"] for r in rows(tmp_path / "out.parquet")] == [0, 0, 1, 1, 2, 2]
+    assert result.duplicates_removed == 9 and result.files[0].layout == "4 per problem"
 
 
 def test_limit_keeps_the_first_problems(tmp_path: Path) -> None:
@@ -212,8 +221,8 @@ def test_failed_write_leaves_no_file(tmp_path: Path, monkeypatch: pytest.MonkeyP
             raise OSError("disk full")
         real_write(rows, path)
 
-    real_write = P.write_dapo_table
-    monkeypatch.setattr(P, "write_dapo_table", failing_write)
+    real_write = M.write_dapo_table
+    monkeypatch.setattr(M, "write_dapo_table", failing_write)
     with pytest.raises(OSError, match="disk full"):
         prepare(tmp_path, raw, val_fraction=0.5)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["raw.jsonl"]  # no output, manifest or temporary file

@@ -120,3 +120,19 @@ def test_bad_files_are_one_line_user_errors(tmp_path: Path, name: str, content: 
     with pytest.raises(UserError, match=message) as info:
         read_input(tmp_path / name)
     assert "\n" not in str(info.value)
+
+
+def test_open_input_streams_parquet_in_batches_and_jsonl_by_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dapo_cli.data import readers
+
+    records = [{"problem": f"P{i}?", "answer": str(i)} for i in range(10)]
+    pq.write_table(pa.Table.from_pylist(records), tmp_path / "raw.parquet")
+    (tmp_path / "raw.jsonl").write_text("".join(json.dumps(r) + "\n\n" for r in records))  # blank lines are skipped
+    monkeypatch.setattr(readers, "PARQUET_BATCH_ROWS", 3)
+    for name in ("raw.parquet", "raw.jsonl"):
+        source = readers.open_input(tmp_path / name)
+        assert (source.kind, source.rows_read, source.problem_field) == ("raw", 10, "problem")
+        stream = source.records()
+        assert next(stream) == records[0]  # an iterator, not a list read whole
+        assert list(stream) == records[1:] and list(source.records()) == records  # every call is a fresh pass
+        assert [p.answer for p in source.raw_problems()] == [str(i) for i in range(10)]
