@@ -37,20 +37,90 @@ KEEP_CHECKPOINTS = 2
 ENGINE_DIR = "engine"
 """Subdirectory of a checkpoint holding the training engine's own state."""
 
+LOCK_FILE = ".lock"
+
 
 def run_dir_for(output_dir: str, experiment: str, run_name: str) -> Path:
     return Path(output_dir) / experiment / run_name
 
 
-def fresh_run_name(output_dir: str, experiment: str, stem: str) -> str:
-    """``stem``, or ``stem-2``, ``stem-3``… when earlier runs already used the name."""
+class RunLock:
+    """An exclusive ``flock`` on ``<run dir>/.lock``, held while a process trains the run.
+
+    The kernel releases it when the process dies (kill -9 included), so a lock that can be
+    taken means nobody is training the run now.
+    """
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = run_dir / LOCK_FILE
+        self._fd: int | None = None
+
+    def acquire(self) -> bool:
+        """True when this process now holds the lock; False when another process does."""
+        import fcntl
+
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._fd = fd
+        return True
+
+    def holder(self) -> str:
+        """The pid written by the holder (for messages), or '?'."""
+        try:
+            return self.path.read_text(encoding="utf-8").strip() or "?"
+        except OSError:
+            return "?"
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    @staticmethod
+    def is_held(run_dir: Path) -> bool:
+        """True when some live process holds ``run_dir``'s lock (probes without keeping it)."""
+        if not (run_dir / LOCK_FILE).is_file():
+            return False
+        probe = RunLock(run_dir)
+        if probe.acquire():
+            probe.release()
+            return False
+        return True
+
+
+def claim_run_dir(output_dir: str, experiment: str, stem: str, *, exact: bool) -> tuple[str, Path, RunLock, bool]:
+    """Make a run directory this process's: ``(name, dir, held lock, created here)``.
+
+    ``exact``: the directory is ``stem`` itself (``trainer.run_name`` or ``--resume``); it may
+    exist, but not be held by another process. Otherwise the first of ``stem``, ``stem-2``, …
+    that this process creates with an exclusive ``mkdir`` (two runs started together never get
+    the same directory).
+    """
     base = Path(output_dir) / experiment
-    if not (base / stem).exists():
-        return stem
-    i = 2
-    while (base / f"{stem}-{i}").exists():
-        i += 1
-    return f"{stem}-{i}"
+    base.mkdir(parents=True, exist_ok=True)
+    candidates = [stem] if exact else [stem, *(f"{stem}-{i}" for i in range(2, 100_000))]
+    for name in candidates:
+        run_dir = base / name
+        run_dir.parent.mkdir(parents=True, exist_ok=True)  # an ablation child's name is <ablation>/<variant>
+        try:
+            run_dir.mkdir()
+            created = True
+        except FileExistsError:
+            if not exact:
+                continue
+            created = False
+        lock = RunLock(run_dir)
+        if lock.acquire():
+            return name, run_dir, lock, created
+        if exact:
+            raise UserError(f"run {run_dir} is being trained by another process (pid {lock.holder()}); wait for it or pick another trainer.run_name")
+    raise UserError(f"no free run name under {base} for '{stem}'; set trainer.run_name")
 
 
 def latest_run_name(output_dir: str, experiment: str, stem: str) -> str | None:
@@ -137,14 +207,76 @@ class CheckpointManager:
                 shutil.rmtree(d, ignore_errors=True)
 
     def latest(self) -> Path | None:
-        marker = self.root / "latest"
-        if not marker.is_file():
-            return None
-        path = self.root / marker.read_text(encoding="utf-8").strip()
-        return path if (path / "trainer_state.pt").is_file() else None
+        """The newest complete checkpoint (see :meth:`newest_complete`), or None."""
+        return self.newest_complete()[0]
+
+    def newest_complete(self) -> tuple[Path | None, list[str]]:
+        """(the newest checkpoint that passes :func:`checkpoint_problem`, why each newer one was passed over)."""
+        skipped: list[str] = []
+        for path in sorted((d for d in self.root.glob("step_*") if d.is_dir()), reverse=True):
+            problem = checkpoint_problem(path)
+            if problem is None:
+                return path, skipped
+            skipped.append(f"{path.name}: {problem}")
+        return None, skipped
+
+    def clean_stale(self) -> list[str]:
+        """Remove what killed checkpoint writes left behind (``.step_N.tmp``, ``.step_N.old``); their names."""
+        removed = []
+        for leftover in sorted(self.root.glob(".step_*")):
+            if leftover.name.endswith((".tmp", ".old")):
+                shutil.rmtree(leftover, ignore_errors=True)
+                removed.append(leftover.name)
+        return removed
 
     def load_state(self, path: Path) -> dict[str, Any]:
         try:
             return torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=False)
         except Exception as exc:  # a corrupt file is the user's to remove
             raise UserError(f"cannot read checkpoint {path}: {exc}; delete it to resume from an earlier one") from None
+
+
+def checkpoint_problem(path: Path) -> str | None:
+    """Why checkpoint ``path`` cannot be resumed from (None: it can).
+
+    Checks what a crash, a full disk or a copy gone wrong leaves: every part present, the
+    trainer state readable, and each ``*.safetensors`` file exactly as long as its header says.
+    """
+    for part in ("trainer_state.pt", "model/config.json", ENGINE_DIR):
+        if not (path / part).exists():
+            return f"{part} is missing"
+    try:
+        torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=False)
+    except Exception as exc:
+        return f"trainer_state.pt is unreadable ({type(exc).__name__})"
+    weights = sorted((path / "model").glob("*.safetensors"))
+    if not weights:
+        return "model/ holds no *.safetensors weights"
+    for file in weights:
+        problem = safetensors_problem(file)
+        if problem:
+            return f"model/{file.name} {problem}"
+    return None
+
+
+def safetensors_problem(file: Path) -> str | None:
+    """None when ``file``'s length is what its header promises (8-byte length, JSON header, data)."""
+    import json
+    import struct
+
+    size = file.stat().st_size
+    if size < 8:
+        return "is truncated"
+    with open(file, "rb") as f:
+        (header_len,) = struct.unpack("<Q", f.read(8))
+        if header_len > min(size - 8, 100 * 2**20):
+            return "has a corrupt header"
+        try:
+            header = json.loads(f.read(header_len))
+        except (ValueError, UnicodeDecodeError):
+            return "has a corrupt header"
+    ends = [int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)]
+    expected = 8 + header_len + max(ends, default=0)
+    if size != expected:
+        return f"is {size} bytes, its header promises {expected}"
+    return None

@@ -60,13 +60,19 @@ def check_rollout_settings(rollout_cfg: Any) -> None:
 
 
 def check_world_size(cfg: Any, world_size: int) -> None:
-    """Every rank must own a whole share of each generation round and of each mini-batch."""
+    """Every rank generates an equal share of each round's prompts.
+
+    Mini-batches need no such condition: they are drawn from all ranks' groups, and a rank that
+    holds fewer of the chosen groups runs empty micro-batches in lockstep (``train.update_policy``).
+    """
     if world_size == 1:
         return
     per_round = cfg.data.gen_batch_size or cfg.data.train_batch_size
-    for key, value in (("data.gen_batch_size (or train_batch_size)", per_round), ("trainer.ppo_mini_batch_size", cfg.trainer.ppo_mini_batch_size)):
-        if value % world_size:
-            raise UserError(f"{key}={value} is not divisible by the world size {world_size}; pick a multiple of {world_size}")
+    if per_round % world_size:
+        raise UserError(
+            f"data.gen_batch_size (or train_batch_size)={per_round} is not divisible by the world size {world_size}; "
+            f"pick a multiple of {world_size}"
+        )
 
 
 def build_collective(engine_cfg: Any) -> Collective:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import shutil
 import subprocess
 from pathlib import Path
 from collections.abc import Callable
@@ -19,12 +20,21 @@ from typing import Any, TypeVar
 import torch
 import yaml
 
-from dapo_cli.checkpoint import ENGINE_DIR, CheckpointManager, fresh_run_name, latest_run_name, run_dir_for, set_rng_state
+from dapo_cli.checkpoint import (
+    ENGINE_DIR,
+    LOCK_FILE,
+    CheckpointManager,
+    RunLock,
+    claim_run_dir,
+    latest_run_name,
+    run_dir_for,
+    set_rng_state,
+)
 from dapo_cli.config import Config, dump_yaml, flatten, technique_state, to_dict
 from dapo_cli.config.techniques import variant_name
 from dapo_cli.data.loader import PromptStream, build_prompts, dataset_manifest, load_rows
 from dapo_cli.engine.dist import Collective, SingleProcess, shutdown_process_group
-from dapo_cli.errors import UserError
+from dapo_cli.errors import NON_FINITE, RunStopped, UserError
 from dapo_cli.fileio import write_text_atomic
 from dapo_cli.progress import StepReporter
 from dapo_cli.rollout.base import SamplingParams
@@ -92,28 +102,70 @@ def agreed(dist: Collective, decide: Callable[[], T]) -> T:
     return result
 
 
-def pick_run(cfg: Config, *, resume: bool) -> tuple[str, Path, Path | None]:
-    """(run name, run dir, checkpoint to resume from or None) for a new or resumed run."""
-    experiment = cfg.tracking.experiment
+@dataclasses.dataclass
+class RunClaim:
+    """The run directory this process trains in, held by its lock until :meth:`release`."""
+
+    name: str
+    run_dir: Path
+    resume_from: Path | None
+    notes: list[str]
+    lock: RunLock | None = None
+    created: bool = False
+
+    def release(self, *, failed: bool) -> None:
+        """Drop the lock; after a failed start, remove a directory this process created and left empty."""
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
+        if failed and self.created and all(p.name == LOCK_FILE for p in self.run_dir.iterdir()):
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+
+    def __getstate__(self) -> dict[str, Any]:  # what other ranks receive: everything but the lock
+        return {**self.__dict__, "lock": None}
+
+
+def pick_run(cfg: Config, *, resume: bool) -> RunClaim:
+    """Claim the directory of a new run, or of the run ``--resume`` continues (rank 0 only).
+
+    A new run's directory is created exclusively, so concurrent runs never share one; a
+    resumed run's lock must be free (nobody is still training it). Leftovers of a killed
+    checkpoint write are removed, and resume takes the newest *complete* checkpoint, saying
+    which newer ones it passed over and why.
+    """
+    out, experiment = cfg.trainer.output_dir, cfg.tracking.experiment
     stem = cfg.trainer.run_name or f"{variant_name(technique_state(cfg))}-s{cfg.trainer.seed}"
-    if not resume:
-        name = cfg.trainer.run_name or fresh_run_name(cfg.trainer.output_dir, experiment, stem)
-        run_dir = run_dir_for(cfg.trainer.output_dir, experiment, name)
-        if cfg.trainer.run_name and CheckpointManager(run_dir).latest() is not None:
-            raise UserError(f"run {run_dir} already has checkpoints; add --resume, or pick another trainer.run_name")
-        return name, run_dir, None
-    found = cfg.trainer.run_name or latest_run_name(cfg.trainer.output_dir, experiment, stem)
-    if found is None:
-        raise UserError(f"--resume: no checkpoint of a run named '{stem}' under {cfg.trainer.output_dir}/{experiment}")
-    run_dir = run_dir_for(cfg.trainer.output_dir, experiment, found)
-    latest = CheckpointManager(run_dir).latest()
-    if latest is None:
-        raise UserError(f"--resume: {run_dir} has no complete checkpoint; start it again without --resume")
-    saved = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8"))
-    diffs = [d for d in config_differences(saved, to_dict(cfg)) if d not in RESUMABLE_CHANGES]
-    if diffs:
-        raise UserError(f"--resume: the config differs from the run's config.yaml in {', '.join(diffs)}; resume with the same settings")
-    return found, run_dir, latest
+    if resume:
+        found = cfg.trainer.run_name or latest_run_name(out, experiment, stem)
+        if found is None or not run_dir_for(out, experiment, found).is_dir():
+            raise UserError(f"--resume: no checkpoint of a run named '{stem}' under {out}/{experiment}")
+        stem = found
+    name, run_dir, lock, created = claim_run_dir(out, experiment, stem, exact=resume or bool(cfg.trainer.run_name))
+    claim = RunClaim(name, run_dir, None, [], lock, created)
+    try:
+        ckpt = CheckpointManager(run_dir)
+        removed = ckpt.clean_stale()
+        if removed:
+            claim.notes.append(f"removed {len(removed)} unfinished checkpoint write(s): {', '.join(removed)}")
+        latest, skipped = ckpt.newest_complete()
+        if not resume:
+            if cfg.trainer.run_name and latest is not None:
+                raise UserError(f"run {run_dir} already has checkpoints; add --resume, or pick another trainer.run_name")
+            return claim
+        if latest is None:
+            why = f" ({'; '.join(skipped)})" if skipped else ""
+            raise UserError(f"--resume: {run_dir} has no complete checkpoint{why}; start it again without --resume")
+        if skipped:
+            claim.notes.append(f"resuming from {latest.name}; passed over {'; '.join(skipped)}")
+        saved = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8"))
+        diffs = [d for d in config_differences(saved, to_dict(cfg)) if d not in RESUMABLE_CHANGES]
+        if diffs:
+            raise UserError(f"--resume: the config differs from the run's config.yaml in {', '.join(diffs)}; resume with the same settings")
+        claim.resume_from = latest
+        return claim
+    except BaseException:
+        claim.release(failed=True)
+        raise
 
 
 @dataclasses.dataclass
@@ -132,6 +184,8 @@ class TrainingSession:
     reporter: StepReporter
     ckpt: CheckpointManager
     dist: Collective = dataclasses.field(default_factory=SingleProcess)
+    claim: RunClaim | None = None
+    stopped: str | None = None
     start_step: int = 0
     barren_steps: int = 0
     mlflow_run_id: str | None = None
@@ -155,9 +209,16 @@ class TrainingSession:
         if cfg.engine.num_threads > 0:
             torch.set_num_threads(cfg.engine.num_threads)
         dist = components.build_collective(cfg.engine)
+        held: list[RunClaim] = []  # rank 0's claim, with its lock
+
+        def claim_on_main() -> RunClaim:
+            held.append(pick_run(cfg, resume=resume))
+            return held[0]
+
         try:
             components.check_world_size(cfg, dist.world_size)
-            name, run_dir, latest = agreed(dist, lambda: pick_run(cfg, resume=resume))
+            claim = agreed(dist, claim_on_main)
+            name, run_dir, latest = claim.name, claim.run_dir, claim.resume_from
             ckpt = CheckpointManager(run_dir)
             state = ckpt.load_state(latest) if latest is not None else None
             # the initial policy, resolved on rank 0 (builtin:tiny is built once, not once per rank)
@@ -173,6 +234,8 @@ class TrainingSession:
                 cfg, engine, tokenizer, components.model_loader(model_path, dtype), model_path
             )
         except BaseException:
+            for c in held:
+                c.release(failed=True)
             dist.close()
             raise
         model_info = read_model_info(Path(model_path))
@@ -220,7 +283,10 @@ class TrainingSession:
             reporter=StepReporter(cfg.trainer.total_steps, quiet=quiet or not dist.is_main),
             ckpt=ckpt,
             dist=dist,
+            claim=held[0] if held else claim,
         )
+        for note in claim.notes:
+            session.reporter.note(note)
         if state is not None and latest is not None:
             session.restore(state, latest)
         return session
@@ -236,7 +302,10 @@ class TrainingSession:
         self.last_val = state.get("last_val")
 
     def close(self) -> None:
-        """Leave the process group (and any DeepSpeed created), so a later run in this process starts clean."""
+        """Release the run directory; leave the process group (and any DeepSpeed created), so a
+        later run in this process starts clean."""
+        if self.claim is not None:
+            self.claim.release(failed=False)
         self.dist.close()
         shutdown_process_group()
 
@@ -335,7 +404,33 @@ class TrainingSession:
             "(every group all-correct or all-wrong); lower trainer.lr or check the reward"
         )
         tracker.set_tags({"dapo.stopped": "collapse"})
+        self.stopped = msg
         self.reporter.note(msg)
+
+    def stop_non_finite(self, tracker: Tracker, step: int) -> None:
+        """Parameters went NaN/Inf in step ``step``'s update: stop before generating with them."""
+        good = self.ckpt.latest()
+        where = f"the last good checkpoint is {good}" if good else "no checkpoint was written"
+        tracker.set_tags({"dapo.stopped": "non_finite"})
+        raise RunStopped(
+            f"parameters became non-finite in the update of step {step}; {where}; lower trainer.lr or "
+            "trainer.grad_clip, or use float32",
+            NON_FINITE,
+        )
+
+    def close_orphans(self, tracker: Tracker) -> None:
+        """Runs of this experiment still RUNNING whose run directory no process holds were killed:
+        mark them so (KILLED, tag ``dapo.orphaned``)."""
+        if not self.dist.is_main:
+            return
+
+        def alive(run: Any) -> bool:
+            run_dir = run.data.tags.get("dapo.run_dir")
+            return not run_dir or RunLock.is_held(Path(run_dir))  # unknown owners are left alone
+
+        closed = tracker.mark_orphans(alive)
+        if closed:
+            self.reporter.note(f"marked {len(closed)} run(s) left RUNNING by a killed process as KILLED")
 
     def finish(self, tracker: Tracker) -> dict[str, Any]:
         self.dist.barrier()  # the last checkpoint is complete on every rank
@@ -347,6 +442,7 @@ class TrainingSession:
             "checkpoint": str(latest / "model") if latest else None,
             "base_val": self.base_val,
             "final_val": self.last_val,
+            "stopped": self.stopped,
         }
         if self.base_val is not None and self.last_val is not None:
             tracker.log_metrics(

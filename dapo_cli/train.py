@@ -440,6 +440,7 @@ def run_train(
             resume_run_id=s.mlflow_run_id,
         ) as tracker:
             s.record_start(tracker)
+            s.close_orphans(tracker)
             if s.start_step == 0:
                 s.log_validation(tracker, step=0)
             with s.reporter:
@@ -459,11 +460,15 @@ def run_train(
                         s.reporter.phase(step, "update")
                         update = update_policy(s.engine, batch, cfg, step=step)
                         update.update(mismatch, **{"timing/old_log_prob": t_old})
+                    if batch is not None and not s.engine.params_finite():
+                        s.stop_non_finite(tracker, step)  # raises: nothing generates with NaN weights
                     t_sync = time.perf_counter()
                     s.rollout.wake_up()
                     if batch is not None:
                         s.rollout.sync_weights(s.engine)  # in memory, from engine.export_weights()
                         update["timing/weight_sync"] = elapsed(t_sync)
+                    if update.get("actor/skipped_updates"):
+                        s.reporter.note(f"step {step}: {int(update['actor/skipped_updates'])} update(s) skipped: the loss or gradient was not finite")
                     s.barren_steps = 0 if informative_step(batch, dist) else s.barren_steps + 1
                     metrics = {**step_metrics(collected, batch, cfg, dist), **update}
                     metrics["timing/gen_and_score"] = t_gen

@@ -107,11 +107,14 @@ def mean_curve(curves: Sequence[dict[int, float]]) -> tuple[list[int], list[floa
 # ---------------------------------------------------------------- reading MLflow
 
 
-def mlflow_client(tracking_uri: str) -> Any:
-    """An ``MlflowClient`` on the configured store (``$MLFLOW_TRACKING_URI`` / ``sqlite:///mlflow.db`` if empty)."""
+def mlflow_client(tracking_uri: str, *, create: bool = False) -> Any:
+    """An ``MlflowClient`` on the configured store (``$MLFLOW_TRACKING_URI`` / ``sqlite:///mlflow.db`` if empty).
+
+    ``create``: make the store if it does not exist (``dapo ablate``); reading (``dapo report``) never does.
+    """
     from dapo_cli.tracking.mlflow import open_client
 
-    return open_client(tracking_uri)
+    return open_client(tracking_uri, create=create)
 
 
 def find_parent(client: Any, experiment: str, ablation_id: str) -> Any | None:

@@ -320,7 +320,7 @@ def run_ablation(
     if nproc == 1:
         train = train or _run_train()
     spawn = spawn or run_child
-    client = mlflow_client(plan.base.tracking.tracking_uri)
+    client = mlflow_client(plan.base.tracking.tracking_uri, create=True)
     outcomes: list[ChildOutcome] = []
     with _parent_run(client, plan, command=command, launcher="local") as (tracker, runs):
         parent_id = tracker.run_id
@@ -400,7 +400,7 @@ def slurm_launch(
     settings = plan.base.ablate.slurm
     poll = poll_s if poll_s is not None else (30.0 if settings.cluster == "slurm" else 0.5)
     argv_for = argv_for or (lambda c, resume: child_argv(plan, c, config_path, sets, resume=resume, executable=True))
-    client = mlflow_client(plan.base.tracking.tracking_uri)
+    client = mlflow_client(plan.base.tracking.tracking_uri, create=True)
     outcomes: list[ChildOutcome] = []
     submitted: list[tuple[str, Any]] = []
     with _parent_run(client, plan, command=command, launcher="slurm") as (tracker, runs):
@@ -435,7 +435,7 @@ def print_launch(
 ) -> AblationOutcome:
     """Create (or find) the parent and return one shell line per child still to run (``#`` comment when done)."""
     _require_mlflow(plan)
-    client = mlflow_client(plan.base.tracking.tracking_uri)
+    client = mlflow_client(plan.base.tracking.tracking_uri, create=True)
     lines: list[str] = []
     outcomes: list[ChildOutcome] = []
     with _parent_run(client, plan, command=command, launcher="print") as (tracker, runs):

@@ -36,6 +36,10 @@ class Tracker(Protocol):
 
     def finish(self, status: str = "FINISHED") -> None: ...
 
+    def mark_orphans(self, is_alive: Any) -> list[str]:
+        """Close runs of the experiment that a dead process left RUNNING (``is_alive(run)`` False); their ids."""
+        ...
+
 
 class NullTracker:
     """A tracker that records nothing (``tracking.backend: null``)."""
@@ -65,3 +69,6 @@ class NullTracker:
 
     def finish(self, status: str = "FINISHED") -> None:
         pass
+
+    def mark_orphans(self, is_alive: Any) -> list[str]:
+        return []

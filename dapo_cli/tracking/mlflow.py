@@ -29,6 +29,11 @@ BATCH_METRICS = 1000
 
 # log_table downloads the table to append to it; its progress bar would break our step lines.
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+# An unreachable tracking server fails in seconds, not minutes: MLflow's defaults (7 retries,
+# backoff factor 2, 120 s timeout) took 249 s to report http://127.0.0.1:9 (measured).
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "4")
 
 for _name in ("alembic", "mlflow", "mlflow.store.db.utils"):
     logging.getLogger(_name).setLevel(logging.WARNING)
@@ -39,15 +44,55 @@ def resolve_tracking_uri(configured: str) -> str:
     return configured or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
 
 
-def _client(uri: str):
+_READY: set[str] = set()
+"""Stores this process has opened (and so created or migrated) once."""
+
+
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of a ``sqlite:///`` store (relative to the working directory), else None."""
+    prefix = "sqlite:///"
+    if not uri.startswith(prefix):
+        return None
+    db = uri[len(prefix) :].split("?", 1)[0]
+    return None if not db or db == ":memory:" else Path(db)
+
+
+def _client(uri: str, *, must_exist: bool = False):
+    """An ``MlflowClient`` on ``uri``; a SQLite store is created (schema migration) under a file lock.
+
+    Two processes opening a fresh SQLite store at once otherwise race in MLflow's schema
+    migration (alembic: "Online migration expected to match one row"). ``must_exist``: a
+    reading command never creates a store; a missing database file is a one-line error.
+    """
     from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
 
-    return MlflowClient(tracking_uri=uri)
+    db = sqlite_path(uri)
+    if db is not None and must_exist and not db.is_file():
+        raise UserError(f"no MLflow store at {db} (from {uri}); point --tracking-uri or MLFLOW_TRACKING_URI at the store your runs are in")
+    if db is None or uri in _READY:
+        return MlflowClient(tracking_uri=uri)
+    import fcntl
+
+    try:
+        db.resolve().parent.mkdir(parents=True, exist_ok=True)
+        lock_file = db.resolve().with_name(db.name + ".lock")
+        with open(lock_file, "a+") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            client = MlflowClient(tracking_uri=uri)
+            client.search_experiments(max_results=1)  # creates and migrates the schema, inside the lock
+    except OSError as exc:
+        raise UserError(f"cannot open the MLflow store {uri}: {exc.strerror or exc}; use a writable directory or another tracking.tracking_uri") from None
+    except MlflowException as exc:
+        raise UserError(f"MLflow store {uri} failed: {str(exc).splitlines()[0]}") from None
+    _READY.add(uri)
+    return client
 
 
-def open_client(tracking_uri: str) -> Any:
-    """An ``MlflowClient`` for reading runs back (``dapo report``), on the resolved store."""
-    return _client(resolve_tracking_uri(tracking_uri))
+def open_client(tracking_uri: str, *, create: bool = False) -> Any:
+    """An ``MlflowClient`` on the resolved store for reading runs back (``dapo report``): a missing
+    SQLite store is an error unless ``create``."""
+    return _client(resolve_tracking_uri(tracking_uri), must_exist=not create)
 
 
 def get_run_or_none(client: Any, run_id: str) -> Any | None:
@@ -69,14 +114,11 @@ def sqlite_artifact_location(tracking_uri: str, experiment: str) -> str | None:
     the database they move with it. ``sqlite:///rel.db`` is relative to the
     working directory, ``sqlite:////abs/x.db`` absolute; in-memory stores get None.
     """
-    prefix = "sqlite:///"
-    if not tracking_uri.startswith(prefix):
-        return None
-    db = tracking_uri[len(prefix) :].split("?", 1)[0]
-    if not db or db == ":memory:":
+    db = sqlite_path(tracking_uri)
+    if db is None:
         return None
     safe = re.sub(r"[^A-Za-z0-9._-]+", "_", experiment).strip(".") or "experiment"
-    return (Path(db).resolve().parent / "mlartifacts" / safe).as_uri()
+    return (db.resolve().parent / "mlartifacts" / safe).as_uri()
 
 
 def experiment_id(client: Any, name: str, artifact_location: str | None = None) -> str:
@@ -114,9 +156,10 @@ class MlflowTracker:
         try:
             self.client = _client(self.tracking_uri)
             if resume_run_id:
-                self.client.get_run(resume_run_id)
+                run = self.client.get_run(resume_run_id)
                 self.run_id = resume_run_id
                 self.client.update_run(resume_run_id, status="RUNNING")
+                self._recorded = self._recorded_steps(run)
             else:
                 all_tags = {str(k): str(v) for k, v in (tags or {}).items()}
                 if parent_run_id:
@@ -129,6 +172,13 @@ class MlflowTracker:
         except MlflowException as exc:
             raise UserError(f"MLflow store {self.tracking_uri} failed: {str(exc).splitlines()[0]}") from None
         self.experiment = experiment
+
+    _recorded: dict[str, int] = {}
+    """For a resumed run: the last step already recorded per metric key (steps replayed after a
+    checkpoint are recomputed identically and not recorded twice)."""
+
+    def _recorded_steps(self, run: Any) -> dict[str, int]:
+        return {key: max((m.step for m in self.client.get_metric_history(self.run_id, key)), default=-1) for key in run.data.metrics}
 
     def log_params(self, params: Mapping[str, Any]) -> None:
         from mlflow.entities import Param
@@ -148,10 +198,11 @@ class MlflowTracker:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
+        at = int(step or 0)
         items = [
-            Metric(str(k), float(v), now, int(step or 0))
+            Metric(str(k), float(v), now, at)
             for k, v in metrics.items()
-            if v is not None and math.isfinite(float(v))
+            if v is not None and math.isfinite(float(v)) and at > self._recorded.get(str(k), -1)
         ]
         for i in range(0, len(items), BATCH_METRICS):
             self.client.log_batch(self.run_id, metrics=items[i : i + BATCH_METRICS])
@@ -170,14 +221,34 @@ class MlflowTracker:
         self.client.log_text(self.run_id, json.dumps(obj, indent=2, sort_keys=True, default=str), artifact_file)
 
     def log_table(self, rows: Sequence[Mapping[str, Any]], artifact_file: str) -> None:
-        if not rows:
+        """Rows as an MLflow table; a table file the run already holds is not appended to again
+        (MLflow appends, so a replayed step would double it)."""
+        if not rows or (self._recorded and self._has_artifact(artifact_file)):
             return
         columns = list(rows[0].keys())
         data = {c: [_table_value(r.get(c)) for r in rows] for c in columns}
         self.client.log_table(self.run_id, data=data, artifact_file=artifact_file)
 
+    def _has_artifact(self, artifact_file: str) -> bool:
+        folder = artifact_file.rsplit("/", 1)[0] if "/" in artifact_file else None
+        return any(a.path == artifact_file for a in self.client.list_artifacts(self.run_id, folder))
+
     def finish(self, status: str = "FINISHED") -> None:
         self.client.set_terminated(self.run_id, status=status)
+
+    def mark_orphans(self, is_alive: Any) -> list[str]:
+        """Runs of this experiment left RUNNING by a dead process (``is_alive(run) -> bool`` says no):
+        set to KILLED and tagged ``dapo.orphaned``; their ids."""
+        exp = self.client.get_experiment_by_name(self.experiment)
+        if exp is None:
+            return []
+        found = []
+        for run in self.client.search_runs([exp.experiment_id], "attributes.status = 'RUNNING'", max_results=500):
+            if run.info.run_id != self.run_id and not is_alive(run):
+                self.client.set_tag(run.info.run_id, "dapo.orphaned", "true")
+                self.client.set_terminated(run.info.run_id, status="KILLED")
+                found.append(run.info.run_id)
+        return found
 
 
 def _param_value(value: Any) -> str:

@@ -65,8 +65,7 @@ class FakeTrain:
                 if key in self.crash_before:
                     raise Died(f"{key} died before its first checkpoint")
                 self.train_step(tracker, 1, key)
-                (ckpt / "step_000001").mkdir(parents=True, exist_ok=True)
-                (ckpt / "step_000001" / "trainer_state.pt").write_bytes(b"fake")
+                write_complete_checkpoint(ckpt / "step_000001")
                 (ckpt / "latest").write_text("step_000001\n")
                 if key in self.crash_after:
                     raise Died(f"{key} died after its first checkpoint")
@@ -93,3 +92,15 @@ class FakeTrain:
             "actor/clipfrac_high": 0.01, "actor/clipfrac_low": 0.02, "train/kept_group_frac": 0.5 if dynamic else 0.25,
             "overlong/truncated_frac": 0.1 * step, "train/samples_generated": 32.0 if dynamic else 16.0,
         }, step=step)
+
+
+def write_complete_checkpoint(path: Path) -> None:
+    """The smallest directory ``checkpoint_problem`` accepts: state, config, engine dir, intact weights."""
+    import torch
+    from safetensors.torch import save_file
+
+    (path / "model").mkdir(parents=True, exist_ok=True)
+    (path / "engine").mkdir(exist_ok=True)
+    torch.save({"step": 1}, path / "trainer_state.pt")
+    (path / "model" / "config.json").write_text("{}")
+    save_file({"w": torch.zeros(2)}, str(path / "model" / "model.safetensors"))

@@ -16,6 +16,9 @@ from typer.testing import CliRunner
 
 from dapo_cli.cli import app
 
+RUN = "grpo+overlong_filtering+clip_higher+overlong_shaping+token_level_loss-s0"
+"""The run name of write_config's runs with dynamic sampling off."""
+
 STEP_METRICS = [
     "response_length/mean", "response_length/max", "response_length/min", "response_length/clip_ratio",
     "reward/score_mean", "reward/acc_mean", "rollout/acc", "actor/entropy", "actor/mean_prob", "actor/pg_loss",
@@ -136,6 +139,14 @@ def test_killed_run_resumes_to_the_same_metrics(workdir, tiny_model_dir, tmp_pat
     resumed = last_values(client, run.info.run_id, keys, steps)
     for key in keys:
         assert resumed[key] == pytest.approx(reference[key], rel=1e-5, abs=1e-7), key
+    # the history equals the uninterrupted run's: steps replayed after the checkpoint are not
+    # recorded twice (the kill came after step 2's checkpoint, maybe after steps 3-4 were logged)
+    for key in [*keys, "timing/step"]:
+        assert [m.step for m in client.get_metric_history(run.info.run_id, key)] == list(range(1, steps + 1)), key
+    tables = {a.path: a.file_size for a in client.list_artifacts(run.info.run_id, "samples")}
+    ref_tables = {a.path: a.file_size for a in ref_client.list_artifacts(ref_run.info.run_id, "samples")}
+    assert tables.keys() == ref_tables.keys() == {"samples/step_000002.json", "samples/step_000004.json"}
+    assert tables["samples/step_000002.json"] == ref_tables["samples/step_000002.json"]  # not appended to twice
 
 
 def test_resume_without_a_checkpoint_is_a_one_line_error(workdir, tiny_model_dir):

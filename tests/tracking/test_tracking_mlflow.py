@@ -165,6 +165,49 @@ def test_resume_keeps_params_and_status_follows_the_resumed_session(store: Simpl
     assert len(store.client.search_runs([store.client.get_experiment_by_name("resume").experiment_id])) == 1
 
 
+def test_a_resumed_run_does_not_record_replayed_steps_twice(store: SimpleNamespace) -> None:
+    # killed after logging steps 1-3 (its checkpoint was step 1): the resumed run replays 2-3
+    with start_run(cfg(store, "replay"), "run") as first:
+        for step in (1, 2, 3):
+            first.log_metrics({"loss": float(step), "acc": 0.5}, step=step)
+        first.log_table([{"a": 1}], "samples/step_000002.json")
+    with start_run(cfg(store, "replay"), "run", resume_run_id=first.run_id) as again:
+        for step in (2, 3, 4):
+            again.log_metrics({"loss": float(step), "acc": 0.5, "new": 1.0}, step=step)
+        again.log_table([{"a": 1}], "samples/step_000002.json")  # replayed: already there
+        again.log_table([{"a": 2}], "samples/step_000004.json")
+    history = store.client.get_metric_history(first.run_id, "loss")
+    assert [(m.step, m.value) for m in history] == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 4.0)]
+    assert [m.step for m in store.client.get_metric_history(first.run_id, "new")] == [2, 3, 4]  # a key new to the run
+    table = json.loads(download_artifact(store.uri, first.run_id, "samples/step_000002.json").read_text())
+    assert table["data"] == [[1]]  # not appended to a second time
+
+
+def test_two_processes_creating_one_sqlite_store_at_once_both_succeed(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    uri = f"sqlite:///{tmp_path / 'fresh.db'}"
+    code = (
+        "import sys; from types import SimpleNamespace as S; from dapo_cli.tracking import start_run\n"
+        f"with start_run(S(backend='mlflow', tracking_uri={uri!r}, experiment='race'), sys.argv[1]) as t:\n"
+        "    t.log_metrics({'m': 1.0}, step=1)\n"
+    )
+    procs = [subprocess.Popen([sys.executable, "-c", code, f"run{i}"], stderr=subprocess.PIPE, text=True) for i in range(3)]
+    errors = [p.communicate(timeout=120)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], errors
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    assert len(client.search_runs([client.get_experiment_by_name("race").experiment_id])) == 3
+
+
+def test_reading_never_creates_a_store(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="no MLflow store at"):
+        open_client(f"sqlite:///{tmp_path / 'absent.db'}")
+    assert not (tmp_path / "absent.db").exists()
+
+
 def test_resuming_an_unknown_run_is_a_user_error(store: SimpleNamespace) -> None:
     with pytest.raises(UserError, match=f"MLflow store {store.uri} failed"):
         MlflowTracker(store.uri, "resume", "x", resume_run_id="0" * 32)

@@ -1,0 +1,113 @@
+"""Run directories and checkpoints under concurrency, kills and corruption."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from dapo_cli.checkpoint import CheckpointManager, RunLock, checkpoint_problem, claim_run_dir, safetensors_problem
+from dapo_cli.errors import UserError
+
+
+def complete_checkpoint(path: Path, step: int) -> Path:
+    (path / "model").mkdir(parents=True)
+    (path / "engine").mkdir()
+    torch.save({"step": step}, path / "trainer_state.pt")
+    (path / "model" / "config.json").write_text("{}")
+    save_file({"w": torch.arange(8, dtype=torch.float32)}, str(path / "model" / "model.safetensors"))
+    return path
+
+
+def test_runs_started_together_claim_distinct_directories(tmp_path):
+    a = claim_run_dir(str(tmp_path), "exp", "dapo-s0", exact=False)
+    b = claim_run_dir(str(tmp_path), "exp", "dapo-s0", exact=False)
+    assert (a[0], b[0]) == ("dapo-s0", "dapo-s0-2") and a[3] and b[3]
+    a[2].release()
+    c = claim_run_dir(str(tmp_path), "exp", "dapo-s0", exact=False)  # existing dirs are never reused
+    assert c[0] == "dapo-s0-3"
+
+
+def test_a_named_run_in_use_by_another_process_is_refused(tmp_path):
+    name, run_dir, lock, _ = claim_run_dir(str(tmp_path), "exp", "mine", exact=True)
+    with pytest.raises(UserError, match=f"is being trained by another process \\(pid {os.getpid()}\\)"):
+        claim_run_dir(str(tmp_path), "exp", "mine", exact=True)
+    lock.release()
+    again = claim_run_dir(str(tmp_path), "exp", "mine", exact=True)
+    assert again[1] == run_dir and not again[3]  # taken over, not created
+
+
+def test_the_lock_dies_with_its_process(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import time
+        from pathlib import Path
+        from dapo_cli.checkpoint import RunLock
+        assert RunLock(Path({str(run_dir)!r})).acquire()
+        print("held", flush=True)
+        time.sleep(60)
+    """)], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    assert RunLock.is_held(run_dir)
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+    assert not RunLock.is_held(run_dir)  # kill -9 frees it: the run can be resumed or marked orphaned
+
+
+def test_leftovers_of_a_killed_checkpoint_write_are_removed(tmp_path):
+    ckpt = CheckpointManager(tmp_path)
+    complete_checkpoint(ckpt.root / "step_000002", 2)
+    (ckpt.root / ".step_000004.tmp" / "model").mkdir(parents=True)
+    (ckpt.root / ".step_000002.old").mkdir()
+    assert ckpt.clean_stale() == [".step_000002.old", ".step_000004.tmp"]
+    assert sorted(p.name for p in ckpt.root.iterdir()) == ["step_000002"]
+
+
+def test_resume_falls_back_to_the_newest_complete_checkpoint_and_says_why(tmp_path):
+    ckpt = CheckpointManager(tmp_path)
+    complete_checkpoint(ckpt.root / "step_000010", 10)
+    newest = complete_checkpoint(ckpt.root / "step_000020", 20)
+    weights = newest / "model" / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[:-5])  # a write cut short
+    (ckpt.root / "latest").write_text("step_000020\n")
+    found, skipped = ckpt.newest_complete()
+    assert found == ckpt.root / "step_000010"
+    assert skipped == [f"step_000020: model/model.safetensors is {len(data) - 5} bytes, its header promises {len(data)}"]
+    assert ckpt.latest() == ckpt.root / "step_000010"
+
+
+@pytest.mark.parametrize(
+    ("damage", "problem"),
+    [
+        (lambda p: (p / "trainer_state.pt").unlink(), "trainer_state.pt is missing"),
+        (lambda p: (p / "trainer_state.pt").write_bytes(b"not a torch file"), "trainer_state.pt is unreadable"),
+        (lambda p: (p / "engine").rmdir(), "engine is missing"),
+        (lambda p: (p / "model" / "model.safetensors").unlink(), "model/ holds no *.safetensors weights"),
+        (lambda p: (p / "model" / "model.safetensors").write_bytes(b"\xff" * 16), "model/model.safetensors has a corrupt header"),
+        (lambda p: (p / "model" / "model.safetensors").write_bytes(b"\x01"), "model/model.safetensors is truncated"),
+    ],
+)
+def test_each_kind_of_damage_is_named(tmp_path, damage, problem):
+    path = complete_checkpoint(tmp_path / "step_000001", 1)
+    assert checkpoint_problem(path) is None
+    damage(path)
+    assert problem in checkpoint_problem(path)
+
+
+def test_an_intact_safetensors_file_passes_the_length_check(tmp_path):
+    save_file({"a": torch.zeros(3, 5), "b": torch.ones(7, dtype=torch.int64)}, str(tmp_path / "x.safetensors"))
+    assert safetensors_problem(tmp_path / "x.safetensors") is None
+    with open(tmp_path / "x.safetensors", "ab") as f:
+        f.write(b"extra")
+    assert "its header promises" in safetensors_problem(tmp_path / "x.safetensors")
+
