@@ -58,7 +58,7 @@ from dapo_cli.ablate.report import (
     write_report,
 )
 from dapo_cli.config import dump_yaml
-from dapo_cli.errors import UserError
+from dapo_cli.errors import COLLAPSED, UserError
 from dapo_cli.tracking import EXTRA_TAGS_ENV, PARENT_RUN_ENV, start_run
 
 TrainFn = Callable[..., dict[str, Any]]
@@ -362,7 +362,9 @@ def _spawn_child(
     log_path = ablation_dir(plan) / "logs" / f"{child.run_name.rsplit('/', 1)[-1]}.log" if quiet else None
     log(f"  {shlex.join(child_argv(plan, child, config_path, sets, resume=resume))}" + (f"  (output: {log_path})" if log_path else ""))
     code = spawn(argv, child_env(parent_id, child_tags(plan, child, parent_id)), log_path=log_path)
-    if code != 0:
+    if code == COLLAPSED:  # stopped by the collapse guard: recorded and finished, like an in-process child
+        log(f"  {child.run_name}: stopped by the collapse guard (exit {COLLAPSED}); see its dapo.stopped tag")
+    elif code != 0:
         where = f" (output: {log_path})" if log_path else ""
         raise UserError(f"child {child.run_name} failed with exit code {code}{where}; rerun the same command to resume it")
     from dapo_cli.checkpoint import run_dir_for

@@ -16,7 +16,7 @@ import shlex
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from dapo_cli.errors import UserError
+from dapo_cli.errors import COLLAPSED, UserError
 
 INSTALL_HINT = "launcher slurm needs submitit: pip install 'dapo-cli[slurm]'"
 
@@ -71,12 +71,13 @@ def make_executor(submitit: Any, slurm: Any) -> Any:
 
 
 def child_job(name: str, argv: Sequence[str], extra_env: Mapping[str, str], cwd: str) -> int:
-    """The job's callable: run the child's command to its end; its exit code, ChildFailed when non-zero."""
+    """The job's callable: run the child's command to its end; its exit code, ChildFailed when it failed
+    (any non-zero code but the collapse guard's)."""
     from dapo_cli.ablate.runner import run_child
 
     print(f"dapo ablate child {name}: {shlex.join(argv)}", flush=True)  # the first line of the job's log
     code = run_child(argv, extra_env, cwd=cwd)
-    if code != 0:
+    if code not in (0, COLLAPSED):  # a collapsed child finished and is recorded: not a failure
         raise ChildFailed(f"child {name} exited with code {code}")
     return code
 

@@ -26,7 +26,12 @@ def train(
     overlong_shaping: Annotated[bool | None, _toggle("overlong-shaping", "Soft overlong punishment (Eq. 13)")] = None,
     overlong_filtering: Annotated[bool | None, _toggle("overlong-filtering", "Drop truncated responses from the loss")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the run (and its MLflow run) from its last checkpoint.")] = False,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Resolve and print the config, then stop.")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the cluster plan: batch arithmetic, world-size checks, per-GPU memory per phase (loads no weights, needs no GPU).")] = False,
+    world_size: Annotated[int | None, typer.Option("--world-size", help="With --dry-run: ranks (GPUs) to plan for (default: $WORLD_SIZE, else 1).", show_default=False)] = None,
+    gpus_per_node: Annotated[int | None, typer.Option("--gpus-per-node", help="With --dry-run: GPUs per node (default 8).", show_default=False)] = None,
+    gpu_memory_gib: Annotated[float | None, typer.Option("--gpu-memory-gib", help="With --dry-run: memory of one GPU in GiB (default 80).", show_default=False)] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="With --dry-run: print the plan as JSON.")] = False,
+    as_yaml: Annotated[bool, typer.Option("--yaml", help="With --dry-run: print the resolved config as YAML instead of the plan.")] = False,
 ) -> None:
     """Train a policy with DAPO (or any subset of its techniques) and record the run in MLflow."""
     cfg = resolve(
@@ -38,11 +43,36 @@ def train(
         overlong_shaping=overlong_shaping,
         overlong_filtering=overlong_filtering,
     )
+    plan_options = {"--world-size": world_size, "--gpus-per-node": gpus_per_node, "--gpu-memory-gib": gpu_memory_gib,
+                    "--json": as_json or None, "--yaml": as_yaml or None}
     if dry_run:
-        from dapo_cli.config import dump_yaml
+        if as_yaml:
+            from dapo_cli.config import dump_yaml
 
-        typer.echo(dump_yaml(cfg), nl=False)
+            typer.echo(dump_yaml(cfg), nl=False)
+            return
+        from dapo_cli.errors import UserError
+        from dapo_cli.plan import DEFAULT_GPU_GIB, DEFAULT_GPUS_PER_NODE, make_plan
+        from dapo_cli.plan.render import render, to_json
+
+        plan = make_plan(
+            cfg, world_size=world_size, config_name=config or "experiments/tiny.yaml (embedded)",
+            gpu_memory_gib=DEFAULT_GPU_GIB if gpu_memory_gib is None else gpu_memory_gib,
+            gpus_per_node=DEFAULT_GPUS_PER_NODE if gpus_per_node is None else gpus_per_node,
+        )
+        if as_json:
+            typer.echo(to_json(plan))
+        else:
+            render(plan)
+        failed = [c.message for c in plan.checks if c.hard and not c.ok]
+        if failed:
+            raise UserError(f"the settings cannot run at world size {plan.world_size}: {failed[0]}")
         return
+    used = [name for name, value in plan_options.items() if value is not None]
+    if used:
+        from dapo_cli.errors import UserError
+
+        raise UserError(f"{', '.join(used)} only work with --dry-run (add --dry-run, or drop them)")
     from dapo_cli.train import run_train
 
     toggles = {
@@ -58,13 +88,17 @@ def train(
     from dapo_cli.ablate.runner import extra_tags_from_env
 
     parent = os.environ.get(PARENT_RUN_ENV) or None
-    run_train(
+    summary = run_train(
         cfg,
         resume=resume,
         command=command_line("train", config, sets, toggles, resume=resume),
         parent_run_id=parent,
         extra_tags=extra_tags_from_env(),
     )
+    if summary.get("stopped"):  # the collapse guard: the run is recorded, but it did not train to the end
+        from dapo_cli.errors import COLLAPSED, RunStopped
+
+        raise RunStopped(summary["stopped"], COLLAPSED)
 
 
 def command_line(

@@ -221,20 +221,20 @@ def test_slurm_launcher_on_the_local_executor_waits_for_every_job_then_reports(
     def argv_for(fail: set[str]):
         def argv(child, resume):
             name = f"{child.variant.name}-s{child.seed}"
-            return [sys.executable, "-c", JOB, str(markers / f"{name}.json"), "3" if name in fail else "0",
+            return [sys.executable, "-c", JOB, str(markers / f"{name}.json"), "5" if name in fail else "0",
                     *child_argv(plan, child, None, sets, resume=resume, executable=True)]
         return argv
 
     # 1. grpo-s0 is skipped, dapo-s0 resumed, grpo-s1 and dapo-s1 start; dapo-s1's job fails
     lines: list[str] = []
     with pytest.raises(UserError, match=rf"^1 of 3 job\(s\) failed: {plan.name}/dapo-s1 \(job \d+: child {plan.name}/dapo-s1 "
-                                        r"exited with code 3\); logs in .*/slurm; rerun the same command to resume them$"):
+                                        r"exited with code 5\); logs in .*/slurm; rerun the same command to resume them$"):
         slurm_launch(plan, command="x", config_path=None, sets=sets, log=lines.append, argv_for=argv_for({"dapo-s1"}), poll_s=0.1)
     assert sorted(p.name for p in markers.iterdir()) == ["dapo-s0.json", "dapo-s1.json", "grpo-s1.json"]  # all waited for
     assert sum("submitted job" in line for line in lines) == 3 and "finished earlier, skipped" in lines[0]
     for name in ("dapo-s0", "grpo-s1"):
         assert any(re.fullmatch(rf"job \d+ \({plan.name}/{name}\): FINISHED", line) for line in lines), lines
-    assert any(re.fullmatch(rf"job \d+ \({plan.name}/dapo-s1\): \w+, failed: child .* exited with code 3", line) for line in lines)
+    assert any(re.fullmatch(rf"job \d+ \({plan.name}/dapo-s1\): \w+, failed: child .* exited with code 5", line) for line in lines)
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     parent = client.get_run(client.search_runs([client.get_experiment_by_name("abl").experiment_id],
                                                "tags.`ablate.launcher` = 'slurm'")[0].info.run_id)

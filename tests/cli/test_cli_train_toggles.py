@@ -27,7 +27,7 @@ def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def dry_run(*args: str) -> dict[str, Any]:
-    result = CliRunner().invoke(app, ["train", "--dry-run", *args])
+    result = CliRunner().invoke(app, ["train", "--dry-run", "--yaml", *args])
     assert result.exit_code == 0, result.output
     return yaml.safe_load(result.output)
 
@@ -40,7 +40,7 @@ def get(data: dict[str, Any], dotted: str) -> Any:
 
 def test_no_config_resolves_the_embedded_tiny_experiment(in_tmp: Path) -> None:
     assert not (in_tmp / "experiments").exists()
-    result = CliRunner().invoke(app, ["train", "--dry-run"])
+    result = CliRunner().invoke(app, ["train", "--dry-run", "--yaml"])
     assert result.exit_code == 0, result.output
     assert result.output == dump_yaml(load_config(REPO / "experiments" / "tiny.yaml"))
     data = yaml.safe_load(result.output)
@@ -115,13 +115,13 @@ def test_validation_sees_the_config_after_the_toggles() -> None:
     # an overlong buffer longer than L_max is only an error while shaping is on
     data = dry_run("--set", "algorithm.overlong_buffer.len=999", "--no-overlong-shaping")
     assert data["algorithm"]["overlong_buffer"] == {"enable": False, "len": 999, "penalty_factor": 1.0}
-    result = CliRunner().invoke(app, ["train", "--dry-run", "--set", "algorithm.overlong_buffer.len=999"])
+    result = CliRunner().invoke(app, ["train", "--dry-run", "--yaml", "--set", "algorithm.overlong_buffer.len=999"])
     assert result.exit_code == 2
     assert result.output.startswith("error: algorithm.overlong_buffer.len=999")
 
 
 def test_dry_run_output_reloads_to_the_same_config(in_tmp: Path) -> None:
-    result = CliRunner().invoke(app, ["train", "--dry-run", "--no-dynamic-sampling", "--set", "trainer.seed=3"])
+    result = CliRunner().invoke(app, ["train", "--dry-run", "--yaml", "--no-dynamic-sampling", "--set", "trainer.seed=3"])
     assert result.exit_code == 0, result.output
     (in_tmp / "resolved.yaml").write_text(result.output, encoding="utf-8")
     again = load_config(in_tmp / "resolved.yaml")

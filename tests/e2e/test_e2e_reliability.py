@@ -107,3 +107,18 @@ def test_an_unreachable_tracking_server_fails_fast_with_one_line(tmp_path, tiny_
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and uri in errors[0] and "Traceback" not in proc.stderr
     assert elapsed < 60  # MLflow's own retry defaults took 249 s here
+
+
+def test_a_run_stopped_by_the_collapse_guard_exits_3_and_says_why(tmp_path, tiny_model_dir, monkeypatch):
+    # the untrained policy answers nothing right: with dynamic sampling no group is ever kept
+    monkeypatch.chdir(tmp_path)
+    config = write_config(tmp_path, tiny_model_dir, steps=6)
+    result = CliRunner().invoke(app, ["train", str(config), "--set", "trainer.collapse_patience=2",
+                                      "--set", "algorithm.filter_groups.max_num_gen_batches=1"])
+    assert result.exit_code == 3, result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "stopped at step 2: 2 steps in a row without an informative group" in errors[0]
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("e2e").experiment_id])
+    assert run.info.status == "FINISHED" and run.data.tags["dapo.stopped"] == "collapse"
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "timing/step")] == [1, 2]
