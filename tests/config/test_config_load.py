@@ -386,3 +386,12 @@ def test_no_path_loads_the_embedded_tiny_experiment(tmp_path: Path, monkeypatch:
     assert cfg != Config()  # the tiny experiment really overrides the paper defaults
     assert cfg.model.path == "builtin:tiny"
     assert cfg.engine.device == "cpu"
+
+
+@pytest.mark.parametrize("text", [".inf", "-.inf", ".nan", "inf", "nan", "1e999"])
+def test_non_finite_numbers_are_rejected_from_yaml_and_overrides(tmp_path: Path, text: str) -> None:
+    # trainer.lr=.inf used to pass validation and turn the parameters to inf after one step
+    with pytest.raises(ConfigError, match=r"trainer.lr=\S+ is not a finite number; give a finite value"):
+        load_config(write(tmp_path, f"trainer:\n  lr: {text}\n"))
+    with pytest.raises(ConfigError, match="is not a finite number"):
+        load_config(None, [f"trainer.lr={text}"])
