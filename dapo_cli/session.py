@@ -51,12 +51,20 @@ def derive_seed(seed: int, *parts: Any) -> int:
 
 
 def git_commit() -> str:
-    """HEAD of the working directory's repository, or ``unknown``."""
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return out.stdout.strip() or "unknown"
+    """The commit of the ``dapo`` code that runs: HEAD of the checkout the package is imported from
+    (``+dirty`` when it has uncommitted changes), else of the working directory, else ``unknown``."""
+    package_dir = Path(__file__).resolve().parent
+    for where in (package_dir, Path.cwd()):
+        try:
+            head = subprocess.run(["git", "-C", str(where), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=False)
+            if head.returncode != 0 or not head.stdout.strip():
+                continue
+            status = subprocess.run(["git", "-C", str(where), "status", "--porcelain", "--untracked-files=no"],
+                                    capture_output=True, text=True, timeout=5, check=False)
+        except (OSError, subprocess.SubprocessError):
+            return "unknown"
+        return head.stdout.strip() + ("+dirty" if status.stdout.strip() else "")
+    return "unknown"
 
 
 def config_differences(saved: dict[str, Any], current: dict[str, Any], prefix: str = "") -> list[str]:
@@ -186,11 +194,17 @@ class TrainingSession:
     dist: Collective = dataclasses.field(default_factory=SingleProcess)
     claim: RunClaim | None = None
     stopped: str | None = None
+    _tracker: Tracker | None = None
     start_step: int = 0
     barren_steps: int = 0
     mlflow_run_id: str | None = None
     base_val: float | None = None
     last_val: float | None = None
+
+    @property
+    def display_name(self) -> str:
+        """The MLflow run name: ``tracking.run_label``, else the run directory's name."""
+        return self.cfg.tracking.run_label or self.run_name
 
     @property
     def pad_id(self) -> int:
@@ -319,12 +333,14 @@ class TrainingSession:
             "dapo.seed": str(self.cfg.trainer.seed),
             "dapo.variant": variant_name(techniques),
             "dapo.run_dir": str(self.run_dir.resolve()),
+            "dapo.run_name": self.run_name,
             **{f"technique.{k}": str(v).lower() for k, v in techniques.items()},
             **(extra or {}),
         }
 
     def record_start(self, tracker: Tracker) -> None:
         self.mlflow_run_id = tracker.run_id or None
+        self._tracker = tracker
         if self.start_step > 0:
             tracker.set_tags({"dapo.resumed_from_step": str(self.start_step)})
             return
@@ -336,6 +352,10 @@ class TrainingSession:
         tracker.log_params(flatten(self.cfg))
         tracker.log_text(text, "config.yaml")
         tracker.log_dict(self.manifest, "dataset_manifest.json")
+        for context, key in (("training", "train"), ("validation", "val")):
+            for entry in self.manifest[key]:
+                tracker.log_input(entry["spec"], digest=dataset_digest(entry), rows=int(entry["rows"]),
+                                  source=entry.get("path", entry["spec"]), context=context)
         if self.model_info:
             tracker.log_dict(self.model_info, "model_info.json")
             for key in ("base_accuracy_t1", "base_accuracy_greedy"):
@@ -388,7 +408,16 @@ class TrainingSession:
             "last_val": self.last_val,
             "world_size": self.dist.world_size,
         }
-        return self.ckpt.save(step, dist=self.dist, write=self._write_checkpoint, trainer_state=state)
+        saved = self.ckpt.save(step, dist=self.dist, write=self._write_checkpoint, trainer_state=state)
+        if self.cfg.tracking.log_checkpoint == "every" and self.dist.is_main and self._tracker is not None:
+            self.upload_checkpoint(self._tracker, saved, f"checkpoints/{saved.name}")
+        return saved
+
+    def upload_checkpoint(self, tracker: Tracker, checkpoint: Path, artifact_path: str) -> None:
+        """Copy a checkpoint's ``model/`` into MLflow's artifacts when it is at most 64 MiB (else its path is the tag)."""
+        size = sum(f.stat().st_size for f in (checkpoint / "model").rglob("*") if f.is_file())
+        if size <= MAX_MODEL_ARTIFACT_BYTES:
+            tracker.log_artifact(checkpoint / "model", artifact_path)
 
     def _write_checkpoint(self, directory: Path) -> None:
         """Every rank: the engine's training state (its shards), then the policy + tokenizer export
@@ -451,13 +480,20 @@ class TrainingSession:
             )
         if latest is not None:
             tracker.set_tags({"dapo.checkpoint": str((latest / "model").resolve())})
-            size = sum(f.stat().st_size for f in (latest / "model").rglob("*") if f.is_file())
-            if size <= MAX_MODEL_ARTIFACT_BYTES:
-                tracker.log_artifact(latest / "model", "checkpoint")
+            if self.cfg.tracking.log_checkpoint != "none":
+                self.upload_checkpoint(tracker, latest, "checkpoint")
         if self.dist.is_main:
             write_text_atomic(self.run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
         self.reporter.finish(summary, tracking_uri=getattr(tracker, "tracking_uri", ""))
         return summary
+
+
+def dataset_digest(entry: dict[str, Any]) -> str:
+    """A manifest entry's identity: the file's sha256, or a hash of the synthetic generator's recipe."""
+    if entry.get("sha256"):
+        return str(entry["sha256"])
+    recipe = json.dumps({k: entry.get(k) for k in ("spec", "generator", "size", "seed", "rows")}, sort_keys=True)
+    return hashlib.sha256(recipe.encode()).hexdigest()
 
 
 def read_model_info(model_dir: Path) -> dict[str, Any]:

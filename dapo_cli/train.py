@@ -436,7 +436,7 @@ def run_train(
     trainer, dist = cfg.trainer, s.dist
     try:
         with open_tracker(
-            cfg.tracking, dist, s.run_name, tags=s.tags(command, extra_tags), parent_run_id=parent_run_id,
+            cfg.tracking, dist, s.display_name, tags=s.tags(command, extra_tags), parent_run_id=parent_run_id,
             resume_run_id=s.mlflow_run_id,
         ) as tracker:
             s.record_start(tracker)

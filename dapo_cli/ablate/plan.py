@@ -47,6 +47,10 @@ LADDER_LABELS = (
 )
 """Row names of the DAPO paper's Table 1, rung ``i`` switching on ``TECHNIQUES[:i]``."""
 
+LADDER_SHORT = ("GRPO", "+OverlongFilter", "+ClipHigher", "+SoftPunish", "+TokenLoss", "DAPO")
+"""The rungs as MLflow run labels: distinct within their first few characters (the UI's run list
+and chart legends cut names at about 16)."""
+
 PAPER_AIME24_AVG32 = (30.0, 36.0, 38.0, 41.0, 42.0, 50.0)
 """AIME 2024 avg@32 (%) of each rung in the paper's Table 1 (Qwen2.5-32B): a reference column only."""
 
@@ -108,7 +112,11 @@ class AblationPlan:
     def child_config(self, child: Child) -> Config:
         """The base config with the variant's toggles, the child's seed and run name; validated."""
         cfg = apply_techniques(self.base, **child.variant.toggle_dict())
-        cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, seed=child.seed, run_name=child.run_name))
+        cfg = dataclasses.replace(
+            cfg,
+            trainer=dataclasses.replace(cfg.trainer, seed=child.seed, run_name=child.run_name),
+            tracking=dataclasses.replace(cfg.tracking, run_label=child_label(child.variant, child.seed)),
+        )
         try:
             validate(cfg)
         except UserError as exc:
@@ -198,6 +206,22 @@ def safe_component(text: str) -> str:
     """``text`` with every character outside ``[A-Za-z0-9._+-]`` replaced by ``-`` (a safe path component)."""
     out = re.sub(r"[^A-Za-z0-9._+-]+", "-", text).strip("-.")
     return out or "ablation"
+
+
+TECHNIQUE_ABBREVIATIONS = {
+    "overlong_filtering": "of", "clip_higher": "ch", "overlong_shaping": "sop", "token_level_loss": "tll", "dynamic_sampling": "ds",
+}
+"""Short names for MLflow run labels: a UI column or chart legend shows ~16 characters."""
+
+
+def child_label(variant: Variant, seed: int) -> str:
+    """The child's MLflow run name: the ladder rung and the seed (``GRPO s0``, ``+ClipHigher s1``, ``DAPO s0``),
+    or for a grid variant its techniques abbreviated (``grpo+ch+ds s0``); distinct within an ablation."""
+    if variant.label:
+        return f"{LADDER_SHORT[LADDER_LABELS.index(variant.label)]} s{seed}"
+    on = [TECHNIQUE_ABBREVIATIONS[t] for t, enabled in variant.state if enabled]
+    name = "dapo" if len(on) == len(TECHNIQUE_ABBREVIATIONS) else "+".join(["grpo", *on])
+    return f"{name} s{seed}"
 
 
 def child_run_name(ablation: str, variant: str, seed: int) -> str:

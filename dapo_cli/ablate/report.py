@@ -28,6 +28,7 @@ seeds), against the step and against cumulative generated samples
 
 from __future__ import annotations
 
+import base64
 import html
 import json
 import math
@@ -44,7 +45,10 @@ from dapo_cli.eval.compare import compare_accuracies
 from dapo_cli.eval.metrics import PairedComparison
 from dapo_cli.fileio import atomic_path, write_json_atomic, write_text_atomic
 
+VAL_CURVE = "val/avg_at_k"
+"""The children's held-out avg@k over steps (their own k), drawn with the training curves."""
 CURVE_METRICS = (
+    VAL_CURVE,
     "rollout/acc",
     "actor/entropy",
     "response_length/mean",
@@ -215,7 +219,7 @@ def read_child(client: Any, run: Any) -> ChildResult | None:
         avg=avg[step],
         stderr=stderr,
         per_problem=per_problem_table(client, rid, step),
-        curves={key: history(client, rid, key) for key in (*CURVE_METRICS, SAMPLES_METRIC)},
+        curves={VAL_CURVE: avg, **{key: history(client, rid, key) for key in (*CURVE_METRICS[1:], SAMPLES_METRIC)}},
     )
 
 
@@ -379,6 +383,7 @@ def _slug(metric: str) -> str:
 def plot_curves(report: AblationReport, out_dir: Path) -> dict[str, list[Path]]:
     """One PNG per metric and x-axis (``step``, ``samples``), one line per variant; written atomically."""
     from matplotlib.figure import Figure  # the OO API: no pyplot, no global backend state
+    from matplotlib.ticker import MaxNLocator
 
     made: dict[str, list[Path]] = {"step": [], "samples": []}
     by_variant: dict[str, list[ChildResult]] = {}
@@ -403,7 +408,8 @@ def plot_curves(report: AblationReport, out_dir: Path) -> dict[str, list[Path]]:
                     xs = steps
                 ax.plot(xs, ys, marker="o", markersize=2, linewidth=1, alpha=0.85, label=row.label or row.name)
             ax.set_xlabel("step" if axis == "step" else "generated samples (cumulative)")
-            ax.set_ylabel(metric)
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps and samples are counts
+            ax.set_ylabel(f"val/avg_at_{report.k}" if metric == VAL_CURVE else metric)
             ax.set_title(f"{metric} — {report.name}", fontsize=9)
             if ax.lines:
                 ax.legend(fontsize=7)
@@ -462,9 +468,40 @@ def to_html(report: AblationReport, plots: dict[str, list[Path]], out_dir: Path)
         *("<tr>" + "".join(f"<td>{esc(r[h])}</td>" for h in head) + "</tr>" for r in rows),
         "</table>",
     ]
-    for axis in ("step", "samples"):
-        parts += [f"<h2>by {axis}</h2>"] + [f"<img src='{esc(p.relative_to(out_dir).as_posix())}'>" for p in plots[axis]]
+    for axis in ("step", "samples"):  # images inline: the page is one self-contained file (MLflow's viewer shows it)
+        parts += [f"<h2>by {axis}</h2>"] + [
+            f"<img alt='{esc(p.stem)}' src='data:image/png;base64,{base64.b64encode(p.read_bytes()).decode()}'>"
+            for p in plots[axis]
+        ]
     return "\n".join(parts) + "\n"
+
+
+def summary_markdown(report: AblationReport) -> str:
+    """The table alone, as Markdown: the parent run's description in MLflow (``mlflow.note.content``)."""
+    rows = table_rows(report)
+    if not rows:
+        return f"Ablation {report.name}: no finished child run yet."
+    head = ["rung", "variant", f"avg@{report.k} %", "95% CI seeds (t)", "Δ %", "Δ 95% CI (paired)", "samples", "seeds"]
+    lines = [f"**Ablation {report.name}** ({report.mode}; seeds {report.tags.get('ablate.seeds', '?')}); "
+             f"final held-out avg@{report.k}, recomputed from the child runs", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(r[h] for h in head) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def summary_metrics(report: AblationReport) -> dict[str, float]:
+    """Per-variant results as metrics of the parent run (keys ``v<rung>_<variant>/...``, MLflow-safe)."""
+    out: dict[str, float] = {}
+    for row in report.rows:
+        key = f"v{row.position}_{re.sub(r'[^A-Za-z0-9_.-]', '.', row.name)}"
+        out[f"{key}/avg_at_{report.k}"] = row.mean
+        out[f"{key}/ci95_seeds"] = row.seed_half
+        out[f"{key}/samples"] = row.samples
+        if row.delta is not None:
+            out[f"{key}/delta"] = row.delta.diff
+            out[f"{key}/delta_ci_low"] = row.delta.ci_low
+            out[f"{key}/delta_ci_high"] = row.delta.ci_high
+    return {k: v for k, v in out.items() if v is not None and math.isfinite(v)}
 
 
 def write_report(report: AblationReport, out_dir: Path, *, html_too: bool = False) -> dict[str, Path]:

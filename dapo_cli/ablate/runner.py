@@ -47,17 +47,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dapo_cli.ablate.plan import AblationPlan, Child, config_hash
+from dapo_cli.ablate.plan import AblationPlan, Child, child_label, config_hash
 from dapo_cli.ablate.report import (
     SUPERSEDED_TAG,
     AblationReport,
     build_report,
     child_runs,
+    summary_markdown,
+    summary_metrics,
     find_parent,
     mlflow_client,
     write_report,
 )
-from dapo_cli.config import dump_yaml
+from dapo_cli.config import dump_yaml, flatten
 from dapo_cli.errors import COLLAPSED, UserError
 from dapo_cli.tracking import EXTRA_TAGS_ENV, PARENT_RUN_ENV, start_run
 
@@ -164,7 +166,8 @@ def train_words(plan: AblationPlan, child: Child, config_path: str | None, sets:
     Resolved by ``dapo train``, these give exactly :meth:`AblationPlan.child_config`.
     """
     words = ["dapo", "train", *([config_path] if config_path else [])]
-    for item in [*sets, f"trainer.seed={child.seed}", f"trainer.run_name={child.run_name}"]:
+    label = f"tracking.run_label={child_label(child.variant, child.seed)}"
+    for item in [*sets, f"trainer.seed={child.seed}", f"trainer.run_name={child.run_name}", label]:
         words += ["--set", item]
     for name, on in child.variant.toggles:
         flag = name.replace("_", "-")
@@ -289,11 +292,14 @@ def _prepare_child(client: Any, plan: AblationPlan, child: Child, runs: Sequence
 
 
 def _write_report(client: Any, tracker: Any, plan: AblationPlan, *, html: bool) -> tuple[AblationReport, dict[str, Path]]:
-    """Rebuild the report from MLflow, write it under the ablation dir and log it to the parent."""
+    """Rebuild the report from MLflow, write it under the ablation dir and log it to the parent, whose
+    overview page then is the answer: per-variant results as metrics, the table as its description."""
     report = build_report(client, client.get_run(tracker.run_id))
     report_dir = ablation_dir(plan) / "report"
     files = write_report(report, report_dir, html_too=html)
     tracker.log_artifact(report_dir, "report")
+    tracker.log_metrics(summary_metrics(report), step=0)
+    tracker.set_tags({"mlflow.note.content": summary_markdown(report)})
     return report, files
 
 
@@ -452,7 +458,14 @@ def print_launch(
 
 
 def _record_plan(tracker: Any, plan: AblationPlan) -> None:
-    """The base config and the plan as parent artifacts (once, when the parent is created)."""
+    """The ablation spec and base config as parent params, and both as artifacts (once, when the parent is created)."""
+    tracker.log_params({
+        "ablate.mode": plan.mode,
+        "ablate.seeds": ",".join(str(x) for x in plan.seeds),
+        "ablate.variants": ",".join(v.name for v in plan.variants),
+        "ablate.techniques": ",".join(plan.techniques),
+        **flatten(plan.base),
+    })
     tracker.log_text(dump_yaml(plan.base), "ablation_config.yaml")
     tracker.log_dict(
         {

@@ -147,6 +147,11 @@ class TrackingConfig:
     backend: str = setting("mlflow", "where runs are recorded", choices=("mlflow", "null"))
     tracking_uri: str = setting("", "MLflow store (empty: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)")
     experiment: str = setting("dapo", "MLflow experiment name")
+    run_label: str = setting("", "MLflow run name shown in the UI (empty: the run directory's name); dapo ablate sets a short one per child")
+    log_checkpoint: str = setting(
+        "final", "copy checkpoints into MLflow's artifacts: the final one, none, or every saved one (each <= 64 MiB)",
+        choices=("final", "none", "every"),
+    )
 
 
 @dataclass

@@ -40,6 +40,10 @@ class Tracker(Protocol):
         """Close runs of the experiment that a dead process left RUNNING (``is_alive(run)`` False); their ids."""
         ...
 
+    def log_input(self, name: str, *, digest: str, rows: int, source: str, context: str) -> None:
+        """Register a dataset the run used (``context``: training / validation / evaluation)."""
+        ...
+
 
 class NullTracker:
     """A tracker that records nothing (``tracking.backend: null``)."""
@@ -72,3 +76,6 @@ class NullTracker:
 
     def mark_orphans(self, is_alive: Any) -> list[str]:
         return []
+
+    def log_input(self, name: str, *, digest: str, rows: int, source: str, context: str) -> None:
+        pass

@@ -229,6 +229,14 @@ class MlflowTracker:
         data = {c: [_table_value(r.get(c)) for r in rows] for c in columns}
         self.client.log_table(self.run_id, data=data, artifact_file=artifact_file)
 
+    def log_input(self, name: str, *, digest: str, rows: int, source: str, context: str) -> None:
+        """Register a dataset the run used (the UI's Dataset column): name, digest, row count, where from."""
+        from mlflow.entities import Dataset, DatasetInput, InputTag
+
+        dataset = Dataset(name=name, digest=digest[:36], source_type="local" if "://" not in source else "uri",
+                          source=json.dumps({"uri": source}), profile=json.dumps({"num_rows": rows}))
+        self.client.log_inputs(self.run_id, [DatasetInput(dataset, [InputTag("mlflow.data.context", context)])])
+
     def _has_artifact(self, artifact_file: str) -> bool:
         folder = artifact_file.rsplit("/", 1)[0] if "/" in artifact_file else None
         return any(a.path == artifact_file for a in self.client.list_artifacts(self.run_id, folder))

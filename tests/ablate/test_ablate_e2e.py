@@ -92,6 +92,17 @@ def test_ladder_killed_mid_way_then_rerun_trains_only_what_was_missing(tmp_path,
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id]
     assert len(parents) == 1 and len(children) == 6 and len(runs) == 7
     assert parents[0].info.status == "FINISHED" and parents[0].data.tags["ablate.variants"] == ",".join(names)
+    # the UI's run list and chart legends: short, distinct child names (the paper's rung + seed)
+    labels = sorted(r.info.run_name for r in children)
+    assert labels == sorted(["GRPO s0", "+OverlongFilter s0", "+ClipHigher s0", "+SoftPunish s0", "+TokenLoss s0", "DAPO s0"])
+    assert len({x[:8] for x in labels}) == 6 and max(len(x) for x in labels) <= 18
+    # the parent's overview page is the answer: the spec as params, results as metrics, the table as description
+    parent = client.get_run(parents[0].info.run_id)
+    assert parent.data.params["ablate.mode"] == "ladder" and parent.data.params["rollout.n"] == "2"
+    assert {f"v{i}_{n.replace('+', '.')}/avg_at_2" for i, n in enumerate(names)} <= set(parent.data.metrics)
+    assert "v1_grpo.overlong_filtering/delta" in parent.data.metrics
+    note = parent.data.tags["mlflow.note.content"]
+    assert note.startswith("**Ablation ") and all(f"| {n} |" in note for n in names)
     for run in children:
         tags = run.data.tags
         rung = int(tags["ablate.rung"])

@@ -63,7 +63,7 @@ def test_child_argv_spells_dapo_train_or_torchrun_for_printing_and_this_interpre
     grpo = plan.children()[0]
     words = train_words(plan, grpo, "exp.yaml", ["a.b=1"])
     tail = ["train", "exp.yaml", "--set", "a.b=1", "--set", "trainer.seed=0", "--set", f"trainer.run_name={plan.name}/grpo-s0",
-            *NO_TOGGLES]
+            "--set", "tracking.run_label=GRPO s0", *NO_TOGGLES]
     assert words == ["dapo", *tail]
     assert child_argv(plan, grpo, "exp.yaml", ["a.b=1"]) == words  # nproc 1 prints what it always printed
     assert child_argv(plan, grpo, "exp.yaml", ["a.b=1"], executable=True) == [sys.executable, "-m", "dapo_cli", *tail]

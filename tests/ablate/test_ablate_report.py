@@ -115,7 +115,11 @@ def test_report_files_figures_and_parent_artifacts(store) -> None:
     assert "Student t" in md and parent.info.run_id in md
     data = json.loads((out / "report.json").read_text())
     assert data["rows"][1]["mean"] == pytest.approx(0.65) and data["table"][0]["variant"] == A
-    assert "<td>+ Overlong Filtering</td>" in (out / "report.html").read_text()
+    page = (out / "report.html").read_text()
+    assert "<td>+ Overlong Filtering</td>" in page
+    # self-contained: every figure inline (MLflow's artifact viewer cannot follow relative links)
+    assert page.count("src='data:image/png;base64,") == 2 * len(CURVE_METRICS) and "curves_step/" not in page
+    assert "val_avg_at_k.png" in [p.name for p in (out / "curves_step").iterdir()]
     logged = {a.path for a in client.list_artifacts(parent.info.run_id, "report")}
     assert {"report/report.md", "report/report.json", "report/curves_step"} <= logged
 

@@ -80,7 +80,10 @@ def test_ladder_records_one_parent_and_six_tagged_children(tmp_path: Path) -> No
         assert run.info.run_name == f"{plan.name}/{LADDER[rung]}-s0"
         assert Path(tags["dapo.run_dir"]) == (tmp_path / "runs" / "abl" / plan.name / f"{LADDER[rung]}-s0").resolve()
     # the child's command is the equivalent dapo train line, toggles spelled out
-    assert fake.commands[0].startswith(f"dapo train --set trainer.seed=0 --set trainer.run_name={plan.name}/grpo-s0 --no-overlong-filtering")
+    assert fake.commands[0].startswith(
+        f"dapo train --set trainer.seed=0 --set trainer.run_name={plan.name}/grpo-s0 --set 'tracking.run_label=GRPO s0' "
+        "--no-overlong-filtering"
+    )
     artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
     assert {"ablation_config.yaml", "plan.json", "report"} <= artifacts
     assert (tmp_path / "runs" / "abl" / plan.name / "report" / "report.md").is_file()
@@ -135,7 +138,8 @@ def test_print_launcher_attaches_commands_to_the_same_parent(tmp_path: Path) -> 
     assert len(printed.commands) == 4
     assert printed.commands[0] == (
         f"DAPO_PARENT_RUN_ID={pid} dapo train exp.yaml --set a.b=1 --set trainer.seed=0 "
-        f"--set trainer.run_name={plan.name}/grpo-s0 " + " ".join(f"--no-{t.replace('_', '-')}" for t in TECHNIQUES)
+        f"--set trainer.run_name={plan.name}/grpo-s0 --set 'tracking.run_label=GRPO s0' "
+        + " ".join(f"--no-{t.replace('_', '-')}" for t in TECHNIQUES)
     )
     assert printed.commands[3].endswith(" --dynamic-sampling") and "trainer.seed=1" in printed.commands[3]
     _, parents, children = runs_of(tmp_path)

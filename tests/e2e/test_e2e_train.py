@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -154,3 +155,18 @@ def test_resume_without_a_checkpoint_is_a_one_line_error(workdir, tiny_model_dir
     result = CliRunner().invoke(app, ["train", str(config), "--resume"])
     assert result.exit_code == 2
     assert "no checkpoint" in result.output and "Traceback" not in result.output
+
+
+def test_the_mlflow_run_names_its_code_data_and_label(workdir, tiny_model_dir):
+    config = write_config(workdir, tiny_model_dir, steps=1)
+    result = CliRunner().invoke(app, ["train", str(config), "--no-dynamic-sampling", "--set", "tracking.run_label=short one",
+                                      "--set", "tracking.log_checkpoint=every", "--set", "trainer.save_freq=1"])
+    assert result.exit_code == 0, result.output
+    client, run = only_run(workdir)
+    assert run.info.run_name == "short one" and run.data.tags["dapo.run_name"] == RUN
+    # run from a temporary directory, the commit is still the checkout's the package came from
+    assert len(run.data.tags["dapo.git_commit"].split("+")[0]) == 40
+    inputs = {(d.dataset.name, [t.value for t in d.tags][0]) for d in run.inputs.dataset_inputs}
+    assert inputs == {("synthetic:add-3digit", "training"), ("synthetic:add-3digit", "validation")}
+    assert json.loads(run.inputs.dataset_inputs[0].dataset.profile)["num_rows"] in (64, 6)
+    assert [a.path for a in client.list_artifacts(run.info.run_id, "checkpoints")] == ["checkpoints/step_000001"]
