@@ -214,14 +214,19 @@ TECHNIQUE_ABBREVIATIONS = {
 """Short names for MLflow run labels: a UI column or chart legend shows ~16 characters."""
 
 
+def short_variant(name: str) -> str:
+    """A variant name in a few characters: the ladder rung (``GRPO``, ``+ClipHigher``, ``DAPO``) or the
+    techniques abbreviated (``grpo+ch+ds``)."""
+    if name in LADDER_NAMES:
+        return LADDER_SHORT[LADDER_NAMES.index(name)]
+    parts = name.split("+")
+    return "+".join(TECHNIQUE_ABBREVIATIONS.get(p, p) for p in parts)
+
+
 def child_label(variant: Variant, seed: int) -> str:
     """The child's MLflow run name: the ladder rung and the seed (``GRPO s0``, ``+ClipHigher s1``, ``DAPO s0``),
     or for a grid variant its techniques abbreviated (``grpo+ch+ds s0``); distinct within an ablation."""
-    if variant.label:
-        return f"{LADDER_SHORT[LADDER_LABELS.index(variant.label)]} s{seed}"
-    on = [TECHNIQUE_ABBREVIATIONS[t] for t, enabled in variant.state if enabled]
-    name = "dapo" if len(on) == len(TECHNIQUE_ABBREVIATIONS) else "+".join(["grpo", *on])
-    return f"{name} s{seed}"
+    return f"{short_variant(variant.name)} s{seed}"
 
 
 def child_run_name(ablation: str, variant: str, seed: int) -> str:

@@ -490,10 +490,13 @@ def summary_markdown(report: AblationReport) -> str:
 
 
 def summary_metrics(report: AblationReport) -> dict[str, float]:
-    """Per-variant results as metrics of the parent run (keys ``v<rung>_<variant>/...``, MLflow-safe)."""
+    """Per-variant results as metrics of the parent run, keyed ``<position>_<short name>/...``
+    (``3_SoftPunish/avg_at_4``, ``5_grpo.ch.ds/delta``: MLflow keys allow no ``+``)."""
+    from dapo_cli.ablate.plan import short_variant
+
     out: dict[str, float] = {}
     for row in report.rows:
-        key = f"v{row.position}_{re.sub(r'[^A-Za-z0-9_.-]', '.', row.name)}"
+        key = f"{row.position}_{re.sub(r'[^A-Za-z0-9_.-]', '.', short_variant(row.name)).strip('.')}"
         out[f"{key}/avg_at_{report.k}"] = row.mean
         out[f"{key}/ci95_seeds"] = row.seed_half
         out[f"{key}/samples"] = row.samples
