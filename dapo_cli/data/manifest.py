@@ -4,13 +4,12 @@ The manifest (``<out>.manifest.json``) holds the options, one entry per input (s
 layout, rows kept per conversion and dropped per reason), the totals under
 ``counts`` (``duplicates_removed``, ``conflicting_duplicates_removed`` and
 ``conflicting_problems`` among them) and the sha256 of every written file. It is
-written with the parquet files: every temporary file is complete before any is
-renamed into place.
+written with the parquet files, all or nothing: every temporary file is complete
+before any is renamed into place, the manifest last (:mod:`dapo_cli.data.staging`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -20,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 from dapo_cli import __version__
 from dapo_cli.data.convert import CONVERSIONS
 from dapo_cli.data.schema import write_dapo_table
-from dapo_cli.fileio import atomic_path, sha256_file
+from dapo_cli.data.staging import staged_outputs
+from dapo_cli.fileio import sha256_file
 
 if TYPE_CHECKING:
     from dapo_cli.data.prepare import PrepareOptions
@@ -121,14 +121,20 @@ def write_outputs(
     writes: list[tuple[str, Path, list[dict[str, Any]]]],
     dedup: DedupCounts,
 ) -> dict[str, Any]:
-    """Write every parquet file and the manifest to temporary files, then rename them all into place."""
-    with contextlib.ExitStack() as stack:
+    """Write every parquet file and the manifest to temporary files, then rename them all into place.
+
+    All or nothing (:mod:`dapo_cli.data.staging`): on a failure (full disk, read-only or
+    missing destination, a directory in the way) no output, temporary or new directory
+    is left, and :class:`~dapo_cli.errors.UserError` names the destination in one line.
+    The manifest is renamed last.
+    """
+    with staged_outputs() as stage:
         outputs = []
         for split, path, rows in writes:
-            tmp = stack.enter_context(atomic_path(path))
+            tmp = stage.path_for(path)
             write_dapo_table(rows, tmp)
             outputs.append({"split": split, "path": str(path), "rows": len(rows), "sha256": sha256_file(tmp)})
         manifest = build_manifest(options, reports, outputs, dedup)
-        manifest_tmp = stack.enter_context(atomic_path(options.manifest_path))
+        manifest_tmp = stage.path_for(options.manifest_path)
         manifest_tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return manifest

@@ -13,7 +13,9 @@ A file whose columns are already the DAPO schema (``prompt`` and ``reward_model`
 e.g. DAPO-Math-17K or ``aime-2024.parquet``) is read as prepared rows instead.
 The format comes from the extension (``.parquet``, ``.jsonl``/``.ndjson``,
 ``.json``) or, failing that, from the first bytes (``PAR1`` or ``{``/``[``).
-Every problem here raises :class:`~dapo_cli.errors.UserError` with one line.
+Every problem here raises :class:`~dapo_cli.errors.UserError` with one line: a file
+that is not UTF-8 (naming the first bad line), JSON nested deeper than
+:data:`MAX_JSON_DEPTH` (naming the line, checked before parsing), a broken parquet file.
 
 :func:`open_input` streams: parquet in record batches, JSONL line by line (one
 extra pass first for the column names), so ``dapo prepare-data`` holds only the
@@ -49,6 +51,53 @@ FORMATS: dict[str, str] = {".parquet": "parquet", ".pq": "parquet", ".jsonl": "j
 """File extension → format; anything else is sniffed."""
 
 _THE_ANSWER_IS = re.compile(r"The answer is\s*:?", re.IGNORECASE)
+
+MAX_JSON_DEPTH = 64
+"""Deepest nesting of arrays and objects read from JSON (a DAPO row nests 3 levels).
+
+Python's ``json`` recurses once per level (100,000 nested ``[`` raised RecursionError),
+and later steps that print or copy a cell recurse again; a row nested deeper than
+this is refused with one line naming the file and line before it is parsed.
+"""
+
+# One JSON string (always matches from a '"': to its closing quote, or to the end of an
+# unterminated one; the unrolled loop never backtracks) or one bracket outside strings.
+_JSON_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\\?\Z)|[\[\]{}]', re.DOTALL)
+
+
+def json_nesting_excess(text: str) -> int | None:
+    """Offset of the first ``[``/``{`` nested deeper than :data:`MAX_JSON_DEPTH` in ``text`` (None: not too deep).
+
+    Linear: brackets inside strings are skipped with the strings. Text with at most
+    :data:`MAX_JSON_DEPTH` brackets in all is answered without scanning.
+    """
+    if text.count("[") + text.count("{") <= MAX_JSON_DEPTH:
+        return None
+    depth = 0
+    for token in _JSON_TOKEN.finditer(text):
+        char = text[token.start()]
+        if char in "[{":
+            depth += 1
+            if depth > MAX_JSON_DEPTH:
+                return token.start()
+        elif char in "]}":
+            depth = max(depth - 1, 0)
+    return None
+
+
+def _too_deep(where: str) -> UserError:
+    return UserError(f"{where} nests arrays/objects deeper than {MAX_JSON_DEPTH} levels; this is not a dataset row")
+
+
+def _undecodable_line(path: Path) -> str:
+    """``<path>: line N`` of the first line that is not UTF-8 (read in binary, only on that error)."""
+    with open(path, "rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError:
+                return f"{path}: line {number}"
+    return str(path)
 
 
 @dataclass(frozen=True)
@@ -108,8 +157,14 @@ def _parquet_file(path: Path) -> pq.ParquetFile:
 def _iter_parquet(path: Path) -> Iterator[dict[str, Any]]:
     try:
         with _parquet_file(path) as parquet:
+            start = 0
             for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS):
-                yield from batch.to_pylist()
+                try:
+                    rows = batch.to_pylist()
+                except RecursionError:  # a nested column deeper than Python's recursion limit
+                    raise _too_deep(f"{path}: a row of rows {start}-{start + batch.num_rows - 1}") from None
+                yield from rows
+                start += batch.num_rows
     except (pa.ArrowInvalid, OSError) as exc:
         raise UserError(f"cannot read {path} as parquet: {' '.join(str(exc).split())}") from None
 
@@ -120,24 +175,38 @@ def _iter_json_lines(path: Path) -> Iterator[dict[str, Any]]:
             for number, line in enumerate(handle, start=1):
                 if not line.strip():
                     continue
+                if json_nesting_excess(line) is not None:
+                    raise _too_deep(f"{path}: line {number}")
                 try:
                     record = json.loads(line)
                 except json.JSONDecodeError as exc:
                     raise UserError(f"{path}: line {number} is not valid JSON ({exc.msg})") from None
+                except RecursionError:  # only with a recursion limit below MAX_JSON_DEPTH
+                    raise _too_deep(f"{path}: line {number}") from None
                 if not isinstance(record, dict):
                     raise UserError(f"{path}: line {number} is not a JSON object")
                 yield record
     except UnicodeDecodeError:
-        raise UserError(f"{path} is not UTF-8 text; expected a .parquet or .jsonl file") from None
+        raise UserError(f"{_undecodable_line(path)} is not UTF-8 text; expected a .parquet or .jsonl file") from None
 
 
 def _read_json_array(path: Path) -> list[dict[str, Any]]:
+    raw = path.read_bytes()
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError:
-        raise UserError(f"{path} is not UTF-8 text; expected a .parquet or .jsonl file") from None
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise UserError(f"{path}: line {line} is not UTF-8 text; expected a .parquet or .jsonl file") from None
+    del raw
+    excess = json_nesting_excess(text)
+    if excess is not None:
+        raise _too_deep(f"{path}: line {text.count(chr(10), 0, excess) + 1}")
+    try:
+        data = json.loads(text)
     except json.JSONDecodeError:
         return list(_iter_json_lines(path))  # a .json file holding JSON lines
+    except RecursionError:
+        raise _too_deep(str(path)) from None
     if isinstance(data, dict):
         data = [data]
     if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):

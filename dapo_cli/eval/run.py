@@ -12,6 +12,13 @@ Two layers:
 Problems are generated in fixed batches of ``batch_problems`` problems (batch ``b``
 always holds the same problems), and batch ``b`` samples with seed ``seed + b``, so a
 resumed run produces exactly the samples an uninterrupted run would have.
+
+Memory is bounded whatever ``--avg`` is: no generate call holds more than
+:func:`sequences_per_call` sequences (``--batch-size``, or
+:data:`MAX_SEQUENCES_PER_CALL` when it is 0), so K samples of one problem beyond that
+are drawn in chunks (chunk ``c > 0`` of batch ``b`` with seed ``seed + b + c·B``, B the
+number of batches); and :func:`check_memory` refuses, with one line naming the setting
+to lower, a run whose samples could not be held in this machine's memory.
 """
 
 from __future__ import annotations
@@ -31,6 +38,17 @@ from dapo_cli.eval import metrics as M
 from dapo_cli.eval.problems import Problem
 from dapo_cli.fileio import atomic_path, write_json_atomic
 from dapo_cli.rollout.base import RolloutEngine, SamplingParams
+
+MAX_SEQUENCES_PER_CALL = 256
+"""Most sequences one generate call holds when ``--batch-size`` is 0 (K samples beyond it come in chunks)."""
+
+# Rough bytes per token of what an evaluation holds (see check_memory).
+TOKEN_ID_BYTES = 9  #: an int64 token id and its bool mask, per prompt and response position of a call
+RESPONSE_TOKEN_BYTES = 8  #: float32 log-prob and ~4 characters of decoded text per response token of a call
+TEXT_BYTES_PER_TOKEN = 4  #: decoded text per token (English and LaTeX average 3-4 characters)
+RECORD_COPIES = 2  #: every record's text is held twice at the end: the records and the generations table
+RECORD_OVERHEAD_BYTES = 400  #: one SampleRecord with its short strings (ids, pred, ground truth)
+FALLBACK_MEMORY_BYTES = 16 << 30  #: memory assumed when the machine's cannot be read
 
 CHECKPOINT_FILE = "generations.partial.jsonl"
 GENERATIONS_FILE = "generations.parquet"
@@ -101,6 +119,26 @@ def batch_params(params: SamplingParams, batch_index: int) -> SamplingParams:
     return dataclasses.replace(params, seed=params.seed + batch_index)
 
 
+def generate_calls(num_problems: int, k: int, max_sequences: int | None) -> list[tuple[range, int]]:
+    """(problem positions, samples per problem) of each generate call of one batch.
+
+    One call when ``num_problems * k <= max_sequences`` (or ``max_sequences`` is None);
+    else groups of ``max_sequences // k`` problems; and when ``k > max_sequences``, one
+    problem per call in chunks of at most ``max_sequences`` samples. No call exceeds
+    ``max_sequences`` sequences.
+    """
+    if max_sequences is None or num_problems * k <= max_sequences:
+        return [(range(num_problems), k)]
+    if max_sequences < 1:
+        raise ValueError(f"max_sequences must be >= 1, got {max_sequences}")
+    if k <= max_sequences:
+        size = max_sequences // k
+        return [(range(start, min(start + size, num_problems)), k) for start in range(0, num_problems, size)]
+    return [
+        (range(i, i + 1), min(max_sequences, k - done)) for i in range(num_problems) for done in range(0, k, max_sequences)
+    ]
+
+
 def generate_batch(
     engine: RolloutEngine,
     problems: Sequence[Problem],
@@ -109,25 +147,37 @@ def generate_batch(
     k: int,
     params: SamplingParams,
     verifier: str,
+    max_sequences: int | None = None,
+    seed_stride: int = 1,
 ) -> list[SampleRecord]:
-    """Sample ``k`` responses for each of ``problems`` (templated ``prompts``) and score them."""
+    """Sample ``k`` responses for each of ``problems`` (templated ``prompts``) and score them.
+
+    At most ``max_sequences`` sequences per ``engine.generate`` call (None: one call for
+    the batch); call ``c`` (see :func:`generate_calls`) samples with seed
+    ``params.seed + c * seed_stride``, so call 0 is the single call of an unchunked batch.
+    """
     from dapo_cli.rewards import score_batch
 
-    rollouts = engine.generate(list(prompts), k, params)
-    owners = [problems[int(i)] for i in rollouts.prompt_index.tolist()]
-    scores, accs, preds = score_batch(verifier, rollouts.texts, [p.ground_truth for p in owners])
-    lengths = rollouts.lengths.tolist()
-    truncated = rollouts.truncated.tolist()
     seen: dict[str, int] = {}
     records = []
-    for i, problem in enumerate(owners):
-        index = seen[problem.problem_id] = seen.get(problem.problem_id, -1) + 1
-        records.append(
-            SampleRecord(
-                problem.problem_id, index, rollouts.texts[i], preds[i], bool(accs[i]), float(scores[i]),
-                problem.ground_truth, int(lengths[i]), bool(truncated[i]),
+    for call, (positions, n) in enumerate(generate_calls(len(problems), k, max_sequences)):
+        call_params = params
+        if call and params.seed is not None:
+            call_params = dataclasses.replace(params, seed=params.seed + call * seed_stride)
+        rollouts = engine.generate([prompts[i] for i in positions], n, call_params)
+        owners = [problems[positions[int(i)]] for i in rollouts.prompt_index.tolist()]
+        scores, accs, preds = score_batch(verifier, rollouts.texts, [p.ground_truth for p in owners])
+        lengths = rollouts.lengths.tolist()
+        truncated = rollouts.truncated.tolist()
+        for i, problem in enumerate(owners):
+            index = seen[problem.problem_id] = seen.get(problem.problem_id, -1) + 1
+            records.append(
+                SampleRecord(
+                    problem.problem_id, index, rollouts.texts[i], preds[i], bool(accs[i]), float(scores[i]),
+                    problem.ground_truth, int(lengths[i]), bool(truncated[i]),
+                )
             )
-        )
+        del rollouts  # the token tensors of one call at a time
     return records
 
 
@@ -142,12 +192,18 @@ def generate_records(
     batch_problems: int = 0,
     skip_batches: frozenset[int] = frozenset(),
     on_batch: Callable[[int, list[SampleRecord]], None] | None = None,
+    max_sequences: int | None = None,
 ) -> list[SampleRecord]:
-    """Records of every batch not in ``skip_batches``; ``on_batch(b, records)`` after each."""
+    """Records of every batch not in ``skip_batches``; ``on_batch(b, records)`` after each.
+
+    ``max_sequences``: most sequences per generate call (None: one call per batch); see
+    :func:`generate_batch` (chunk ``c`` of batch ``b`` samples with seed ``seed + b + c·B``).
+    """
     if len(prompts) != len(problems):
         raise ValueError(f"{len(problems)} problems but {len(prompts)} prompts")
     out: list[SampleRecord] = []
-    for b, idx in enumerate(problem_batches(len(problems), batch_problems)):
+    batches = problem_batches(len(problems), batch_problems)
+    for b, idx in enumerate(batches):
         if b in skip_batches:
             continue
         records = generate_batch(
@@ -157,6 +213,8 @@ def generate_records(
             k=k,
             params=batch_params(params, b),
             verifier=verifier,
+            max_sequences=max_sequences,
+            seed_stride=len(batches),
         )
         if on_batch is not None:
             on_batch(b, records)
@@ -227,17 +285,20 @@ def evaluate_problems(
     verifier: str,
     pass_k: Sequence[int] = (),
     batch_problems: int = 0,
+    max_sequences: int | None = None,
 ) -> EvalResult:
     """Sample ``k`` responses per problem with ``engine``, score with ``verifier``, summarise.
 
     ``prompts[i]`` is ``problems[i]``'s templated prompt. ``batch_problems`` problems go
-    to the engine per call (0: all at once). The trainer may prefix the metric keys
+    to the engine per batch (0: all at once), in calls of at most ``max_sequences``
+    sequences (None: one call per batch). The trainer may prefix the metric keys
     (``val/``) and must pass them through :func:`~dapo_cli.eval.metrics.tracking_metrics`
     for MLflow.
     """
     check_k(k, pass_k)
     records = generate_records(
-        engine, problems, prompts, k=k, params=params, verifier=verifier, batch_problems=batch_problems
+        engine, problems, prompts, k=k, params=params, verifier=verifier, batch_problems=batch_problems,
+        max_sequences=max_sequences,
     )
     return summarize(problems, records, k=k, pass_k=pass_k)
 
@@ -389,6 +450,8 @@ class EvalOptions:
     tracking_backend: str = "mlflow"
     tracking_uri: str = ""
     experiment: str = "dapo"
+    memory_limit_bytes: int | None = None
+    """Most memory an evaluation may plan to hold (None: this machine's, see :func:`memory_limit`)."""
 
 
 @dataclass
@@ -408,10 +471,86 @@ def batch_problems_for(k: int, batch_size: int) -> int:
     return max(1, batch_size // k) if batch_size > 0 else 1
 
 
+def sequences_per_call(k: int, batch_size: int) -> int:
+    """Most sequences in one generate call: ``--batch-size`` (0: :data:`MAX_SEQUENCES_PER_CALL`).
+
+    One problem's K samples beyond it are drawn in chunks of this many.
+    """
+    return batch_size if batch_size > 0 else MAX_SEQUENCES_PER_CALL
+
+
+def memory_limit() -> int:
+    """This machine's memory in bytes: physical memory, or the cgroup limit when lower."""
+    try:
+        limit = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        limit = FALLBACK_MEMORY_BYTES
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = Path(path).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            limit = min(limit, int(text))
+    return limit
+
+
+def _gib(n: float) -> str:
+    return f"{n / (1 << 30):,.1f} GiB"
+
+
+def memory_needed(k: int, num_problems: int, max_tokens: int, prompt_tokens: int, batch_size: int) -> tuple[int, int]:
+    """(bytes the records of the whole run hold, bytes one generate call holds), both upper bounds.
+
+    Records: every sample at ``max_tokens`` tokens of text, :data:`RECORD_COPIES` times, plus
+    :data:`RECORD_OVERHEAD_BYTES`. One call: :func:`sequences_per_call` sequences (at most K
+    of one problem) of ``prompt_tokens + max_tokens`` token ids and masks, and per response
+    token a log-prob and its text. Rough on purpose: it catches settings that cannot fit
+    (``--avg 2000000``), not a run that is merely large.
+    """
+    held = num_problems * k * (RECORD_COPIES * TEXT_BYTES_PER_TOKEN * max_tokens + RECORD_OVERHEAD_BYTES)
+    sequences = min(sequences_per_call(k, batch_size), num_problems * k)
+    per_call = sequences * ((prompt_tokens + max_tokens) * TOKEN_ID_BYTES + max_tokens * RESPONSE_TOKEN_BYTES)
+    return held, per_call
+
+
+def check_memory(opts: EvalOptions, num_problems: int, prompt_tokens: int = 0) -> None:
+    """UserError (one line, naming the setting to lower) when :func:`memory_needed` exceeds the limit.
+
+    ``prompt_tokens``: the longest prompt (its UTF-8 bytes bound its tokens); 0 before the
+    dataset is read. Pure arithmetic: nothing is allocated, so it runs before the model loads.
+    """
+    if opts.max_tokens < 1:
+        raise UserError(f"--max-tokens must be at least 1 (got {opts.max_tokens})")
+    if opts.batch_size < 0:
+        raise UserError(f"--batch-size must be 0 (one problem batch) or more (got {opts.batch_size})")
+    limit = opts.memory_limit_bytes if opts.memory_limit_bytes is not None else memory_limit()
+    held, per_call = memory_needed(opts.k, num_problems, opts.max_tokens, prompt_tokens, opts.batch_size)
+    if held + per_call <= limit:
+        return
+    if held >= per_call:
+        problems = f"{num_problems} problem{'s' if num_problems != 1 else ''}"
+        raise UserError(
+            f"--avg {opts.k} samples × {problems} × up to --max-tokens {opts.max_tokens} tokens would hold about "
+            f"{_gib(held + per_call)} of responses, more than the {_gib(limit)} of memory here; "
+            "lower --avg, --max-tokens or --limit"
+        )
+    sequences = min(sequences_per_call(opts.k, opts.batch_size), num_problems * opts.k)
+    raise UserError(
+        f"one generate call of {sequences} sequences × ({prompt_tokens} prompt + {opts.max_tokens} new tokens) would "
+        f"hold about {_gib(held + per_call)}, more than the {_gib(limit)} of memory here; lower --batch-size or --max-tokens"
+    )
+
+
 def eval_settings(opts: EvalOptions, model: str, source: Path, num_problems: int) -> dict[str, Any]:
-    """Everything that determines the samples; a resumed run must match them exactly."""
+    """Everything that determines the samples; a resumed run must match them exactly.
+
+    ``sequences_per_call`` is recorded only when it splits one problem's K samples
+    (K > it), the only case where it changes the samples.
+    """
     from dapo_cli.fileio import sha256_file
 
+    chunked = opts.k > sequences_per_call(opts.k, opts.batch_size)
     return {
         "checkpoint": model,
         "dataset": opts.dataset,
@@ -428,6 +567,7 @@ def eval_settings(opts: EvalOptions, model: str, source: Path, num_problems: int
         "batch_problems": batch_problems_for(opts.k, opts.batch_size),
         "seed": opts.seed,
         "limit": opts.limit,
+        **({"sequences_per_call": sequences_per_call(opts.k, opts.batch_size)} if chunked else {}),
     }
 
 
@@ -457,6 +597,7 @@ def run_eval(
         raise UserError(f"unknown verifier '{opts.verifier}'; valid names: {', '.join(VERIFIERS)}")
     if opts.limit is not None and opts.limit < 1:
         raise UserError(f"--limit must be at least 1 (got {opts.limit})")
+    check_memory(opts, 1)  # before anything loads: even one problem may not fit
     from dapo_cli.components import ROLLOUT_ENGINES, build_eval_rollout
 
     if opts.engine not in ROLLOUT_ENGINES:
@@ -466,6 +607,8 @@ def run_eval(
     problems = group_problems(data.rows)
     layout = f"{data.describe()}: {describe_layout(problems)}"
     problems = problems[: opts.limit] if opts.limit is not None else problems
+    prompt_bytes = max(sum(len(m["content"].encode("utf-8")) for m in p.messages) for p in problems)
+    check_memory(opts, len(problems), prompt_bytes)
     settings = eval_settings(opts, model, data.source, len(problems))
     checkpoint = GenerationCheckpoint(opts.output, settings)
     previous = checkpoint.records()
@@ -488,6 +631,7 @@ def run_eval(
                 engine, problems, [format_prompt(p.messages) for p in problems], k=opts.k, params=params,
                 verifier=opts.verifier, batch_problems=settings["batch_problems"],
                 skip_batches=frozenset(checkpoint.done), on_batch=on_batch,
+                max_sequences=sequences_per_call(opts.k, opts.batch_size),
             )
         result = summarize(problems, previous + new, k=opts.k, pass_k=opts.pass_k)
         tracker.log_metrics(M.tracking_metrics(result.metrics))

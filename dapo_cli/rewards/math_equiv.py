@@ -129,6 +129,7 @@ def _nested(method: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(method)
     def wrapper(self: _Parser, *args: Any) -> Any:
         self.depth += 1
+        self.max_depth = max(self.max_depth, self.depth)
         if self.depth > MAX_DEPTH:
             raise ParseError("nested too deeply")
         try:
@@ -146,6 +147,8 @@ class _Parser:
         self.tokens = tokens
         self.pos = 0
         self.depth = 0
+        self.max_depth = 0
+        """Deepest nesting reached (never above :data:`MAX_DEPTH` + 1: the level that raised)."""
         self.radicand_bits = 0
 
     def peek(self) -> Token:
@@ -338,17 +341,23 @@ class _Parser:
         return result
 
 
-@functools.lru_cache(maxsize=8192)
 def parse_answer(text: str) -> Answer | None:
     """Parse an answer into a sympy expression (or a tuple of them); None when unparseable.
 
-    Never evaluates the text as code. Bounded work: see the module docstring.
+    Never evaluates the text as code. Bounded work: see the module docstring. Text over
+    :data:`MAX_CHARS` is refused before the cache, which so holds at most 8192 short keys.
 
     >>> parse_answer("\\\\frac{-1+\\\\sqrt{5}}{4}")
     -1/4 + sqrt(5)/4
     """
-    if not isinstance(text, str):
+    if not isinstance(text, str) or len(text) > MAX_CHARS:
         return None
+    return _parse_short(text)
+
+
+@functools.lru_cache(maxsize=8192)
+def _parse_short(text: str) -> Answer | None:
+    """:func:`parse_answer` of a text of at most :data:`MAX_CHARS` characters (cached)."""
     normalized = normalize_text(text)
     if not normalized:
         return None
@@ -363,6 +372,10 @@ def canonical_string(expr: Answer) -> str:
     if isinstance(expr, tuple):
         return "(" + ", ".join(canonical_string(item) for item in expr) + ")"
     return sympy.latex(expr)
+
+
+parse_answer.cache_clear = _parse_short.cache_clear  # type: ignore[attr-defined]
+parse_answer.cache_info = _parse_short.cache_info  # type: ignore[attr-defined]
 
 
 # ---------------------------------------------------------------------------

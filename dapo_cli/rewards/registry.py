@@ -1,7 +1,8 @@
 """Verifiers by name: ``math_dapo`` (default), ``strict_box``, ``math_equiv``.
 
 A verifier maps ``(response, ground_truth)`` to
-``{"score": ±1.0, "acc": bool, "pred": str}``. Strings in, dicts out: nothing here
+``{"score": ±1.0, "acc": bool, "pred": str}``, reading a bounded part of each
+(:mod:`dapo_cli.rewards.bounds`). Strings in, dicts out: nothing here
 knows about configs, tensors or batches.
 """
 
@@ -11,6 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 
 from dapo_cli.rewards import math_dapo, strict_box
+from dapo_cli.rewards.bounds import scorable
 from dapo_cli.rewards.math_dapo import INVALID, ScoreResult, make_result
 
 Verifier = Callable[[str, str], ScoreResult]
@@ -34,12 +36,16 @@ def extract_equiv_answer(response: str) -> str:
 
 
 def math_equiv_score(response: str, ground_truth: str) -> ScoreResult:
-    """Score by mathematical equivalence (safe sympy) of the extracted answer and the ground truth."""
+    """Score by mathematical equivalence (safe sympy) of the extracted answer and the ground truth.
+
+    A ground truth over :data:`~dapo_cli.rewards.bounds.MAX_GROUND_TRUTH_CHARS` characters
+    is unscorable (``acc`` False) and not parsed.
+    """
     # Imported here so this module loads without sympy's import cost, and before math_equiv exists.
     from dapo_cli.rewards.math_equiv import is_equivalent
 
     pred = extract_equiv_answer(response)
-    return make_result(pred != INVALID and is_equivalent(pred, ground_truth), pred)
+    return make_result(pred != INVALID and scorable(ground_truth) and is_equivalent(pred, ground_truth), pred)
 
 
 VERIFIERS: Mapping[str, Verifier] = MappingProxyType(

@@ -11,11 +11,14 @@ where :math:`y_{-100:}` is the final :data:`BOX_WINDOW_CHARS` code points and
 ``box`` is the content of the *last* ``\\boxed{`` whose braces balance. Nothing is
 normalised and nothing is stripped (the released code compares ``pred == gt`` as
 they are, so ``" 5"`` ≠ ``"5"``). When the last ``\\boxed{`` never closes, the
-answer is ``[INVALID]`` even if an earlier box is complete (as released).
+answer is ``[INVALID]`` even if an earlier box is complete (as released). A ground
+truth over :data:`~dapo_cli.rewards.bounds.MAX_GROUND_TRUTH_CHARS` characters is
+unscorable (every response scores -1; it could not equal a box of 100 characters anyway).
 """
 
 from __future__ import annotations
 
+from dapo_cli.rewards.bounds import scorable
 from dapo_cli.rewards.math_dapo import INVALID, ScoreResult, make_result
 
 BOX_WINDOW_CHARS = 100
@@ -49,4 +52,4 @@ def compute_score(response: str, ground_truth: str) -> ScoreResult:
     """Score one response: the last balanced box of the final 100 characters must equal ``ground_truth``."""
     boxed = last_boxed_content(response[-BOX_WINDOW_CHARS:])
     pred = INVALID if boxed is None else boxed
-    return make_result(pred == ground_truth, pred)
+    return make_result(scorable(ground_truth) and pred == ground_truth, pred)

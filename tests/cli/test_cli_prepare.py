@@ -121,6 +121,34 @@ def test_bad_inputs_exit_2_with_one_line_and_no_output(
     assert not Path("out.parquet").exists() and not Path("out.parquet.manifest.json").exists()
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["good.jsonl", "-o", "existing"], r"output existing is a directory; give a file path such as existing/train.parquet"),
+        (["good.jsonl", "-o", "good.jsonl/out.parquet"], r"cannot write good.jsonl/out.parquet: good.jsonl is a file"),
+        (["deep.jsonl", "-o", "out.parquet"], r"deep.jsonl: line 1 nests arrays/objects deeper than 64 levels"),
+        (["deep.json", "-o", "out.parquet"], r"deep.json: line 1 nests arrays/objects deeper than 64 levels"),
+        (["binary.jsonl", "-o", "out.parquet"], r"binary.jsonl: line 2 is not UTF-8 text"),  # byte 10 ends line 1
+    ],
+)
+def test_hostile_files_and_outputs_exit_2_with_one_line_and_leave_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str], message: str
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    Path("existing").mkdir()
+    Path("good.jsonl").write_text('{"problem": "1+1?", "answer": "2"}\n')
+    Path("deep.jsonl").write_text('{"problem": "a", "answer": ' + "[" * 100_000 + "]" * 100_000 + "}\n")
+    Path("deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    Path("binary.jsonl").write_bytes(bytes(range(256)))
+    before = sorted(p.name for p in tmp_path.iterdir())
+    result = runner.invoke(app, ["prepare-data", *args, "--no-track"])
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and re.search(message, lines[0]), result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # no <dir>.manifest.json, no temporary file
+    assert list(Path("existing").iterdir()) == []
+
+
 def test_missing_output_is_one_line(tmp_path: Path) -> None:
     result = runner.invoke(app, ["prepare-data", str(tmp_path / "x.jsonl")])
     assert result.exit_code == 2

@@ -4,17 +4,23 @@ from __future__ import annotations
 
 import json
 import math
+import random
+import re
+import time
 from pathlib import Path
 
 import pytest
 import sympy
 
+from dapo_cli.data import convert as convert_module
 from dapo_cli.data.convert import (
     DROP_REASONS,
+    MAX_PROBLEM_CHARS,
     Converted,
     Dropped,
     convert,
     math_letters,
+    math_segments,
     pick_letters,
     surd_instruction,
     surd_parts,
@@ -217,7 +223,7 @@ def test_pi_multiples(answer: str, truth: str, form: str) -> None:
     [
         (None, "no_answer"),
         ("", "no_answer"),  # gaokao line 168: "answer": ""
-        ("1" * 501, "too_long"),
+        ("1" * 501, "answer_too_long"),
         ("A", "choice"),  # gaokao line 170
         ("(C)", "choice"),
         ("$5$ or $9$", "multiple_answers"),  # gaokao line 186
@@ -258,6 +264,40 @@ def test_drop_reasons(answer: str | None, reason: str) -> None:
 
 def test_empty_problem_is_dropped() -> None:
     assert convert("  ", "5") == Dropped("no_problem")
+
+
+def test_problem_over_the_cap_is_dropped_before_any_parsing(monkeypatch: pytest.MonkeyPatch) -> None:
+    at_cap = "x" * (MAX_PROBLEM_CHARS - 6) + " $a$ ?"
+    assert len(at_cap) == MAX_PROBLEM_CHARS and isinstance(convert(at_cap, "1/2"), Converted)
+    monkeypatch.setattr(convert_module, "parse_answer", lambda text: pytest.fail("parsed"))
+    assert convert(at_cap + "x", "1/2") == Dropped("problem_too_long", f"{MAX_PROBLEM_CHARS + 1} characters")
+    assert "problem_too_long" in DROP_REASONS and "answer_too_long" in DROP_REASONS and "too_long" not in DROP_REASONS
+
+
+# The expression math_letters used (quadratic: 16.9 s on 40,000 "\("); math_segments must find the same.
+RELEASED_SEGMENT = re.compile(r"\$\$(.+?)\$\$|\$(.+?)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", re.DOTALL)
+
+
+def test_math_segments_equal_the_regular_expression_on_random_text() -> None:
+    rng = random.Random(0)
+    pieces = ["$", "$$", "\\", "(", ")", "[", "]", "a", "\n", "\\(", "\\)", "\\[", "\\]", "x y"]
+    for _ in range(8_000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 16)))
+        expected = [next(g for g in m.groups() if g is not None) for m in RELEASED_SEGMENT.finditer(text)]
+        assert math_segments(text) == expected, text
+
+
+@pytest.mark.parametrize(
+    "problem",
+    ["\\(" * 20_000, "\\[" * 20_000, "\\(a$" * 10_000],
+    ids=["parens", "brackets", "mixed"],
+)
+def test_math_segments_is_linear(problem: str) -> None:
+    # 40,000 characters of openers that never close: the regular expression needed seconds, this well under 0.1 s
+    start = time.perf_counter()
+    math_segments(problem)
+    assert time.perf_counter() - start < 0.1
+    assert isinstance(convert(problem[: MAX_PROBLEM_CHARS], "1/2"), Converted)
 
 
 # ---------------------------------------------------------------------------

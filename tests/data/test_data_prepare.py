@@ -6,7 +6,9 @@ Deduplication of a DAPO-Math-17K-shaped file has its own module: test_data_dedup
 from __future__ import annotations
 
 import json
+import subprocess
 from collections import Counter
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -223,7 +225,7 @@ def test_failed_write_leaves_no_file(tmp_path: Path, monkeypatch: pytest.MonkeyP
 
     real_write = M.write_dapo_table
     monkeypatch.setattr(M, "write_dapo_table", failing_write)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(UserError, match=r"cannot write .*out.val.parquet: disk full; nothing was written"):
         prepare(tmp_path, raw, val_fraction=0.5)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["raw.jsonl"]  # no output, manifest or temporary file
 
@@ -265,3 +267,119 @@ def test_synthetic_task_splits_from_disjoint_partitions(tmp_path: Path) -> None:
     )
     assert sha256_file(tmp_path / "syn.parquet") == sha256_file(tmp_path / "syn2.parquet")
     assert again.manifest["counts"] == result.manifest["counts"]
+
+
+# ---------------------------------------------------------------------------
+# bounds on prepared rows
+
+
+def test_prepared_rows_over_the_caps_or_malformed_are_dropped(tmp_path: Path) -> None:
+    from dapo_cli.data.convert import MAX_PROBLEM_CHARS
+    from dapo_cli.rewards.bounds import MAX_GROUND_TRUTH_CHARS
+
+    def row(problem: str, truth: str, **changes: object) -> dict:
+        return {**make_row(problem, truth, index=0), **changes}
+
+    records = [
+        row("kept?", "1" * MAX_GROUND_TRUTH_CHARS),  # at the cap: kept
+        row("huge answer?", "1" * 200_000),  # the row that hung `dapo eval`
+        row("x" * MAX_PROBLEM_CHARS, "2"),  # at the cap: kept
+        row("x" * (MAX_PROBLEM_CHARS + 1), "3"),
+        row("fullwidth?", "\uff11\uff12"),  # not an ASCII integer: no verifier would match "12"
+        row("prompt is text?", "4", prompt="What is 2+2?"),
+        row("bad message?", "4", prompt=[{"content": "x", "role": "user"}, "junk"]),
+        row("bad truth cell?", "4", reward_model=["4"]),
+        row("bad raw problem?", "4", extra_info={"raw_problem": ["x"]}),
+        row("bad source?", "4", data_source={"a": 1}),
+    ]
+    path = write_jsonl(tmp_path / "prepared.jsonl", records)
+    result = prepare(tmp_path, path)
+    assert dict(result.dropped) == {
+        "answer_too_long": 1, "problem_too_long": 1, "non_integer_ground_truth": 1, "malformed_row": 5,
+    }  # fmt: skip
+    assert [len(r["reward_model"]["ground_truth"]) for r in rows(tmp_path / "out.parquet")] == [MAX_GROUND_TRUTH_CHARS, 1]
+
+
+# ---------------------------------------------------------------------------
+# all outputs or none
+
+
+def test_output_that_is_a_directory_is_refused_and_nothing_is_written(tmp_path: Path) -> None:
+    raw = _amc_like(tmp_path, 3)
+    (tmp_path / "existing").mkdir()
+    with pytest.raises(UserError, match=r"output .*existing is a directory; give a file path") as info:
+        run_prepare(PrepareOptions(output=tmp_path / "existing", inputs=(raw,), track=False))
+    assert "\n" not in str(info.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["existing", "raw.jsonl"]  # no existing.manifest.json
+    assert list((tmp_path / "existing").iterdir()) == []
+    (tmp_path / "out.parquet.manifest.json").mkdir()  # the manifest's place taken by a directory
+    with pytest.raises(UserError, match=r"output .*out.parquet.manifest.json is a directory"):
+        prepare(tmp_path, raw)
+    assert not (tmp_path / "out.parquet").exists()
+
+
+def test_a_file_where_a_directory_is_expected_is_refused(tmp_path: Path) -> None:
+    raw = _amc_like(tmp_path, 3)
+    with pytest.raises(UserError, match=r"cannot write .*raw.jsonl/sub/out.parquet: .*raw.jsonl is a file, not a directory"):
+        run_prepare(PrepareOptions(output=raw / "sub" / "out.parquet", inputs=(raw,), track=False))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["raw.jsonl"]
+
+
+def test_a_failed_rename_puts_the_previous_outputs_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dapo_cli.data import staging
+
+    raw = _amc_like(tmp_path, 10)
+    prepare(tmp_path, raw, val_fraction=0.5, seed=1)
+    names = ["out.parquet", "out.val.parquet", "out.parquet.manifest.json"]
+    before = {name: (tmp_path / name).read_bytes() for name in names}
+    real_replace, calls = staging.os.replace, []
+
+    def flaky_replace(src: object, dst: object) -> None:
+        calls.append(dst)
+        if len(calls) == 3:  # the manifest, after both parquet files were renamed into place
+            raise OSError(28, "No space left on device")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(staging.os, "replace", flaky_replace)
+    with pytest.raises(UserError, match=r"cannot write .*out.parquet.manifest.json: No space left on device; nothing was written"):
+        prepare(tmp_path, raw, val_fraction=0.5, seed=2)  # another split: different files
+    assert {name: (tmp_path / name).read_bytes() for name in names} == before  # the old outputs, all of them
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*names, "raw.jsonl"])  # no temporary, no backup
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path: Path) -> Iterator[Callable[[str, bool], Path]]:
+    """Mount a small tmpfs (``size``, optionally read-only) under tmp_path; skip where mount is not permitted."""
+    mounted: list[Path] = []
+
+    def mount(size: str, read_only: bool = False) -> Path:
+        target = tmp_path / f"mnt{len(mounted)}"
+        target.mkdir()
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(target)], capture_output=True)
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here ({done.stderr.decode(errors='replace').strip()})")
+        mounted.append(target)
+        if read_only:
+            subprocess.run(["mount", "-o", "remount,ro", str(target)], check=True)
+        return target
+
+    yield mount
+    for target in mounted:
+        subprocess.run(["umount", str(target)], check=False)
+
+
+def test_read_only_destination_leaves_nothing(tmp_path: Path, small_tmpfs: Callable[[str, bool], Path]) -> None:
+    destination = small_tmpfs("64k", True)
+    raw = _amc_like(tmp_path, 3)
+    with pytest.raises(UserError, match=r"cannot write .*out.parquet: Read-only file system; nothing was written") as info:
+        run_prepare(PrepareOptions(output=destination / "out.parquet", inputs=(raw,), track=False))
+    assert "\n" not in str(info.value) and list(destination.iterdir()) == []
+
+
+def test_full_disk_leaves_nothing_not_even_the_directory_it_made(tmp_path: Path, small_tmpfs: Callable[[str, bool], Path]) -> None:
+    destination = small_tmpfs("16k", False)
+    records = [{"problem": f"Problem {i}: " + "text " * 60, "answer": str(i)} for i in range(400)]  # ~50 kB of parquet
+    raw = write_jsonl(tmp_path / "raw.jsonl", records)
+    with pytest.raises(UserError, match=r"cannot write .*sub/out.parquet: .*No space left on device.*; nothing was written"):
+        run_prepare(PrepareOptions(output=destination / "sub" / "out.parquet", inputs=(raw,), track=False))
+    assert list(destination.iterdir()) == []  # no parquet, manifest, temporary file or sub/

@@ -136,3 +136,52 @@ def test_open_input_streams_parquet_in_batches_and_jsonl_by_line(tmp_path: Path,
         assert next(stream) == records[0]  # an iterator, not a list read whole
         assert list(stream) == records[1:] and list(source.records()) == records  # every call is a fresh pass
         assert [p.answer for p in source.raw_problems()] == [str(i) for i in range(10)]
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "message"),
+    [
+        # 100,000 levels: json.loads raised RecursionError; now refused before parsing, naming the line
+        ("deep.jsonl", '{"problem": "a", "answer": 1}\n{"problem": "b", "answer": ' + "[" * 100_000 + "]" * 100_000 + "}\n",
+         r"deep.jsonl: line 2 nests arrays/objects deeper than 64 levels"),
+        ("deep.json", '[\n{"problem": "a",\n "answer": ' + '{"x": ' * 100_000 + "1" + "}" * 100_000 + "}\n]",
+         r"deep.json: line 3 nests arrays/objects deeper than 64 levels"),
+        ("open.jsonl", "[" * 65 + "\n", r"open.jsonl: line 1 nests arrays/objects deeper than 64"),  # unclosed, too
+    ],
+)
+def test_json_nested_too_deeply_is_one_line_naming_the_line(tmp_path: Path, name: str, content: str, message: str) -> None:
+    (tmp_path / name).write_text(content)
+    with pytest.raises(UserError, match=message) as info:
+        read_input(tmp_path / name)
+    assert "\n" not in str(info.value)
+
+
+def test_nesting_limit_is_exact_and_brackets_inside_strings_do_not_count(tmp_path: Path) -> None:
+    from dapo_cli.data.readers import MAX_JSON_DEPTH, json_nesting_excess
+
+    # the row object is level 1, so 63 arrays inside it reach exactly 64
+    ok = '{"problem": "' + "{[" * 10_000 + '\\"]", "answer": ' + "[" * 63 + "1" + "]" * 63 + "}"
+    assert json_nesting_excess(ok) is None
+    deeper = ok.replace("[" * 63, "[" * 64, 1).replace("]" * 63, "]" * 64, 1)
+    assert json_nesting_excess(deeper) == deeper.index("[" * 64) + 63
+    assert MAX_JSON_DEPTH == 64
+    (tmp_path / "ok.jsonl").write_text(ok + "\n")
+    assert read_input(tmp_path / "ok.jsonl").problems[0].problem.startswith("{[{[")
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "message"),
+    [
+        ("bytes.jsonl", b'{"problem": "a", "answer": 1}\n{"problem": "\xff\xfe"}\n', r"bytes.jsonl: line 2 is not UTF-8 text"),
+        ("bytes.json", b'[\n{"problem": "a"},\n\x89PNG\r\n\x1a\n]', r"bytes.json: line 3 is not UTF-8 text"),
+        ("image.jsonl", b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR", r"image.jsonl: line 1 is not UTF-8 text"),
+        ("nul.jsonl", b'{"problem": "a\x00", "answer": 1}\n', r"nul.jsonl: line 1 is not valid JSON"),
+        ("blob", bytes(range(256)) * 4, r"cannot tell the format of .*blob"),
+        ("noise.parquet", bytes(range(256)) * 4, r"cannot read .*noise.parquet as parquet"),
+    ],
+)
+def test_binary_and_non_utf8_input_is_one_line(tmp_path: Path, name: str, content: bytes, message: str) -> None:
+    (tmp_path / name).write_bytes(content)
+    with pytest.raises(UserError, match=message) as info:
+        read_input(tmp_path / name)
+    assert "\n" not in str(info.value)

@@ -16,12 +16,19 @@ from dapo_cli.errors import UserError
 from dapo_cli.eval.problems import group_problems
 from dapo_cli.eval.run import (
     CHECKPOINT_FILE,
+    MAX_SEQUENCES_PER_CALL,
+    EvalOptions,
     GenerationCheckpoint,
     SampleRecord,
+    check_memory,
+    eval_settings,
     evaluate_problems,
+    generate_calls,
     generate_records,
     problem_batches,
     resolve_checkpoint,
+    run_eval,
+    sequences_per_call,
     summarize,
     write_outputs,
 )
@@ -209,3 +216,76 @@ def test_resolve_checkpoint_layouts(tmp_path: Path) -> None:
         resolve_checkpoint(str(tmp_path / "nope"))
     with pytest.raises(UserError, match="holds no config.json"):
         resolve_checkpoint(str(tmp_path))
+
+
+# --------------------------------------------------------------------------- bounded generation
+
+
+def test_generate_calls_never_exceed_the_cap() -> None:
+    assert generate_calls(3, 4, None) == [(range(0, 3), 4)]  # no cap: one call
+    assert generate_calls(3, 4, 12) == [(range(0, 3), 4)]  # fits: one call, as before
+    assert generate_calls(5, 4, 8) == [(range(0, 2), 4), (range(2, 4), 4), (range(4, 5), 4)]
+    assert generate_calls(1, 600, 256) == [(range(0, 1), 256), (range(0, 1), 256), (range(0, 1), 88)]
+    for problems, k, cap in [(1, 2_000_000, 256), (7, 33, 32), (3, 5, 1)]:
+        calls = generate_calls(problems, k, cap)
+        assert max(len(idx) * n for idx, n in calls) <= cap
+        assert sum(len(idx) * n for idx, n in calls) == problems * k
+
+
+def test_k_beyond_the_cap_is_drawn_in_chunks_with_distinct_seeds() -> None:
+    rows = [make_row(f"q{i}", "1", index=i) for i in range(2)]
+    problems = group_problems(rows)
+    engine = ScriptedEngine()
+    k = 2 * MAX_SEQUENCES_PER_CALL + 88
+    records = generate_records(
+        engine, problems, ["p0", "p1"], k=k, params=PARAMS, verifier="math_dapo", batch_problems=1,
+        max_sequences=sequences_per_call(k, 0),
+    )
+    # 2 batches (B = 2): batch b, chunk c samples with seed 5 + b + c·B
+    assert [(prompts, n, seed) for prompts, n, seed in engine.calls] == [
+        (["p0"], 256, 5), (["p0"], 256, 7), (["p0"], 88, 9), (["p1"], 256, 6), (["p1"], 256, 8), (["p1"], 88, 10),
+    ]
+    assert [r.sample_index for r in records if r.problem_id == "0"] == list(range(k))
+    assert summarize(problems, records, k=k).metrics["num_samples"] == 2 * k
+    # K within the cap: exactly the calls of an unchunked run
+    small = ScriptedEngine()
+    generate_records(small, problems, ["p0", "p1"], k=4, params=PARAMS, verifier="math_dapo", batch_problems=1,
+                     max_sequences=sequences_per_call(4, 0))
+    assert small.calls == [(["p0"], 4, 5), (["p1"], 4, 6)]
+
+
+def _options(**changes: object) -> EvalOptions:
+    base = {
+        "checkpoint": "no/such/checkpoint", "dataset": "no/such/dataset.parquet", "k": 4, "pass_k": (), "temperature": 1.0,
+        "top_p": 1.0, "max_tokens": 20480, "verifier": "math_dapo", "engine": "hf", "batch_size": 0, "seed": 0,
+        "tracking_backend": "null",
+    }  # fmt: skip
+    return EvalOptions(**{**base, **changes})  # type: ignore[arg-type]
+
+
+def test_an_avg_that_cannot_fit_is_refused_before_anything_loads() -> None:
+    # measured before: --avg 2000000 --limit 1 allocated 10 GB at once and was killed at 20.7 GB
+    opts = _options(k=2_000_000, limit=1, memory_limit_bytes=64 << 30)
+    with pytest.raises(UserError, match=r"--avg 2000000 samples × 1 problem × up to --max-tokens 20480 tokens would hold "
+                                         r"about 306.0 GiB of responses, more than the 64.0 GiB of memory here; "
+                                         r"lower --avg, --max-tokens or --limit") as info:
+        run_eval(opts)  # the checkpoint and dataset do not exist: refused before either is looked at
+    assert "\n" not in str(info.value)
+    check_memory(_options(k=32, memory_limit_bytes=64 << 30), 30, 2_000)  # AIME avg@32: ~0.2 GiB, fine
+
+
+def test_a_generate_call_that_cannot_fit_names_batch_size() -> None:
+    opts = _options(k=4, batch_size=4_000, max_tokens=1_000, memory_limit_bytes=50_000_000)
+    with pytest.raises(UserError, match=r"one generate call of 4000 sequences × \(100 prompt \+ 1000 new tokens\) .*"
+                                         r"lower --batch-size or --max-tokens"):
+        check_memory(opts, 1_000, 100)
+    check_memory(_options(k=4, batch_size=400, max_tokens=1_000, memory_limit_bytes=50_000_000), 1_000, 100)
+
+
+def test_chunking_is_part_of_the_settings_only_when_it_splits_k(tmp_path: Path) -> None:
+    source = tmp_path / "d.parquet"
+    source.write_bytes(b"x")
+    assert "sequences_per_call" not in eval_settings(_options(k=32), "m", source, 30)
+    assert "sequences_per_call" not in eval_settings(_options(k=32, batch_size=64), "m", source, 30)
+    assert eval_settings(_options(k=600), "m", source, 1)["sequences_per_call"] == MAX_SEQUENCES_PER_CALL
+    assert eval_settings(_options(k=600, batch_size=100), "m", source, 1)["sequences_per_call"] == 100

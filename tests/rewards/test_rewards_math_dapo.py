@@ -11,16 +11,21 @@ follow the code and say so ("verl:").
 
 from __future__ import annotations
 
+import random
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from dapo_cli.rewards import math_dapo
+from dapo_cli.rewards.bounds import MAX_GROUND_TRUTH_CHARS
 from dapo_cli.rewards.math_dapo import (
     INVALID,
     REMOVED_EXPRESSIONS,
     SUBSTITUTIONS,
+    TEX_REWRITES,
     WINDOW_CHARS,
     compute_score,
     extract_answer,
@@ -300,6 +305,102 @@ def test_megabyte_of_answer_fragments_is_fast_and_reads_only_the_window() -> Non
 def test_megabyte_hostile_inputs_score_in_milliseconds(response: str) -> None:
     assert compute_score(response, "5")["acc"] is False
     assert _best_ms(compute_score, response, "5") < 50.0
+
+
+# ------------------------------------------- linear normalisation, bit-identical to the release
+
+# The released rule's rewrites, verbatim (verl math_dapo.py): the reference the scanners must equal.
+RELEASED_REWRITES = (
+    (r".*?\$(.*?)\$.*", r"$\1$"),
+    (r"\\text\{(.*?)\}", r"\1"),
+    (r"\\textbf\{(.*?)\}", r"\1"),
+    (r"\\overline\{(.*?)\}", r"\1"),
+    (r"\\boxed\{(.*)\}", r"\1"),
+    (r"frac([^{])(.)", r"frac{\1}{\2}"),
+    (r"sqrt([^{])", r"sqrt{\1}"),
+)
+
+
+def released_normalize(answer: str) -> str:
+    """normalize_final_answer exactly as released (regular expressions and all)."""
+    text = answer.split("=")[-1]
+    for before, after in SUBSTITUTIONS:
+        text = text.replace(before, after)
+    for expr in REMOVED_EXPRESSIONS:
+        text = text.replace(expr, "")
+    for pattern, repl in RELEASED_REWRITES:
+        text = re.sub(pattern, repl, text)
+    text = text.replace("$", "")
+    if text.replace(",", "").isdigit():
+        text = text.replace(",", "")
+    return text.strip()
+
+
+# Fragments that make every rewrite fire, fail, nest and cross lines.
+FRAGMENTS = [
+    "$", "$", "\n", "\\text{", "\\textbf{", "\\overline{", "\\boxed{", "}", "}", "{", "a", "1", " ", "=",
+    ",", "\\", "\r", "frac", "sqrt", "\\frac12", "\\text", "an ", "\\$", "x",
+]  # fmt: skip
+
+
+def test_each_rewrite_equals_the_released_regular_expression_on_random_text() -> None:
+    rng = random.Random(0)
+    assert [released for released, _ in TEX_REWRITES] == [f"{p} -> {r}" for p, r in RELEASED_REWRITES]
+    for _ in range(8_000):
+        text = "".join(rng.choice(FRAGMENTS) for _ in range(rng.randint(0, 14)))
+        for (pattern, repl), (_, rewrite) in zip(RELEASED_REWRITES, TEX_REWRITES, strict=True):
+            assert rewrite(text) == re.sub(pattern, repl, text), (pattern, text)
+        assert normalize_final_answer(text) == released_normalize(text), text
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "$a$b$\nc$d$\n$$5$$",  # first pair per line; "$$5$$" -> ""
+        "\\text{\\text{a}}\n\\text{b",  # shortest, no nesting; an unclosed one stays
+        "\\boxed{1}\\boxed{2}\n\\boxed{x\n}",  # greedy to the line's last "}"; never across "\n"
+        "\\overline{1}}\\overline{",
+    ],
+)
+def test_line_and_nesting_quirks_match_the_release(text: str) -> None:
+    assert normalize_final_answer(text) == released_normalize(text)
+
+
+@pytest.mark.parametrize(
+    "ground_truth",
+    [
+        "7" * 20_000,  # released: 1.6 s (the first-$-pair regex retries from every position)
+        "\\text{" * 3_000,  # every unclosed \text{ re-scanned the rest of the line
+        "\\boxed{" * 3_000,
+        "$" + "1" * 20_000,
+    ],
+    ids=["digits", "text", "boxed", "one-dollar"],
+)
+def test_normalisation_is_linear_in_the_ground_truth(ground_truth: str) -> None:
+    # 20,000 characters: the released regular expressions need 0.2-1.6 s here, the
+    # scanners under a millisecond; 0.1 s leaves a 100x margin for a busy machine.
+    best = min(_timed(normalize_final_answer, ground_truth) for _ in range(3))
+    assert best < 0.1
+
+
+def _timed(fn: Callable[[str], object], text: str) -> float:
+    start = time.perf_counter()
+    fn(text)
+    return time.perf_counter() - start
+
+
+def test_ground_truth_over_the_cap_is_unscorable_and_not_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    # "5" padded with spaces normalises to "5": at the cap it still matches, one over it is unscorable
+    at_cap = "5" + " " * (MAX_GROUND_TRUTH_CHARS - 1)
+    assert compute_score("Answer: 5", at_cap) == {"score": 1.0, "acc": True, "pred": "5"}
+    seen: list[int] = []
+    real = math_dapo.normalize_final_answer
+    monkeypatch.setattr(math_dapo, "normalize_final_answer", lambda text: seen.append(len(text)) or real(text))
+    assert compute_score("Answer: 5", at_cap + " ") == {"score": -1.0, "acc": False, "pred": "5"}
+    assert seen == [1]  # only the prediction was normalised
+    seen.clear()
+    assert compute_score("Answer: 5", "5" * 200_000)["acc"] is False  # the prepare-data row that hung eval
+    assert seen == [1]
 
 
 # ----------------------------------------------------------------------- real data

@@ -124,3 +124,15 @@ def test_math_equiv_end_to_end() -> None:
         [True, False],
         ["1/2", "3"],
     )
+
+
+def test_math_equiv_never_parses_a_ground_truth_over_the_cap(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dapo_cli.rewards.bounds import MAX_GROUND_TRUTH_CHARS
+
+    calls: list[int] = []
+    fake = types.ModuleType("dapo_cli.rewards.math_equiv")
+    fake.is_equivalent = lambda a, b, **_: calls.append(len(b)) or True  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "dapo_cli.rewards.math_equiv", fake)
+    assert math_equiv_score("Answer: 5", "5" * MAX_GROUND_TRUTH_CHARS)["acc"] is True
+    assert math_equiv_score("Answer: 5", "5" * (MAX_GROUND_TRUTH_CHARS + 1)) == {"score": -1.0, "acc": False, "pred": "5"}
+    assert calls == [MAX_GROUND_TRUTH_CHARS]  # the longer one never reached the checker

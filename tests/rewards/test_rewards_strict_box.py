@@ -95,3 +95,25 @@ def test_megabyte_hostile_inputs_score_in_milliseconds(response: str) -> None:
         compute_score(response, "5")
         best = min(best, time.perf_counter() - start)
     assert best * 1e3 < 50.0
+
+
+def test_ground_truth_over_the_cap_is_unscorable_and_never_compared() -> None:
+    from dapo_cli.rewards.bounds import MAX_GROUND_TRUTH_CHARS
+
+    compared: list[int] = []
+
+    class Watched(str):
+        """A ground truth that records every comparison made with it."""
+
+        __hash__ = str.__hash__
+
+        def __eq__(self, other: object) -> bool:
+            compared.append(len(self))
+            return str.__eq__(self, other)
+
+    at_cap = Watched("5" * MAX_GROUND_TRUTH_CHARS)
+    assert compute_score("\\boxed{5}", at_cap)["acc"] is False and compared == [MAX_GROUND_TRUTH_CHARS]
+    compared.clear()
+    over = Watched("5" * (MAX_GROUND_TRUTH_CHARS + 1))
+    assert compute_score("\\boxed{5}", over) == {"score": -1.0, "acc": False, "pred": "5"}
+    assert compared == []  # unscorable: not even compared
