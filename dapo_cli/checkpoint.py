@@ -29,7 +29,7 @@ import torch
 
 from dapo_cli.engine.dist import Collective
 from dapo_cli.errors import UserError
-from dapo_cli.fileio import write_text_atomic
+from dapo_cli.fileio import safetensors_problem, write_text_atomic
 
 KEEP_CHECKPOINTS = 2
 """Complete checkpoints kept per run (older ones are deleted after a new one lands)."""
@@ -256,27 +256,4 @@ def checkpoint_problem(path: Path) -> str | None:
         problem = safetensors_problem(file)
         if problem:
             return f"model/{file.name} {problem}"
-    return None
-
-
-def safetensors_problem(file: Path) -> str | None:
-    """None when ``file``'s length is what its header promises (8-byte length, JSON header, data)."""
-    import json
-    import struct
-
-    size = file.stat().st_size
-    if size < 8:
-        return "is truncated"
-    with open(file, "rb") as f:
-        (header_len,) = struct.unpack("<Q", f.read(8))
-        if header_len > min(size - 8, 100 * 2**20):
-            return "has a corrupt header"
-        try:
-            header = json.loads(f.read(header_len))
-        except (ValueError, UnicodeDecodeError):
-            return "has a corrupt header"
-    ends = [int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)]
-    expected = 8 + header_len + max(ends, default=0)
-    if size != expected:
-        return f"is {size} bytes, its header promises {expected}"
     return None

@@ -227,7 +227,12 @@ def convert_raw(path: Path) -> list[dict[str, Any]]:
         ) from None
     with tempfile.TemporaryDirectory(prefix="dapo-eval-prepare-") as tmp:
         out = Path(tmp) / "prepared.parquet"
-        prepare.run_prepare(prepare.PrepareOptions(output=out, inputs=(path,), track=False))
+        try:
+            prepare.run_prepare(prepare.PrepareOptions(output=out, inputs=(path,), track=False))
+        except UserError as exc:  # prepare-data's words ("nothing to write") in the words of the caller
+            raise UserError(
+                f"raw dataset {path} cannot be converted to DAPO rows ({exc}); check it with `dapo prepare-data {path} -o x.parquet --no-track`"
+            ) from None
         return read_dapo_rows(out)
 
 

@@ -92,3 +92,41 @@ def sha256_file(path: str | os.PathLike[str]) -> str:
         for chunk in iter(lambda: handle.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def safetensors_problem(file: Path) -> str | None:
+    """Why ``file`` is no complete safetensors file (None: it is), from its header alone.
+
+    A safetensors file is an 8-byte little-endian header length, a JSON header mapping each
+    tensor to ``data_offsets`` in the data that follows, and the data: a file cut short, a
+    garbage header or a header promising more bytes than are there is found without loading.
+    """
+    import struct
+
+    try:
+        size = file.stat().st_size
+        with open(file, "rb") as f:
+            if size < 8:
+                return f"is truncated ({size} bytes)"
+            (header_len,) = struct.unpack("<Q", f.read(8))
+            if header_len > min(size - 8, 100 * 2**20):
+                return "has a corrupt header (not a safetensors file, or truncated)"
+            header = json.loads(f.read(header_len))
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or exc})"
+    except (ValueError, UnicodeDecodeError):
+        return "has a corrupt header (not valid JSON)"
+    if not isinstance(header, dict):
+        return "has a corrupt header (not a JSON object)"
+    ends = []
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)):
+            return f"has a corrupt header (tensor {name!r} has no data_offsets)"
+        ends.append(offsets[1])
+    expected = 8 + header_len + max(ends, default=0)
+    if size != expected:
+        return f"is truncated or corrupt: {size} bytes, its header promises {expected}"
+    return None

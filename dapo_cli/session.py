@@ -216,7 +216,7 @@ class TrainingSession:
     @classmethod
     def open(cls, cfg: Config, *, resume: bool, quiet: bool = False) -> TrainingSession:
         from dapo_cli import components
-        from dapo_cli.models import format_prompt, load_policy, resolve_model
+        from dapo_cli.models import load_policy, resolve_model
 
         components.check_engine_settings(cfg.engine)
         components.check_rollout_settings(cfg.rollout)
@@ -247,41 +247,13 @@ class TrainingSession:
             rollout = components.build_train_rollout(
                 cfg, engine, tokenizer, components.model_loader(model_path, dtype), model_path
             )
-        except BaseException:
+            stream, val_problems, val_prompts, manifest = load_run_data(cfg, tokenizer, dist.world_size)
+        except BaseException:  # the claim is released (an empty new run dir removed) whatever failed
             for c in held:
                 c.release(failed=True)
             dist.close()
             raise
         model_info = read_model_info(Path(model_path))
-
-        def fmt(messages: Any) -> str:
-            return format_prompt(tokenizer, messages)
-
-        def count(text: str) -> int:
-            return len(tokenizer(text, add_special_tokens=False)["input_ids"])
-
-        train_rows_by_spec = [load_rows(s, split="train", synthetic_size=cfg.data.synthetic_train_size) for s in cfg.data.train_files]
-        train_prompts, dropped = build_prompts(
-            [r for rows in train_rows_by_spec for r in rows], fmt, count, cfg.data.max_prompt_length
-        )
-        stream = PromptStream(train_prompts, seed=cfg.trainer.seed, shuffle=cfg.data.shuffle)
-        val_rows_by_spec = [load_rows(s, split="val", synthetic_size=cfg.data.synthetic_val_size) for s in cfg.data.val_files]
-        from dapo_cli.eval.problems import group_problems
-
-        val_problems = [
-            dataclasses.replace(p, problem_id=f"{i}:{p.problem_id}") if len(val_rows_by_spec) > 1 else p
-            for i, rows in enumerate(val_rows_by_spec)
-            for p in group_problems(rows)
-        ]
-        val_prompts = [fmt(p.messages) for p in val_problems]
-        manifest = {
-            "train": dataset_manifest(cfg.data.train_files, [len(r) for r in train_rows_by_spec], cfg.data.synthetic_train_size),
-            "val": dataset_manifest(cfg.data.val_files, [len(r) for r in val_rows_by_spec], cfg.data.synthetic_val_size),
-            "train_prompts": len(train_prompts),
-            "train_prompts_dropped_too_long": dropped,
-            "val_problems": len(val_problems),
-            "world_size": dist.world_size,
-        }
         session = cls(
             cfg=cfg,
             run_name=name,
@@ -486,6 +458,37 @@ class TrainingSession:
             write_text_atomic(self.run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
         self.reporter.finish(summary, tracking_uri=getattr(tracker, "tracking_uri", ""))
         return summary
+
+
+def load_run_data(cfg: Config, tokenizer: Any, world_size: int) -> tuple[PromptStream, list[Any], list[str], dict[str, Any]]:
+    """The training prompt stream, the validation problems and prompts, and the dataset manifest."""
+    from dapo_cli.eval.problems import group_problems
+    from dapo_cli.models import format_prompt
+
+    def fmt(messages: Any) -> str:
+        return format_prompt(tokenizer, messages)
+
+    def count(text: str) -> int:
+        return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    train_rows_by_spec = [load_rows(s, split="train", synthetic_size=cfg.data.synthetic_train_size) for s in cfg.data.train_files]
+    train_prompts, dropped = build_prompts([r for rows in train_rows_by_spec for r in rows], fmt, count, cfg.data.max_prompt_length)
+    stream = PromptStream(train_prompts, seed=cfg.trainer.seed, shuffle=cfg.data.shuffle)
+    val_rows_by_spec = [load_rows(s, split="val", synthetic_size=cfg.data.synthetic_val_size) for s in cfg.data.val_files]
+    val_problems = [
+        dataclasses.replace(p, problem_id=f"{i}:{p.problem_id}") if len(val_rows_by_spec) > 1 else p
+        for i, rows in enumerate(val_rows_by_spec)
+        for p in group_problems(rows)
+    ]
+    manifest = {
+        "train": dataset_manifest(cfg.data.train_files, [len(r) for r in train_rows_by_spec], cfg.data.synthetic_train_size),
+        "val": dataset_manifest(cfg.data.val_files, [len(r) for r in val_rows_by_spec], cfg.data.synthetic_val_size),
+        "train_prompts": len(train_prompts),
+        "train_prompts_dropped_too_long": dropped,
+        "val_problems": len(val_problems),
+        "world_size": world_size,
+    }
+    return stream, val_problems, [fmt(p.messages) for p in val_problems], manifest
 
 
 def dataset_digest(entry: dict[str, Any]) -> str:

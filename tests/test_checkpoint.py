@@ -82,7 +82,9 @@ def test_resume_falls_back_to_the_newest_complete_checkpoint_and_says_why(tmp_pa
     (ckpt.root / "latest").write_text("step_000020\n")
     found, skipped = ckpt.newest_complete()
     assert found == ckpt.root / "step_000010"
-    assert skipped == [f"step_000020: model/model.safetensors is {len(data) - 5} bytes, its header promises {len(data)}"]
+    assert skipped == [
+        f"step_000020: model/model.safetensors is truncated or corrupt: {len(data) - 5} bytes, its header promises {len(data)}"
+    ]
     assert ckpt.latest() == ckpt.root / "step_000010"
 
 
@@ -95,6 +97,7 @@ def test_resume_falls_back_to_the_newest_complete_checkpoint_and_says_why(tmp_pa
         (lambda p: (p / "model" / "model.safetensors").unlink(), "model/ holds no *.safetensors weights"),
         (lambda p: (p / "model" / "model.safetensors").write_bytes(b"\xff" * 16), "model/model.safetensors has a corrupt header"),
         (lambda p: (p / "model" / "model.safetensors").write_bytes(b"\x01"), "model/model.safetensors is truncated"),
+        (lambda p: (p / "model" / "model.safetensors").write_bytes(b"\x02" + b"\x00" * 7 + b"[]"), "not a JSON object"),
     ],
 )
 def test_each_kind_of_damage_is_named(tmp_path, damage, problem):

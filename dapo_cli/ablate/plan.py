@@ -165,7 +165,14 @@ def parse_techniques(text: str | None) -> tuple[str, ...]:
     names = [n.strip().replace("-", "_") for n in text.split(",") if n.strip()]
     unknown = [n for n in names if n not in TECHNIQUES]
     if unknown:
-        raise UserError(f"unknown technique(s) {', '.join(unknown)}; valid: {', '.join(TECHNIQUES)}")
+        import difflib
+
+        close = difflib.get_close_matches(unknown[0], TECHNIQUES, n=1, cutoff=0.6)
+        hint = f"did you mean '{close[0]}'? " if close else ""
+        quoted = ", ".join(f"'{n}'" for n in unknown)
+        raise UserError(f"unknown technique{'s' if len(unknown) > 1 else ''} {quoted}; {hint}valid: {', '.join(TECHNIQUES)}")
+    if not names:
+        raise UserError(f"no technique named in '{text}'; give a comma-separated list of: {', '.join(TECHNIQUES)}")
     return tuple(t for t in TECHNIQUES if t in names)
 
 
@@ -173,6 +180,20 @@ def looks_like_techniques(text: str) -> bool:
     """True when ``text`` is a comma-separated list of technique names (the ``--grid a,b`` argument)."""
     names = [n.strip().replace("-", "_") for n in text.split(",")]
     return bool(names) and all(n in TECHNIQUES for n in names)
+
+
+def meant_as_techniques(text: str) -> bool:
+    """True when ``text`` (not an existing file) reads as a technique list rather than a config path:
+    it has a comma, or it is one bare word (no path separator, no ``.yaml``/``.yml``) that names or
+    nearly names a technique. Such a word with unknown names is a technique error, not "config not found"."""
+    if looks_like_techniques(text) or "," in text:
+        return True
+    word = text.strip().replace("-", "_")
+    if "/" in word or "\\" in word or word.lower().endswith((".yaml", ".yml", ".json")):
+        return False
+    import difflib
+
+    return bool(difflib.get_close_matches(word, TECHNIQUES, n=1, cutoff=0.6))
 
 
 def select_variants(variants: Sequence[Variant], only: Sequence[str], skip: Sequence[str]) -> list[Variant]:

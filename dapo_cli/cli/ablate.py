@@ -33,12 +33,13 @@ def split_arguments(args: list[str], grid: bool) -> tuple[str | None, str | None
     A word that names an existing file is the config; a comma-separated list of technique
     names is the grid's subset (``--grid clip_higher,dynamic_sampling``).
     """
-    from dapo_cli.ablate.plan import looks_like_techniques
+    from dapo_cli.ablate.plan import meant_as_techniques, parse_techniques
 
     config: str | None = None
     techniques: str | None = None
     for word in args:
-        if not Path(word).exists() and looks_like_techniques(word):
+        if not Path(word).exists() and meant_as_techniques(word):
+            parse_techniques(word)  # unknown names: "unknown technique 'foo'; valid: ..."
             if not grid:
                 raise UserError(f"'{word}' lists techniques; that subset is for --grid (the ladder always adds all five)")
             if techniques is not None:
@@ -106,6 +107,14 @@ def ablate(
         print_estimate(plan, calibrate)
         return
     chosen = launcher.value if launcher is not None else cfg.ablate.launcher
+    from dapo_cli.cli.preflight import check_train
+
+    if chosen == "local":
+        check_train(cfg)  # the children train here: output dir, dtype, model, data and store first
+    elif cfg.tracking.backend != "null":
+        from dapo_cli.cli.common import check_tracking_uri
+
+        check_tracking_uri(cfg.tracking.tracking_uri, create=True, what="tracking.tracking_uri")
     if chosen == "print":
         from dapo_cli.ablate.runner import print_launch
         from dapo_cli.tracking import PARENT_RUN_ENV

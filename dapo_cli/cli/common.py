@@ -1,9 +1,13 @@
-"""What every command shares: consoles, the error boundary, config loading options."""
+"""What every command shares: consoles, the error boundary, config loading options, and the
+checks of paths and stores a command is about to write (run before anything is created)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
@@ -23,6 +27,13 @@ SetOption = Annotated[
 ]
 
 
+def print_error(message: str) -> None:
+    """``error: <message>`` on stderr, on one line (whitespace and newlines collapsed)."""
+    text = " ".join(message.split()) or "unknown error"
+    # escape: a message quoting a path or value with [brackets] is text, not rich markup
+    err_console.print(f"[bold red]error:[/] {escape(text)}", highlight=False, soft_wrap=True)
+
+
 def handles_errors(fn: F) -> F:
     """Turn a :class:`UserError` into ``error: <message>`` on stderr and exit code 2 (no traceback);
     a :class:`RunStopped` the same way with its own exit code."""
@@ -32,9 +43,147 @@ def handles_errors(fn: F) -> F:
         try:
             return fn(*args, **kwargs)
         except (UserError, RunStopped) as exc:
-            message = " ".join(str(exc).split()) or type(exc).__name__
-            # escape: a message quoting a path or value with [brackets] is text, not rich markup
-            err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+            print_error(str(exc) or type(exc).__name__)
             raise typer.Exit(code=exc.exit_code if isinstance(exc, RunStopped) else 2) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def _click_error_types() -> tuple[type[BaseException], ...]:
+    """Click's exception base as this Typer raises it (Typer >= 0.2x vendors Click; older ones use it)."""
+    found: list[type[BaseException]] = []
+    base = getattr(typer, "TyperException", None)
+    if isinstance(base, type):
+        found.append(base)
+    try:
+        import click
+
+        found.append(click.ClickException)
+    except ImportError:  # pragma: no cover - a Typer that vendors Click may come without it
+        pass
+    return tuple(found)
+
+
+CLICK_ERRORS = _click_error_types()
+
+
+def usage_message(exc: BaseException) -> str:
+    """Click's message of a usage error (unknown option, bad value, missing argument) on one line,
+    with where to look: ``No such option: --bogus; see 'dapo eval --help'``."""
+    format_message = getattr(exc, "format_message", None)
+    text = " ".join(str(format_message() if callable(format_message) else exc).split()).rstrip(".")
+    text = text.replace("Value error, ", "")  # Typer's wording of a bad choice: "Value error, 'x' is not one of ..."
+    ctx = getattr(exc, "ctx", None)
+    if ctx is not None and getattr(ctx, "command_path", ""):
+        text += f"; see '{ctx.command_path} --help'"
+    return text
+
+
+@contextlib.contextmanager
+def one_line_usage_errors() -> Iterator[None]:
+    """Click's usage errors as ``error: <message>`` and their exit code (2), instead of Typer's box.
+
+    ``dapo`` without arguments still shows the help (Click raises that as a usage error too).
+    """
+    try:
+        yield
+    except CLICK_ERRORS as exc:
+        if type(exc).__name__ == "NoArgsIsHelpError" or not hasattr(exc, "exit_code"):
+            raise
+        print_error(usage_message(exc))
+        raise typer.Exit(code=int(getattr(exc, "exit_code", 2) or 2)) from None
+
+
+# ---------------------------------------------------------------- checks before writing
+
+
+def nearest_existing(path: Path) -> Path:
+    """``path`` or its closest ancestor that exists (what creating ``path`` would write into),
+    spelt as the user gave it (``afile`` for ``afile/x``; ``.`` for a new relative path)."""
+    for candidate in (path, *path.parents):
+        if candidate.exists():
+            return candidate
+    return Path(".")
+
+
+def check_writable_dir(path: Path, what: str) -> None:
+    """``path`` is a directory that exists or can be created, and can be written; else a UserError.
+
+    Nothing is created. ``what`` names the setting in the message (``--output``, ``trainer.output_dir``).
+    """
+    if path.exists() and not path.is_dir():
+        raise UserError(f"{what} {path} is a file, not a directory; give a directory (or remove the file)")
+    base = nearest_existing(path)
+    if not base.is_dir():
+        raise UserError(f"{what} {path} is inside {base}, which is a file, not a directory; give another {what}")
+    if not os.access(base, os.W_OK | os.X_OK):
+        reason = "is on a read-only file system" if _read_only_fs(base) else "is not writable"
+        raise UserError(f"{what} {path}: {base} {reason}; give a writable {what}")
+
+
+def _read_only_fs(path: Path) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except (OSError, AttributeError):
+        return False
+
+
+MLFLOW_SCHEMES = frozenset(
+    {"", "file", "sqlite", "http", "https", "postgresql", "mysql", "mssql", "databricks", "databricks-uc", "uc"}
+)
+"""URI schemes MLflow's tracking client accepts without plugins (``postgresql+psycopg2`` counts as postgresql)."""
+
+
+def _plugin_schemes() -> set[str]:
+    """Schemes of installed MLflow tracking-store plugins (entry points ``mlflow.tracking_store``)."""
+    from importlib.metadata import entry_points
+
+    try:
+        return {ep.name for ep in entry_points(group="mlflow.tracking_store")}
+    except (OSError, TypeError, ValueError):  # a broken distribution's metadata must not break the check
+        return set()
+
+
+def check_tracking_uri(configured: str, *, create: bool, what: str = "--tracking-uri") -> str:
+    """The MLflow store a command will use is one it can open: a known URI scheme and, for
+    ``sqlite:///``, a database file in a writable directory (``create``) or an existing one.
+
+    Nothing is created; returns the resolved URI (config, else ``$MLFLOW_TRACKING_URI``, else
+    ``sqlite:///mlflow.db``). The store itself is opened later; this catches what would
+    otherwise fail only after a model loaded or a run directory was claimed.
+    """
+    from urllib.parse import urlparse
+
+    from dapo_cli.tracking.mlflow import resolve_tracking_uri, sqlite_path
+
+    uri = resolve_tracking_uri(configured)
+    source = what if configured else ("$MLFLOW_TRACKING_URI" if os.environ.get("MLFLOW_TRACKING_URI") else "the default store")
+    try:
+        scheme = urlparse(uri).scheme.split("+", 1)[0].lower()
+    except ValueError as exc:
+        raise UserError(f"MLflow store '{uri}' (from {source}) is not a valid URI ({exc}); use e.g. sqlite:///mlflow.db or http://host:5000") from None
+    if len(scheme) == 1:  # a Windows drive letter: a local path
+        scheme = ""
+    if scheme not in MLFLOW_SCHEMES and scheme not in _plugin_schemes():
+        raise UserError(
+            f"MLflow store '{uri}' (from {source}) has an unsupported scheme '{scheme}:'; "
+            "use sqlite:///mlflow.db, a file: path, or an http(s):// server"
+        )
+    if scheme == "sqlite" and not uri.startswith("sqlite:///"):
+        raise UserError(f"MLflow store '{uri}' (from {source}): a SQLite store is sqlite:///relative.db or sqlite:////absolute.db")
+    db = sqlite_path(uri)
+    if db is None:
+        return uri
+    if db.is_dir():
+        raise UserError(f"MLflow store {uri} (from {source}): {db} is a directory; name a database file, e.g. {db / 'mlflow.db'}")
+    if not create and not db.is_file():
+        return uri  # reading: the store's own check says "no MLflow store at ..."
+    base = nearest_existing(db.parent)
+    if not base.is_dir():
+        raise UserError(f"MLflow store {uri} (from {source}): {base} is a file, not a directory; put the database elsewhere")
+    if create and not os.access(base, os.W_OK | os.X_OK):
+        reason = "is on a read-only file system" if _read_only_fs(base) else "is not writable"
+        raise UserError(f"MLflow store {uri} (from {source}): {base} {reason}; use a writable directory or --no-track / tracking.backend=null")
+    if create and db.is_file() and not os.access(db, os.W_OK):
+        raise UserError(f"MLflow store {uri} (from {source}): {db} is read-only; use a writable store or --no-track / tracking.backend=null")
+    return uri

@@ -7,6 +7,7 @@ numbers live in one place. The work happens in :func:`dapo_cli.eval.run.run_eval
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from enum import Enum
@@ -24,7 +25,7 @@ from dapo_cli.errors import UserError
 
 if TYPE_CHECKING:
     from dapo_cli.eval.compare import ComparisonReport
-    from dapo_cli.eval.run import EvalReport
+    from dapo_cli.eval.run import EvalOptions, EvalReport
 
 PER_PROBLEM_ROWS = 50
 """Longest per-problem table printed in the terminal (the full one is in summary.json and MLflow)."""
@@ -118,10 +119,64 @@ def eval_command(
         tracking_uri=tracking.tracking_uri if tracking_uri is None else tracking_uri,
         experiment=tracking.experiment if experiment is None else experiment,
     )
+    check_options(opts)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), SamplesPerSecond(), TimeElapsedColumn())
-    with Progress(*columns, console=err_console) as bar:
+    with Progress(*columns, console=err_console) as bar, removing_new_output(opts.output):
         report = run_eval(opts, progress=RichProgress(bar), log=lambda m: err_console.print(m, highlight=False, markup=False))
     print_report(report, opts.k)
+
+
+def check_options(opts: EvalOptions) -> None:
+    """Refuse bad options before anything is loaded or written: K and pass@k, sampling settings, the
+    batch size, verifier, engine, the --output folder, the MLflow store, and a local checkpoint's
+    files (its weights' headers: a truncated or corrupt model is found before the store opens)."""
+    from dapo_cli.cli.common import check_tracking_uri, check_writable_dir
+    from dapo_cli.config.validate import eval_problem, sampling_problem
+    from dapo_cli.eval.run import check_k
+
+    check_k(opts.k, opts.pass_k)
+    problem = sampling_problem(
+        temperature=opts.temperature, top_p=opts.top_p, max_tokens=opts.max_tokens,
+        names=("--temperature", "--top-p", "--max-tokens"),
+    ) or eval_problem(k=opts.k, batch_size=opts.batch_size, names=("--avg", "--batch-size"))
+    if problem:
+        raise UserError(problem)
+    from dapo_cli.rewards import VERIFIERS
+
+    if opts.verifier not in VERIFIERS:
+        raise UserError(f"unknown verifier '{opts.verifier}'; valid names: {', '.join(VERIFIERS)}")
+    if opts.limit is not None and opts.limit < 1:
+        raise UserError(f"--limit must be at least 1 (got {opts.limit})")
+    if opts.engine == "vllm":  # before the MLflow run opens (the engine is built inside it)
+        from dapo_cli.components import check_vllm
+
+        check_vllm("--engine vllm")
+    if opts.output is not None:
+        check_writable_dir(opts.output, "--output")
+    if opts.tracking_backend != "null":
+        check_tracking_uri(opts.tracking_uri, create=True)
+    if not opts.checkpoint.startswith("builtin:") and Path(opts.checkpoint).expanduser().exists():
+        from dapo_cli.eval.run import resolve_checkpoint
+        from dapo_cli.models.loading import check_model_dir
+
+        check_model_dir(Path(resolve_checkpoint(opts.checkpoint)))
+
+
+def removing_new_output(output: Path | None) -> contextlib.AbstractContextManager[None]:
+    """On failure, remove an ``--output`` folder this command created that holds no finished batch
+    (an eval that failed while the model loaded leaves no folder behind; a resumable one stays)."""
+    if output is None:
+        return contextlib.nullcontext()
+    from dapo_cli.cli.preflight import removing_new_dirs
+    from dapo_cli.eval.run import CHECKPOINT_FILE
+
+    def no_finished_batch(file: Path) -> bool:
+        try:
+            return file.name == CHECKPOINT_FILE and len(file.read_text(encoding="utf-8").splitlines()) <= 1
+        except (OSError, UnicodeDecodeError):
+            return False
+
+    return removing_new_dirs(output, depth=0, disposable=no_finished_batch)
 
 
 def _fmt(value: float) -> str:

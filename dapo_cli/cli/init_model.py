@@ -42,6 +42,9 @@ def init_model(
         path = Path(output)
         if path.exists() and not force:
             raise UserError(f"{path} already exists; pass --force to rebuild it")
+        from dapo_cli.cli.common import check_writable_dir
+
+        check_writable_dir(path, "--output")
         with atomic_dir(path) as tmp:
             warm_start(cfg.model.tiny, tmp)
     else:

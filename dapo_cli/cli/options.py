@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from typing import Annotated
 
 import typer
 
-from dapo_cli.config import Config, apply_techniques
-from dapo_cli.config.load import build_config
+from dapo_cli.config import Config, apply_techniques, flatten
+from dapo_cli.config.load import ConfigError, build_config, parse_override
 from dapo_cli.config.validate import validate
+from dapo_cli.tracking import PARENT_RUN_ENV
 
 ConfigArg = Annotated[
     str | None,
@@ -20,10 +22,48 @@ def resolve(config: str | None, sets: list[str] | None, **toggles: bool | None) 
     """YAML → ``--set`` overrides → technique toggles → validation (once, of the final config).
 
     Validating only at the end lets a toggle make a config valid, e.g.
-    ``--set algorithm.overlong_buffer.len=99999 --no-overlong-shaping``.
+    ``--set algorithm.overlong_buffer.len=99999 --no-overlong-shaping``. A toggle that would
+    overwrite a value given with ``--set`` in the same command is an error
+    (:func:`check_toggles_keep_sets`), except in an ablation child (``$DAPO_PARENT_RUN_ID``
+    set), whose variant toggles are meant to override the ablation's ``--set``.
     """
     cfg = build_config(config, sets or ())
     if any(v is not None for v in toggles.values()):
-        cfg = apply_techniques(cfg, **toggles)
+        toggled = apply_techniques(cfg, **toggles)
+        if not os.environ.get(PARENT_RUN_ENV):
+            check_toggles_keep_sets(cfg, toggled, sets or (), toggles)
+        cfg = toggled
     validate(cfg)
     return cfg
+
+
+def toggle_flag(name: str, on: bool) -> str:
+    """``clip_higher``, False → ``--no-clip-higher``."""
+    flag = name.replace("_", "-")
+    return f"--{flag}" if on else f"--no-{flag}"
+
+
+def check_toggles_keep_sets(before: Config, after: Config, sets: list[str] | tuple[str, ...], toggles: dict[str, bool | None]) -> None:
+    """Every value a ``--set`` gave is still there after the technique toggles; else a ConfigError
+    naming both, e.g. ``--no-clip-higher contradicts --set algorithm.clip_ratio_high=0.28``.
+
+    Which fields a toggle writes is :func:`~dapo_cli.config.techniques.apply_techniques`'s
+    business; this compares the resolved values, so it follows that function wherever it goes.
+    """
+    old, new = flatten(before), flatten(after)
+    for item in sets:
+        key = parse_override(item)[0]
+        changed = [k for k in old if (k == key or k.startswith(key + ".")) and old[k] != new[k]]
+        if not changed:
+            continue
+        leaf = changed[0]
+        culprits = [
+            toggle_flag(name, bool(on))
+            for name, on in toggles.items()
+            if on is not None and flatten(apply_techniques(before, **{name: on}))[leaf] != old[leaf]
+        ]
+        flag = culprits[0] if culprits else "a technique toggle"
+        raise ConfigError(
+            f"{flag} contradicts --set {item.strip()}: the toggle sets {leaf}={new[leaf]!r} instead of {old[leaf]!r}; "
+            "drop one of them"
+        )

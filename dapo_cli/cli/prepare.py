@@ -61,6 +61,13 @@ def prepare_data(
     """Turn raw math problems into DAPO parquet with integer answers (like DAPO-Math-17K)."""
     if output is None:
         raise UserError("missing -o/--output: where to write the parquet file")
+    for path in inputs or ():
+        if path.is_dir():
+            raise UserError(f"input {path} is a directory; give parquet or JSONL files (e.g. {path}/*.parquet)")
+    if not no_track:
+        from dapo_cli.cli.common import check_tracking_uri
+
+        check_tracking_uri(tracking_uri, create=True)
     options = PrepareOptions(
         output=output,
         inputs=tuple(inputs or ()),

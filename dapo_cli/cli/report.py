@@ -30,18 +30,36 @@ def report(
 ) -> None:
     """Report an ablation from MLflow: avg@K per variant with CIs, paired Δ, curves, report.md."""
     from dapo_cli.ablate.report import build_report, mlflow_client, resolve_parent, write_report
+    from dapo_cli.cli.common import check_tracking_uri, check_writable_dir
+    from dapo_cli.errors import UserError
 
-    client = mlflow_client(tracking_uri or "")
-    parent = resolve_parent(client, target)
-    result = build_report(client, parent)
+    uri = check_tracking_uri(tracking_uri or "", create=False)
+    if output is not None:
+        check_writable_dir(output, "--output")
+    try:
+        client = mlflow_client(tracking_uri or "")
+        parent = resolve_parent(client, target)
+        result = build_report(client, parent)
+    except mlflow_errors() as exc:  # a store that opens but cannot answer (wrong server, bad database)
+        raise UserError(f"MLflow store {uri} failed: {(str(exc).strip().splitlines() or [type(exc).__name__])[0]}") from None
     default = parent.data.tags.get("ablate.report_dir") or str(Path("reports") / result.name)
     out_dir = output or Path(default)
+    check_writable_dir(out_dir, "--output" if output is not None else "the report folder (ablate.report_dir; --output)")
     files = write_report(result, out_dir, html_too=html)
     if attach:
         client.log_artifacts(parent.info.run_id, str(out_dir), "report")
     print_report(result)
     for name, path in files.items():
         console.print(f"{name}: {path}", highlight=False, markup=False)
+
+
+def mlflow_errors() -> tuple[type[BaseException], ...]:
+    """MLflow's exception base (the store's own errors), when MLflow is installed."""
+    try:
+        from mlflow.exceptions import MlflowException
+    except ImportError:  # pragma: no cover - mlflow is a dependency
+        return ()
+    return (MlflowException,)
 
 
 SHORT_HEADS = {

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shlex
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -32,8 +33,17 @@ def train(
     gpu_memory_gib: Annotated[float | None, typer.Option("--gpu-memory-gib", help="With --dry-run: memory of one GPU in GiB (default 80).", show_default=False)] = None,
     as_json: Annotated[bool, typer.Option("--json", help="With --dry-run: print the plan as JSON.")] = False,
     as_yaml: Annotated[bool, typer.Option("--yaml", help="With --dry-run: print the resolved config as YAML instead of the plan.")] = False,
+    algo: Annotated[str | None, typer.Option("--algo", help="dapo (decoupled clip, online; the default) or direct-advantage (step-level critic, offline); overrides the config's algo.", show_default=False)] = None,
+    iterations: Annotated[int | None, typer.Option("--iterations", help="direct-advantage: iterations (each trained actor is the next reference); sets direct_advantage.iterations.", show_default=False)] = None,
+    from_phase: Annotated[str | None, typer.Option("--from-phase", help="direct-advantage: rerun the latest iteration from this phase (generate, mc_values, critic, advantages, actor, evaluate), reusing the stored earlier ones.", show_default=False)] = None,
 ) -> None:
     """Train a policy with DAPO (or any subset of its techniques) and record the run in MLflow."""
+    toggles = {"clip-higher": clip_higher, "dynamic-sampling": dynamic_sampling, "token-level-loss": token_level_loss,
+               "overlong-shaping": overlong_shaping, "overlong-filtering": overlong_filtering}
+    if algo is not None or iterations is not None:
+        from dapo_cli.direct_advantage.command import algo_overrides
+
+        sets = algo_overrides(sets, algo, iterations, toggles)
     cfg = resolve(
         config,
         sets,
@@ -45,6 +55,12 @@ def train(
     )
     plan_options = {"--world-size": world_size, "--gpus-per-node": gpus_per_node, "--gpu-memory-gib": gpu_memory_gib,
                     "--json": as_json or None, "--yaml": as_yaml or None}
+    if cfg.algo == "direct-advantage" or from_phase is not None:
+        from dapo_cli.direct_advantage.command import train_direct_advantage
+
+        train_direct_advantage(cfg, config=config, sets=sets, resume=resume, from_phase=from_phase, dry_run=dry_run,
+                               plan_options=plan_options)
+        return
     if dry_run:
         if as_yaml:
             from dapo_cli.config import dump_yaml
@@ -87,14 +103,18 @@ def train(
     # DAPO_EXTRA_TAGS (a JSON object: its ablate.* tags).
     from dapo_cli.ablate.runner import extra_tags_from_env
 
+    from dapo_cli.cli.preflight import check_train, removing_new_dirs
+
+    check_train(cfg, resume=resume)  # before a run dir is claimed or an MLflow run opened
     parent = os.environ.get(PARENT_RUN_ENV) or None
-    summary = run_train(
-        cfg,
-        resume=resume,
-        command=command_line("train", config, sets, toggles, resume=resume),
-        parent_run_id=parent,
-        extra_tags=extra_tags_from_env(),
-    )
+    with removing_new_dirs(Path(cfg.trainer.output_dir) / cfg.tracking.experiment):
+        summary = run_train(
+            cfg,
+            resume=resume,
+            command=command_line("train", config, sets, toggles, resume=resume),
+            parent_run_id=parent,
+            extra_tags=extra_tags_from_env(),
+        )
     if summary.get("stopped"):  # the collapse guard: the run is recorded, but it did not train to the end
         from dapo_cli.errors import COLLAPSED, RunStopped
 

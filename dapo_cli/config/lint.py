@@ -88,7 +88,13 @@ def rule(rule_id: str) -> Callable[[Rule], Rule]:
 
 
 def lint(cfg: Config) -> list[Finding]:
-    """All findings of every rule: errors first, then warnings, each in rule order."""
+    """All findings of every rule: errors first, then warnings, each in rule order.
+
+    The rules compare a config with the decoupled-clip DAPO paper; with ``algo: direct-advantage``
+    (the other DAPO, which has its own section and none of these techniques) there is nothing to compare.
+    """
+    if cfg.algo != "dapo":
+        return []
     found = [f for check in RULES.values() for f in check(cfg)]
     return sorted(found, key=lambda f: f.severity != ERROR)
 
@@ -157,7 +163,9 @@ def filter_on_shaped_reward(cfg: Config) -> list[Finding]:
 def clip_inverted(cfg: Config) -> list[Finding]:
     """ε_high < ε_low: the upper clip is tighter than the lower, the opposite of Clip-Higher
     (paper §3.1). Error. ε_high = ε_low is clip-higher *off* (how ``--no-clip-higher`` writes
-    it, :mod:`dapo_cli.config.techniques`) and is reported by ``technique-off``."""
+    it, :mod:`dapo_cli.config.techniques`) and is reported by ``technique-off``. Validation
+    rejects an inverted clip too, so ``dapo lint`` exits 2 on it before the rules run; the rule
+    still guards configs built in code without validation."""
     algo = cfg.algorithm
     if not algo.clip_ratio_high < algo.clip_ratio_low:
         return []

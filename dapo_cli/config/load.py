@@ -59,11 +59,19 @@ def build_config(path: str | Path | None = None, overrides: typing.Sequence[str]
 
 
 def read_yaml(path: Path) -> dict[str, Any]:
-    """Read a YAML mapping; a missing file or bad YAML is a ConfigError."""
+    """Read a YAML mapping; a missing, unreadable or binary file or bad YAML is a ConfigError."""
+    if path.is_dir():
+        raise ConfigError(f"config {path} is a directory; give a YAML file (e.g. experiments/tiny.yaml)")
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config {path} is not a UTF-8 text file (byte {exc.start}); give a YAML file") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read config {path}: {exc.strerror or exc}") from None
+    try:
+        data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
@@ -104,8 +112,10 @@ def _leaf_type(key: str) -> Any:
 
 
 def _as_text(raw: str, parsed: Any) -> Any:
-    """A string setting keeps what the user typed: ``001``, ``on``, ``1.10`` stay text, not 1, True, 1.1."""
-    if parsed is None or isinstance(parsed, (bool, int, float)):  # `null` too: tracking.backend=null
+    """A string setting keeps what the user typed: ``001``, ``on``, ``1.10`` stay text, not 1, True, 1.1,
+    and so does text YAML reads as a mapping (a URI like ``x://::``); a quoted string loses its quotes
+    (a list stays a list, and is an error for a string setting)."""
+    if parsed is None or isinstance(parsed, (bool, int, float, dict)):  # `null` too: tracking.backend=null
         return raw.strip()
     return parsed
 

@@ -195,13 +195,48 @@ class AblateConfig:
 
 
 @dataclass
+class DirectAdvantageConfig:
+    """Direct Advantage-Based Policy Optimization (Liu et al. 2025, arXiv:2412.18279); used when ``algo: direct-advantage``."""
+
+    iterations: int = setting(1, "rounds of generate -> mc_values -> critic -> advantages -> actor; each trained actor is the next round's reference")
+    problems: int = setting(0, "training problems per iteration, drawn from data.train_files in seeded order (0: all of them)")
+    samples_per_problem: int = setting(32, "solutions the generator (the iteration's reference policy) samples per problem (paper: 32)")
+    chosen_per_problem: int = setting(6, "distinct solutions kept per problem, half right and half wrong where possible (paper: 6)")
+    mc_completions: int = setting(16, "completions per solution prefix from the fixed completer; their success rate is the prefix's value target (paper: 16)")
+    completer: str = setting("", "the fixed completer for Monte-Carlo values (empty: model.path, the initial policy, in every iteration)")
+    step_delimiter: str = setting("\n", "text that ends a reasoning step (a run of it stays with the step before)")
+    max_states_per_solution: int = setting(0, "prefixes of one solution given completions, evenly spaced from the problem alone (0: every prefix)")
+    critic_path: str = setting("", "critic backbone: a save_pretrained causal LM (empty: a copy of model.path's transformer) under a new scalar head")
+    critic_lr: float = setting(5e-6, "critic AdamW learning rate (paper: 5e-6)")
+    critic_epochs: int = setting(1, "passes of the critic over the value targets (paper: 1)")
+    critic_batch_size: int = setting(512, "prefixes per critic optimizer step (paper: 512)")
+    critic_micro_batch_size: int = setting(64, "prefixes per critic forward/backward (gradient accumulation; no effect on the gradient)")
+    critic_holdout: float = setting(0.1, "share of problems whose prefixes are held out of critic training for the calibration check")
+    terminal_value: str = setting(
+        "verifier", "value of a candidate step that ends the solution: the verifier's reward (exact), or the critic",
+        choices=("verifier", "critic"),
+    )
+    min_gap: float = setting(0.1, "keep only states whose max - min advantage over candidate steps is at least this (paper: 0.1)")
+    beta: float = setting(0.01, "advantage scale: the actor fits log(pi/pi_ref) of each step to A/beta (paper: 0.01; swept 0.002-0.1)")
+    actor_lr: float = setting(5e-7, "actor AdamW learning rate (paper: 5e-7)")
+    actor_epochs: int = setting(1, "passes of the actor over the advantage dataset")
+    actor_batch_states: int = setting(64, "states per actor optimizer step; all candidate steps of a state share its batch")
+    actor_micro_batch_size: int = setting(32, "candidate steps per actor forward/backward (gradient accumulation; no effect on the gradient)")
+    weight_decay: float = setting(0.0, "AdamW weight decay of the critic and the actor")
+    validate_sampled: bool = setting(True, "besides greedy accuracy, validate avg@k with the validation section's sampling")
+    expected_steps: int = setting(0, "steps per solution assumed by --dry-run's cost estimate (0: a table over several step counts)")
+
+
+@dataclass
 class Config:
     """The whole resolved configuration of a run."""
 
     data: DataConfig = setting(DataConfig(), "training and validation data")
     model: ModelConfig = setting(ModelConfig(), "the policy")
     rollout: RolloutConfig = setting(RolloutConfig(), "sampling responses for training")
+    algo: str = setting("dapo", "the RL algorithm: dapo (decoupled clip + dynamic sampling, online) or direct-advantage (step-level critic, offline)", choices=("dapo", "direct-advantage"))
     algorithm: AlgorithmConfig = setting(AlgorithmConfig(), "the DAPO objective and its techniques")
+    direct_advantage: DirectAdvantageConfig = setting(DirectAdvantageConfig(), "Direct Advantage Policy Optimization (algo: direct-advantage)")
     reward: RewardConfig = setting(RewardConfig(), "scoring responses")
     trainer: TrainerConfig = setting(TrainerConfig(), "the RL loop and optimizer")
     validation: ValidationConfig = setting(ValidationConfig(), "held-out avg@k during training")

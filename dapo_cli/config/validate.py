@@ -5,6 +5,9 @@ from __future__ import annotations
 from dapo_cli.config.load import ConfigError
 from dapo_cli.config.schema import Config
 
+MAX_AVG_K = 4096
+"""Most samples per problem ``dapo eval --avg`` / ``eval.avg_k`` accept (the DAPO protocol uses 32)."""
+
 
 def require(ok: bool, message: str) -> None:
     """Raise ConfigError(message) unless ``ok``."""
@@ -12,14 +15,54 @@ def require(ok: bool, message: str) -> None:
         raise ConfigError(message)
 
 
+def sampling_problem(
+    *, temperature: float, top_p: float, max_tokens: int, names: tuple[str, str, str], zero_tokens: str | None = None
+) -> str | None:
+    """What is wrong with sampling settings of validation or evaluation (None: nothing).
+
+    ``names`` spell the three settings in the message (``validation.temperature`` or
+    ``--temperature``); ``zero_tokens`` is what ``max_tokens = 0`` means where it is allowed.
+    Temperature 0 is greedy decoding; below 0 is no temperature at all (it used to turn greedy silently).
+    """
+    t_name, p_name, m_name = names
+    if not temperature >= 0.0:
+        return f"{t_name}={temperature} must be >= 0 (0: greedy decoding; the DAPO paper samples at 1.0)"
+    if not 0.0 < top_p <= 1.0:
+        return f"{p_name}={top_p} must be in (0, 1] (1.0: no nucleus truncation; the DAPO paper evaluates with 0.7)"
+    if max_tokens < (0 if zero_tokens else 1):
+        allowed = f">= 0 ({zero_tokens})" if zero_tokens else ">= 1"
+        return f"{m_name}={max_tokens} must be {allowed}"
+    return None
+
+
+def eval_problem(*, k: int, batch_size: int, names: tuple[str, str]) -> str | None:
+    """What is wrong with ``dapo eval``'s samples per problem and batch size (None: nothing)."""
+    k_name, b_name = names
+    if k < 1:
+        return f"{k_name}={k} must be >= 1"
+    if k > MAX_AVG_K:
+        return f"{k_name}={k} is more than {MAX_AVG_K} samples per problem; pass at most {MAX_AVG_K} (the DAPO protocol uses 32)"
+    if batch_size < 0:
+        return f"{b_name}={batch_size} must be >= 0 (0: all samples of one problem per generate call)"
+    return None
+
+
 def validate(cfg: Config) -> None:
     """Reject configs that cannot run or cannot mean what they say."""
+    from dapo_cli.direct_advantage.checks import check_config as check_algo
+
+    check_algo(cfg)  # algo, and the section of the one it does not use (first: its message is the one that helps)
     algo, rollout, trainer, data = cfg.algorithm, cfg.rollout, cfg.trainer, cfg.data
     require(0.0 < algo.clip_ratio_low < 1.0, f"algorithm.clip_ratio_low={algo.clip_ratio_low} must be in (0, 1); the paper uses 0.2")
     require(algo.clip_ratio_high >= 0.0, f"algorithm.clip_ratio_high={algo.clip_ratio_high} must be >= 0; the paper uses 0.28 (set it equal to clip_ratio_low to turn clip-higher off)")
+    require(
+        algo.clip_ratio_high >= algo.clip_ratio_low,
+        f"algorithm.clip_ratio_high={algo.clip_ratio_high} must be >= algorithm.clip_ratio_low={algo.clip_ratio_low}; "
+        "equal turns clip-higher off (the paper uses 0.28 vs 0.2)",
+    )
     require(algo.clip_ratio_c is None or algo.clip_ratio_c > 1.0, f"algorithm.clip_ratio_c={algo.clip_ratio_c} must be > 1 (e.g. 3.0) or null to turn the dual clip off")
     buf = algo.overlong_buffer
-    if buf.enable:
+    if buf.enable and cfg.algo == "dapo":  # direct-advantage shapes no reward by length
         require(0 < buf.len <= rollout.max_response_length, f"algorithm.overlong_buffer.len={buf.len} must be in (0, rollout.max_response_length={rollout.max_response_length}]; lower it or raise max_response_length")
         require(buf.penalty_factor >= 0.0, f"algorithm.overlong_buffer.penalty_factor={buf.penalty_factor} must be >= 0")
     require(rollout.n >= 2, f"rollout.n={rollout.n}: group advantages ({algo.adv_estimator}) need at least 2 responses per prompt; set rollout.n >= 2")
@@ -33,6 +76,13 @@ def validate(cfg: Config) -> None:
     require(rollout.sleep_level in (0, 1, 2), f"rollout.sleep_level={rollout.sleep_level} must be 0 (awake), 1 or 2")
     require(algo.rollout_is.cap >= 1.0, f"algorithm.rollout_is.cap={algo.rollout_is.cap} must be >= 1 (weights above it are truncated; 2.0 is common)")
     require(bool(data.train_files), "data.train_files is empty; give at least one dataset")
+    for files, size_key, size in (
+        ("data.train_files", "data.synthetic_train_size", data.synthetic_train_size),
+        ("data.val_files", "data.synthetic_val_size", data.synthetic_val_size),
+    ):
+        synthetic = [f for f in getattr(data, files.split(".")[1]) if f.startswith("synthetic:")]
+        if synthetic:
+            require(size >= 1, f"{size_key}={size} must be >= 1: {files} generates {synthetic[0]} with that many problems")
     require(data.train_batch_size >= 1, "data.train_batch_size must be >= 1")
     require(data.gen_batch_size >= 0, "data.gen_batch_size must be >= 0 (0 = train_batch_size)")
     require(trainer.ppo_mini_batch_size >= 1, "trainer.ppo_mini_batch_size must be >= 1")
@@ -47,7 +97,19 @@ def validate(cfg: Config) -> None:
     require(trainer.lr_warmup_steps >= 0, "trainer.lr_warmup_steps must be >= 0")
     require(cfg.validation.k >= 1, f"validation.k={cfg.validation.k} must be >= 1")
     require(0.0 < cfg.validation.top_p <= 1.0, "validation.top_p must be in (0, 1]")
-    require(cfg.eval.avg_k >= 1, f"eval.avg_k={cfg.eval.avg_k} must be >= 1")
+    v, ev = cfg.validation, cfg.eval
+    for problem in (
+        sampling_problem(
+            temperature=v.temperature, top_p=v.top_p, max_tokens=v.max_tokens,
+            names=("validation.temperature", "validation.top_p", "validation.max_tokens"), zero_tokens="0: rollout.max_response_length",
+        ),
+        sampling_problem(
+            temperature=ev.temperature, top_p=ev.top_p, max_tokens=ev.max_tokens,
+            names=("eval.temperature", "eval.top_p", "eval.max_tokens"),
+        ),
+        eval_problem(k=ev.avg_k, batch_size=ev.batch_size, names=("eval.avg_k", "eval.batch_size")),
+    ):
+        require(problem is None, problem or "")
     bad = [k for k in cfg.eval.pass_k if not 1 <= k]
     require(not bad, f"eval.pass_k has values < 1: {bad}")
     require(cfg.ablate.seeds >= 1, "ablate.seeds must be >= 1")
@@ -59,6 +121,21 @@ def validate(cfg: Config) -> None:
     require(slurm.mem_gb >= 0, f"ablate.slurm.mem_gb={slurm.mem_gb} must be >= 0 (0: the scheduler's default)")
     require(slurm.timeout_min >= 1, f"ablate.slurm.timeout_min={slurm.timeout_min} must be >= 1")
     require(bool(slurm.folder.strip()), "ablate.slurm.folder is empty; give a directory for submitit's logs (default runs/slurm)")
+    tiny = cfg.model.tiny
+    for key, value, low in (
+        ("hidden_size", tiny.hidden_size, 1), ("num_layers", tiny.num_layers, 1), ("num_heads", tiny.num_heads, 1),
+        ("intermediate_size", tiny.intermediate_size, 1), ("max_position_embeddings", tiny.max_position_embeddings, 1),
+        ("sft_steps", tiny.sft_steps, 0), ("sft_batch_size", tiny.sft_batch_size, 1), ("sft_warmup_steps", tiny.sft_warmup_steps, 0),
+        ("eval_problems", tiny.eval_problems, 1), ("eval_max_tokens", tiny.eval_max_tokens, 1),
+    ):
+        require(value >= low, f"model.tiny.{key}={value} must be >= {low}")
+    require(
+        tiny.hidden_size % tiny.num_heads == 0,
+        f"model.tiny.hidden_size={tiny.hidden_size} must be divisible by model.tiny.num_heads={tiny.num_heads}",
+    )
+    require(tiny.rope_theta > 0.0, f"model.tiny.rope_theta={tiny.rope_theta} must be > 0")
+    require(tiny.sft_lr > 0.0, f"model.tiny.sft_lr={tiny.sft_lr} must be > 0")
+    require(0.0 <= tiny.sft_direct_frac <= 1.0, f"model.tiny.sft_direct_frac={tiny.sft_direct_frac} must be in [0, 1]")
     engine = cfg.engine
     require(
         engine.zero_stage in (0, 1, 2, 3),

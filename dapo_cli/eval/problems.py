@@ -65,15 +65,20 @@ def _problem_key(row: Mapping[str, Any], messages: list[dict[str, str]]) -> tupl
     return "p-" + hashlib.sha1(text.encode("utf-8")).hexdigest()[:12], None
 
 
-def group_problems(rows: Sequence[Mapping[str, Any]]) -> list[Problem]:
+def group_problems(rows: Sequence[Mapping[str, Any]], source: str = "") -> list[Problem]:
     """Distinct problems of ``rows`` (DAPO-schema dicts), with how many rows held each.
 
     Order: by ``extra_info.index`` when every row has one, else by first appearance.
+    ``source`` names the dataset in the error for an empty ``rows``.
     Raises :class:`UserError` when a row lacks a prompt or ground truth, or when two
     rows with the same identity disagree on prompt or ground truth.
     """
     if not rows:
-        raise UserError("the dataset holds no rows")
+        what = f"dataset {source}" if source else "the dataset"
+        raise UserError(
+            f"{what} holds no rows; give a file with problems (--dataset, data.val_files) or, for synthetic:NAME, "
+            "a size >= 1 (data.synthetic_val_size)"
+        )
     first: dict[str, Problem] = {}
     counts: dict[str, int] = {}
     numeric: dict[str, int | None] = {}

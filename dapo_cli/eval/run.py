@@ -616,11 +616,13 @@ def run_eval(
     resumed = sum(len(batches[b]) for b in checkpoint.done)
     params = SamplingParams(temperature=opts.temperature, top_p=opts.top_p, max_tokens=opts.max_tokens, seed=opts.seed)
     tracking = TrackingConfig(backend=opts.tracking_backend, tracking_uri=opts.tracking_uri, experiment=opts.experiment)
+    todo = len(checkpoint.done) < len(batches)
+    # the model loads before the run opens: a checkpoint that fails to load leaves no MLflow run behind
+    engine, format_prompt = build_eval_rollout(opts.engine, model, opts.batch_size, log) if todo else (None, None)
     with start_run(tracking, run_name(model, opts.dataset, opts.k), tags={"dapo.command": "eval"}) as tracker:
         tracker.log_params(settings)
         new: list[SampleRecord] = []
-        if len(checkpoint.done) < len(batches):
-            engine, format_prompt = build_eval_rollout(opts.engine, model, opts.batch_size, log)
+        if todo:
 
             def on_batch(b: int, records: list[SampleRecord]) -> None:
                 checkpoint.append(b, records)

@@ -9,11 +9,14 @@ a one-line :class:`UserError` that says to give a local directory.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import re
 import socket
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -28,12 +31,12 @@ from transformers import (
 
 from dapo_cli.config.tiny import TinyModelConfig
 from dapo_cli.errors import UserError
-from dapo_cli.fileio import atomic_dir
+from dapo_cli.fileio import atomic_dir, safetensors_problem
 from dapo_cli.models.tiny import quiet_hf_progress
 from dapo_cli.models.tokenizer import format_prompt
 from dapo_cli.models.warmstart import MODEL_CARD, warm_start
 
-__all__ = ["BUILTIN_MODELS", "default_cache_dir", "format_prompt", "load_policy", "resolve_model"]
+__all__ = ["BUILTIN_MODELS", "check_model_dir", "default_cache_dir", "format_prompt", "load_policy", "model_dir_problem", "resolve_model"]
 
 BUILTIN_MODELS: tuple[str, ...] = ("builtin:tiny",)
 """Model specs the project builds itself."""
@@ -143,7 +146,7 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
                 tokenizer = AutoTokenizer.from_pretrained(spec, local_files_only=hub_offline() or not hub_reachable())
             else:
                 raise UserError(f"model directory not found: {spec} (give a folder written by save_pretrained)")
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, KeyError, UnicodeDecodeError) as exc:
         raise UserError(f"cannot load the tokenizer of {spec}: {_first_line(exc)}") from None
     return _for_generation(tokenizer)
 
@@ -156,19 +159,122 @@ def _for_generation(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBa
     return tokenizer
 
 
+def load_errors() -> tuple[type[BaseException], ...]:
+    """What loading a broken model folder raises: I/O and format errors of transformers, tokenizers,
+    torch (a corrupt ``pytorch_model.bin``) and safetensors (a corrupt or truncated ``*.safetensors``)."""
+    errors: list[type[BaseException]] = [OSError, ValueError, KeyError, EOFError, RuntimeError]
+    try:
+        from safetensors import SafetensorError
+
+        errors.append(SafetensorError)
+    except ImportError:  # pragma: no cover - transformers requires safetensors
+        pass
+    import pickle
+
+    errors.append(pickle.UnpicklingError)
+    return tuple(errors)
+
+
+
+
+def model_dir_problem(path: Path) -> str | None:
+    """Why the ``save_pretrained`` folder ``path`` cannot load (None: it looks loadable).
+
+    Cheap (reads ``config.json`` and the safetensors headers, no weights), so commands check a
+    model before they create outputs, run directories or MLflow runs.
+    """
+    if not path.is_dir():
+        return "it is not a directory"
+    config = path / "config.json"
+    if not config.is_file():
+        return "config.json is missing"
+    try:
+        if not isinstance(json.loads(config.read_text(encoding="utf-8")), dict):
+            return "config.json is not a JSON object"
+    except (ValueError, UnicodeDecodeError):
+        return "config.json is not valid JSON"
+    except OSError as exc:
+        return f"config.json cannot be read ({exc.strerror or exc})"
+    weights = sorted(path.glob("*.safetensors"))
+    for index in sorted(path.glob("*.index.json")):
+        try:
+            shards = set(json.loads(index.read_text(encoding="utf-8")).get("weight_map", {}).values())
+        except (ValueError, UnicodeDecodeError, AttributeError, OSError):
+            return f"{index.name} is corrupt"
+        missing = sorted(s for s in shards if not (path / str(s)).is_file())
+        if missing:
+            return f"{missing[0]} (listed in {index.name}) is missing"
+    if not weights and not any(path.glob("pytorch_model*.bin")):
+        return "it holds no weights (no *.safetensors or pytorch_model.bin)"
+    for file in weights:
+        problem = safetensors_problem(file)
+        if problem:
+            return f"{file.name} {problem}"
+    return None
+
+
+def check_model_dir(path: Path) -> None:
+    """:func:`model_dir_problem` as a one-line :class:`UserError` saying what to do."""
+    problem = model_dir_problem(path)
+    if problem:
+        raise UserError(
+            f"model {path}: {problem}; re-save it (save_pretrained), copy it again, or give another "
+            "model directory or builtin:tiny"
+        )
+
+
 def _load_local(path: Path, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     if not path.is_dir() or not (path / "config.json").is_file():
         raise UserError(
             f"{path} is not a model directory (no config.json); give a folder written by "
             "save_pretrained (a dapo checkpoint, a downloaded Qwen2.5) or builtin:tiny"
         )
+    check_model_dir(path)
     try:
-        with quiet_hf_progress():
+        with quiet_hf_progress(), held_hf_warnings() as held:
             tokenizer = _tokenizer_class(path).from_pretrained(path)
             model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-    except (OSError, ValueError, KeyError) as exc:
-        raise UserError(f"cannot load model from {path}: {_first_line(exc)}") from None
+    except torch.cuda.OutOfMemoryError:  # memory is not the folder's fault: keep the traceback
+        raise
+    except load_errors() as exc:
+        detail = _report_row(held)
+        why = f"its weights do not fit its config.json ({detail})" if detail else f"{type(exc).__name__}: {_first_line(exc)}"
+        raise UserError(f"cannot load model from {path}: {why}; re-save it or give another model directory") from None
     return model, tokenizer
+
+
+@contextlib.contextmanager
+def held_hf_warnings() -> Iterator[list[logging.LogRecord]]:
+    """Hold what transformers logs during a load: replayed when the load succeeds, dropped when it
+    fails (the caller's one-line error replaces transformers' multi-line load report)."""
+    logger = logging.getLogger("transformers")
+    held: list[logging.LogRecord] = []
+
+    class Hold(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            held.append(record)
+
+    saved_handlers, saved_propagate = logger.handlers[:], logger.propagate
+    logger.handlers, logger.propagate = [Hold(logging.WARNING)], False
+    succeeded = False
+    try:
+        yield held
+        succeeded = True
+    finally:
+        logger.handlers, logger.propagate = saved_handlers, saved_propagate
+        if succeeded:
+            for record in held:
+                logger.handle(record)
+
+
+def _report_row(records: list[logging.LogRecord]) -> str:
+    """The first problem row of transformers' load report (``key | MISMATCH | ...``), on one line."""
+    for record in records:
+        for line in record.getMessage().splitlines():
+            cells = [c.strip() for c in line.split("|")]
+            if len(cells) >= 2 and cells[1] and cells[1] not in ("Status",) and not set(cells[0]) <= {"-", "+"}:
+                return re.sub(r"\x1b\[[0-9;]*m", "", " ".join(c for c in cells if c))
+    return ""
 
 
 def _tokenizer_class(path: Path) -> type[PreTrainedTokenizerBase]:
@@ -189,7 +295,9 @@ def _load_hub(spec: str, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTraine
         with quiet_hf_progress():
             tokenizer = AutoTokenizer.from_pretrained(spec, local_files_only=not online)
             model = AutoModelForCausalLM.from_pretrained(spec, dtype=dtype, local_files_only=not online)
-    except (OSError, ValueError) as exc:
+    except torch.cuda.OutOfMemoryError:
+        raise
+    except load_errors() as exc:
         why = (
             "HF_HUB_OFFLINE is set"
             if hub_offline()

@@ -168,7 +168,7 @@ def test_a_failing_torchrun_child_is_a_one_line_error(in_tmp: Path, monkeypatch:
 
     def failing(argv, extra_env, *, log_path=None):
         seen.append(argv)
-        return 3
+        return 5
 
     monkeypatch.setattr("dapo_cli.ablate.runner.run_child", failing)
     config = write_config(in_tmp)
@@ -176,7 +176,7 @@ def test_a_failing_torchrun_child_is_a_one_line_error(in_tmp: Path, monkeypatch:
     assert result.exit_code == 2 and "Traceback" not in result.output, result.output
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert errors == [result.stderr.splitlines()[-1]], result.stderr  # after the progress lines: one error line, the last
-    assert re.fullmatch(r"error: child cli-abl-ladder-[0-9a-f]{8}/grpo-s0 failed with exit code 3; rerun the same command to resume it",
+    assert re.fullmatch(r"error: child cli-abl-ladder-[0-9a-f]{8}/grpo-s0 failed with exit code 5; rerun the same command to resume it",
                         errors[0]), errors
     assert seen and seen[0][1:7] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m"]
 
@@ -198,7 +198,7 @@ def test_train_reads_the_parent_run_and_extra_tags_of_a_child_process(in_tmp: Pa
 
     calls = []
     stub = types.ModuleType("dapo_cli.train")
-    stub.run_train = lambda cfg, **kwargs: calls.append((cfg, kwargs))  # type: ignore[attr-defined]
+    stub.run_train = lambda cfg, **kwargs: calls.append((cfg, kwargs)) or {}  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "dapo_cli.train", stub)
     tags = {"ablate.variant": "dapo", "ablate.rung": "5", "ablate.seed": "0", "ablate.parent": "p" * 32}
     result = CliRunner().invoke(app, ["train", "--set", "trainer.total_steps=1", "--resume"], env=child_env("p" * 32, tags))

@@ -117,13 +117,11 @@ def test_missing_checkpoint_exits_2_with_one_line(tmp_path: Path) -> None:
     assert "checkpoint not found" in error_line(result)
 
 
-def test_dataset_without_ground_truth_exits_2(tmp_path: Path) -> None:
-    (tmp_path / "ckpt").mkdir()
-    (tmp_path / "ckpt" / "config.json").write_text("{}")
+def test_dataset_without_ground_truth_exits_2(model_dir: Path, tmp_path: Path) -> None:
     row = make_row("What is 1+1?", "2", index=0)
     row["reward_model"]["ground_truth"] = ""
     write_dapo_parquet([row], tmp_path / "no-answers.parquet")
-    result = runner.invoke(app, ["eval", str(tmp_path / "ckpt"), "--dataset", str(tmp_path / "no-answers.parquet"), "--no-track"])
+    result = runner.invoke(app, ["eval", str(model_dir), "--dataset", str(tmp_path / "no-answers.parquet"), "--no-track"])
     assert "has no reward_model.ground_truth" in error_line(result)
 
 
@@ -141,14 +139,20 @@ def test_dataset_without_ground_truth_exits_2(tmp_path: Path) -> None:
         ),
     ],
 )
-def test_bad_inputs_exit_2_with_one_line(tmp_path: Path, extra: list[str], message: str) -> None:
+def test_bad_inputs_exit_2_with_one_line(model_dir: Path, tmp_path: Path, extra: list[str], message: str) -> None:
+    write_dapo_parquet([make_row("What is 1+1?", "2", index=0)], tmp_path / "set.parquet")
+    args = ["eval", str(model_dir), "--dataset", str(tmp_path / "set.parquet"), "--no-track", *extra]
+    if extra[0] == "--dataset":
+        args = ["eval", str(model_dir), "--no-track", *extra]
+    assert message in error_line(runner.invoke(app, args))
+
+
+def test_a_checkpoint_without_weights_is_refused_before_anything_loads(tmp_path: Path) -> None:
     (tmp_path / "ckpt").mkdir()
     (tmp_path / "ckpt" / "config.json").write_text("{}")
     write_dapo_parquet([make_row("What is 1+1?", "2", index=0)], tmp_path / "set.parquet")
-    args = ["eval", str(tmp_path / "ckpt"), "--dataset", str(tmp_path / "set.parquet"), "--no-track", *extra]
-    if extra[0] == "--dataset":
-        args = ["eval", str(tmp_path / "ckpt"), "--no-track", *extra]
-    assert message in error_line(runner.invoke(app, args))
+    result = runner.invoke(app, ["eval", str(tmp_path / "ckpt"), "--dataset", str(tmp_path / "set.parquet"), "--no-track"])
+    assert "ckpt: it holds no weights" in error_line(result)
 
 
 def test_report_prints_untrusted_text_literally(capsys: pytest.CaptureFixture[str]) -> None:

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from dapo_cli.cli import app
@@ -72,7 +73,7 @@ def test_an_error_exits_1() -> None:
     assert out[-1] == "1 finding (1 error, 0 warnings)"
 
 
-def test_technique_toggles_are_applied_before_linting() -> None:
+def test_technique_toggles_are_applied_before_linting(tmp_path: Path) -> None:
     off = invoke(PAPER, "--no-dynamic-sampling")
     assert off.exit_code == 0
     assert lines(off)[0].startswith("WARN algorithm.filter_groups.enable: ")
@@ -81,8 +82,16 @@ def test_technique_toggles_are_applied_before_linting() -> None:
     # a toggle can also clear a finding: the tiny experiment without overlong filtering
     fixed = invoke(TINY, "--no-overlong-filtering")
     assert [line.split(":")[0] for line in lines(fixed)] == ["WARN validation.top_p", "1 finding (0 errors, 1 warning)"]
-    # --clip-higher turns an equal-epsilon config back into the paper's 0.28
-    assert lines(invoke(PAPER, "--set", "algorithm.clip_ratio_high=0.2", "--clip-higher")) == ["no findings"]
+    # --clip-higher turns an equal-epsilon config back into the paper's 0.28 ...
+    data = yaml.safe_load(Path(PAPER).read_text(encoding="utf-8"))
+    data["algorithm"]["clip_ratio_high"] = data["algorithm"]["clip_ratio_low"]
+    equal = tmp_path / "equal.yaml"
+    equal.write_text(yaml.safe_dump(data), encoding="utf-8")
+    assert lines(invoke(str(equal), "--clip-higher")) == ["no findings"]
+    # ... but contradicting a --set of the same command is an error naming both
+    clash = invoke(PAPER, "--set", "algorithm.clip_ratio_high=0.2", "--clip-higher")
+    assert clash.exit_code == 2
+    assert lines(clash)[0].startswith("error: --clip-higher contradicts --set algorithm.clip_ratio_high=0.2")
 
 
 def test_json_lists_the_findings() -> None:

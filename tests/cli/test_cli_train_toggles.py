@@ -1,6 +1,7 @@
 """``dapo train --dry-run``: the embedded experiment without CONFIG, and the five technique toggles.
 
-Toggles override both the YAML and ``--set``. Only ``--dry-run`` is exercised here:
+Toggles override the YAML; one that contradicts a ``--set`` of the same command is an error.
+Only ``--dry-run`` is exercised here:
 real training needs the trainer and is covered by the end-to-end tests.
 """
 
@@ -71,8 +72,14 @@ def test_toggle_off_then_on_changes_exactly_its_key(toggle: str) -> None:
     set_off = f"{key}={off_value}"
     assert off == dry_run("--set", set_off)  # same as editing the config: nothing else moves
 
-    # --toggle wins over a --set that switched the technique off
-    on = dry_run("--set", set_off, f"--{toggle}")
+    # a toggle that contradicts a --set of the same command is an error naming both ...
+    clash = CliRunner().invoke(app, ["train", "--dry-run", "--yaml", "--set", set_off, f"--{toggle}"])
+    assert clash.exit_code == 2
+    assert clash.stderr.startswith(f"error: --{toggle} contradicts --set {set_off}: ") and clash.stderr.count("\n") == 1
+    # ... while over the YAML the toggle wins
+    config = Path("off.yaml")
+    config.write_text(dump_yaml(load_config(None, [set_off])), encoding="utf-8")
+    on = dry_run(str(config), f"--{toggle}")
     assert get(on, key) == on_value
     assert on == base
 

@@ -284,8 +284,12 @@ def test_read_yaml_errors(tmp_path: Path) -> None:
         read_yaml(write(tmp_path, "data: 1\n  shuffle: 2\n"))
     with pytest.raises(ConfigError, match="must hold a mapping of sections .* not a list"):
         read_yaml(write(tmp_path, "- a\n- b\n"))
-    with pytest.raises(ConfigError, match="config file not found"):
+    with pytest.raises(ConfigError, match="is a directory; give a YAML file"):
         load_config(tmp_path)  # a directory is not a config file
+    binary = tmp_path / "binary.yaml"
+    binary.write_bytes(b"\x1f\x8b\x08\x00\xff\xfe")
+    with pytest.raises(ConfigError, match="is not a UTF-8 text file"):
+        read_yaml(binary)
 
 
 @pytest.mark.parametrize(

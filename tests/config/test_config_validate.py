@@ -85,6 +85,25 @@ INVALID: list[tuple[dict[str, object], str]] = [
     ({"rollout__tensor_parallel_size": 0}, "rollout.tensor_parallel_size=0 must be >= 1"),
     ({"rollout__sleep_level": 3}, "rollout.sleep_level=3 must be 0 (awake), 1 or 2"),
     ({"algorithm__rollout_is__cap": 0.5}, "algorithm.rollout_is.cap=0.5 must be >= 1"),
+    # an inverted clip, sampling of validation and eval, synthetic sizes, the tiny model
+    (
+        {"algorithm__clip_ratio_high": 0.1},
+        "algorithm.clip_ratio_high=0.1 must be >= algorithm.clip_ratio_low=0.2; equal turns clip-higher off",
+    ),
+    ({"algorithm__clip_ratio_high": 0.0}, "algorithm.clip_ratio_high=0.0 must be >= algorithm.clip_ratio_low=0.2"),
+    ({"validation__max_tokens": -7}, "validation.max_tokens=-7 must be >= 0 (0: rollout.max_response_length)"),
+    ({"validation__temperature": -1.0}, "validation.temperature=-1.0 must be >= 0 (0: greedy decoding"),
+    ({"eval__temperature": -0.5}, "eval.temperature=-0.5 must be >= 0"),
+    ({"eval__top_p": 0.0}, "eval.top_p=0.0 must be in (0, 1]"),
+    ({"eval__top_p": 1.5}, "eval.top_p=1.5 must be in (0, 1]"),
+    ({"eval__max_tokens": 0}, "eval.max_tokens=0 must be >= 1"),
+    ({"eval__batch_size": -3}, "eval.batch_size=-3 must be >= 0"),
+    ({"eval__avg_k": 10**12}, "eval.avg_k=1000000000000 is more than 4096 samples per problem"),
+    ({"data__synthetic_val_size": 0}, "data.synthetic_val_size=0 must be >= 1: data.val_files generates synthetic:add-3digit"),
+    ({"data__synthetic_train_size": -1}, "data.synthetic_train_size=-1 must be >= 1: data.train_files generates"),
+    ({"model__tiny__hidden_size": 0}, "model.tiny.hidden_size=0 must be >= 1"),
+    ({"model__tiny__hidden_size": 30}, "model.tiny.hidden_size=30 must be divisible by model.tiny.num_heads=4"),
+    ({"model__tiny__sft_direct_frac": 1.5}, "model.tiny.sft_direct_frac=1.5 must be in [0, 1]"),
 ]
 
 
@@ -96,8 +115,11 @@ def test_invalid_value_names_the_key_and_the_fix(changes: dict[str, object], mes
 
 
 VALID_BOUNDARIES: list[dict[str, object]] = [
-    {"algorithm__clip_ratio_high": 0.0},  # >= 0 is allowed (clip_ratio_high < clip_ratio_low is odd, not invalid)
     {"algorithm__clip_ratio_high": 0.2},  # = clip_ratio_low: clip-higher off
+    {"validation__max_tokens": 0},  # 0: rollout.max_response_length
+    {"validation__temperature": 0.0, "eval__temperature": 0.0},  # greedy
+    {"eval__avg_k": 4096, "eval__batch_size": 0},
+    {"data__synthetic_val_size": 0, "data__val_files": []},  # no synthetic set: the size is unused
     {"algorithm__overlong_buffer__len": 20480},  # = max_response_length
     {"algorithm__overlong_buffer__len": 99999, "algorithm__overlong_buffer__enable": False},  # unchecked when off
     {"algorithm__overlong_buffer__penalty_factor": 0.0},

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -118,8 +119,58 @@ def test_missing_or_invalid_directories_raise_user_error(tmp_path):
     with pytest.raises(UserError, match="is not a model directory"):
         load_policy(tmp_path / "file.txt")
     (tmp_path / "config.json").write_text("{not json")
-    with pytest.raises(UserError, match="cannot load model from"):
+    with pytest.raises(UserError, match="config.json is not valid JSON; re-save it"):
         load_policy(tmp_path)
+
+
+@pytest.fixture
+def saved(tmp_path: Path) -> Path:
+    """A freshly saved untrained tiny policy (its own copy: the tests below damage it)."""
+    tokenizer = build_char_tokenizer()
+    save_policy(build_tiny_model_for(SMALL, tokenizer), tokenizer, tmp_path / "m")
+    return tmp_path / "m"
+
+
+def _truncate(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (_truncate, r"model\.safetensors is truncated or corrupt: \d+ bytes, its header promises \d+"),
+        (lambda p: p.write_bytes(b"\x00" * 3), r"model\.safetensors is truncated \(3 bytes\)"),
+        (lambda p: p.write_bytes(b"\xff" * 64), r"model\.safetensors has a corrupt header \(not a safetensors file, or truncated\)"),
+        (lambda p: p.write_bytes((2).to_bytes(8, "little") + b"[]"), r"model\.safetensors has a corrupt header \(not a JSON object\)"),
+        (lambda p: p.unlink(), r"it holds no weights \(no \*\.safetensors or pytorch_model\.bin\)"),
+    ],
+    ids=["truncated", "tiny", "garbage", "not-an-object", "missing"],
+)
+def test_damaged_weights_are_one_line_errors_before_loading(saved: Path, damage, message: str) -> None:
+    damage(saved / "model.safetensors")
+    assert loading.model_dir_problem(saved) is not None
+    with pytest.raises(UserError, match=f"model {re.escape(str(saved))}: {message}; re-save it") as info:
+        load_policy(saved)
+    assert "\n" not in str(info.value)
+
+
+def test_weights_that_do_not_fit_the_config_are_one_line_errors(saved: Path, capfd) -> None:
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(saved / "model.safetensors")
+    name = next(iter(tensors))
+    tensors[name] = torch.zeros(3, 3)  # a complete file whose tensor has the wrong shape
+    save_file(tensors, saved / "model.safetensors", metadata={"format": "pt"})
+    assert loading.model_dir_problem(saved) is None  # the header is fine: only loading finds it
+    with pytest.raises(UserError, match=f"its weights do not fit its config.json \\({re.escape(name)} MISMATCH"):
+        load_policy(saved)
+    assert "LOAD REPORT" not in capfd.readouterr().err  # transformers' report is replaced by the one line
+
+
+def test_an_intact_folder_has_no_problem(saved: Path) -> None:
+    assert loading.model_dir_problem(saved) is None
+    loading.check_model_dir(saved)
 
 
 def test_hub_id_offline_raises_user_error(monkeypatch):

@@ -1,0 +1,338 @@
+"""Bad input to every command: exit 2, exactly one ``error:`` line, no traceback, nothing left behind.
+
+The promise of the CLI (docs/reliability.md): whatever is wrong with what the user typed or
+pointed at, ``dapo`` prints one line starting ``error:`` that says what to fix, exits 2, and
+writes nothing: no output file, no run directory, no MLflow store. Each case below runs in a
+fresh, otherwise empty working directory with ``$MLFLOW_TRACKING_URI`` unset, and the
+directory listing after the command must equal the listing before it.
+
+Read-only outputs: the tests run as root, for whom ``chmod`` changes nothing, so they use a
+read-only tmpfs mount (skipped where mounting is not permitted) or a file where a directory
+is expected.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from dapo_cli.cli import app
+
+ENV = {"MLFLOW_TRACKING_URI": None, "DAPO_PARENT_RUN_ID": None, "DAPO_EXTRA_TAGS": None, "HF_HUB_OFFLINE": "1",
+       "COLUMNS": "200"}
+
+
+# ---------------------------------------------------------------- what the cases point at
+
+
+@pytest.fixture(scope="module")
+def models(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The tiny policy, and copies of it with damaged weights (outside every case's working directory)."""
+    root = tmp_path_factory.mktemp("damaged-models")
+    out = {"model": tiny_model_dir}
+    for name in ("trunc", "garbage", "wrongshape", "noweights"):
+        shutil.copytree(tiny_model_dir, root / name)
+        out[name] = root / name
+    weights = "model.safetensors"
+    data = (tiny_model_dir / weights).read_bytes()
+    (out["trunc"] / weights).write_bytes(data[: len(data) // 2])  # a copy cut short
+    (out["garbage"] / weights).write_bytes(bytes(range(256)) * 8)  # not a safetensors file at all
+    (out["noweights"] / weights).unlink()
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(tiny_model_dir / weights)
+    tensors[next(iter(tensors))] = torch.zeros(3, 3)  # complete file, tensor of the wrong shape
+    save_file(tensors, out["wrongshape"] / weights, metadata={"format": "pt"})
+    return out
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from dapo_cli.data.schema import make_row, write_dapo_parquet
+
+    path = tmp_path_factory.mktemp("data") / "three.parquet"
+    write_dapo_parquet([make_row(f"What is {i} + 1?", str(i + 1), index=i) for i in range(3)], path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def read_only_dir(tmp_path_factory: pytest.TempPathFactory):
+    """A read-only tmpfs mount (root ignores permission bits, not a read-only file system)."""
+    path = tmp_path_factory.mktemp("read-only")
+    if shutil.which("mount") is None or os.geteuid() != 0:
+        pytest.skip("mounting a read-only tmpfs needs root and mount(8)")
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(path)], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a read-only tmpfs here: {done.stderr.strip() or done.returncode}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", str(path)], capture_output=True, check=False)
+
+
+# ---------------------------------------------------------------- files a case creates in its working directory
+
+
+def _corrupt_run(cwd: Path) -> None:
+    """A run of the embedded experiment whose only checkpoint has truncated weights (resume must refuse it)."""
+    import torch
+
+    run = cwd / "runs" / "dapo-tiny" / "dapo-s0"
+    ckpt = run / "checkpoints" / "step_000001"
+    (ckpt / "engine").mkdir(parents=True)
+    (ckpt / "model").mkdir()
+    (ckpt / "model" / "config.json").write_text("{}", encoding="utf-8")
+    (ckpt / "model" / "model.safetensors").write_bytes((64).to_bytes(8, "little") + b"{")
+    torch.save({"step": 1}, ckpt / "trainer_state.pt")
+    (run / "checkpoints" / "latest").write_text("step_000001\n", encoding="utf-8")
+    (run / "config.yaml").write_text("{}\n", encoding="utf-8")
+    (run / ".lock").write_text("1\n", encoding="utf-8")  # every run that ever trained has one
+
+
+def _empty_parquet(cwd: Path) -> None:
+    from dapo_cli.data.schema import write_dapo_parquet
+
+    write_dapo_parquet([], cwd / "empty.parquet")
+
+
+SETUPS: dict[str, Callable[[Path], object]] = {
+    "afile": lambda cwd: (cwd / "afile").write_text("x\n", encoding="utf-8"),
+    "adir": lambda cwd: (cwd / "adir").mkdir(),
+    "bin.yaml": lambda cwd: (cwd / "bin.yaml").write_bytes(b"\x1f\x8b\x08\x00\xff\xfe\x00\x80" * 16),
+    "bad.yaml": lambda cwd: (cwd / "bad.yaml").write_text("data: [1,\n", encoding="utf-8"),
+    "list.yaml": lambda cwd: (cwd / "list.yaml").write_text("- a\n- b\n", encoding="utf-8"),
+    "empty.jsonl": lambda cwd: (cwd / "empty.jsonl").write_text("", encoding="utf-8"),
+    "empty.parquet": _empty_parquet,
+    "corrupt-run": _corrupt_run,
+}
+
+
+# ---------------------------------------------------------------- the table
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    args: tuple[str, ...]
+    expect: str
+    """A fragment of the error line (after ``error: ``)."""
+    setup: tuple[str, ...] = ()
+    read_only: bool = False
+    """Needs the read-only tmpfs (``{ro}`` in the args)."""
+    progress_first: bool = False
+    """The failure comes after the command reported progress (the model was loading): other stderr
+    lines may come before the error line, which must still be the only ``error:`` line and the last."""
+
+
+def case(id: str, *args: str, expect: str, setup: tuple[str, ...] = (), **kw: bool) -> Case:
+    return Case(id, args, expect, setup, **kw)
+
+
+M = ("--set", "model.path={model}")  # a real local model: nothing builds builtin:tiny
+EVAL = ("eval", "{model}", "--dataset", "{data}", "--avg", "2", "--max-tokens", "4")
+TECHNIQUES = "valid: overlong_filtering, clip_higher, overlong_shaping, token_level_loss, dynamic_sampling"
+
+CASES = [
+    # ------------------------------------------------------------ usage errors (Click), any command
+    case("top-unknown-command", "fly", expect="No such command 'fly'; see 'dapo --help'"),
+    case("top-unknown-option", "--bogus", expect="No such option: --bogus; see 'dapo --help'"),
+    case("train-unknown-option", "train", "--bogus", expect="No such option: --bogus; see 'dapo train --help'"),
+    case("eval-bad-choice", "eval", "{model}", "--engine", "foo", expect="Invalid value for '--engine': 'foo' is not one of"),
+    case("eval-not-an-int", "eval", "{model}", "--avg", "many", expect="Invalid value for '--avg'"),
+    case("report-missing-argument", "report", expect="Missing argument"),
+    case("config-set-without-value", "config", "--set", expect="Option '--set' requires an argument"),
+    case("ablate-bad-launcher", "ablate", "--ladder", "--launcher", "ssh", expect="Invalid value for '--launcher'"),
+    case("lint-unknown-option", "lint", "--strictly", expect="No such option: --strictly"),
+    case("prepare-n-not-an-int", "prepare-data", "--synthetic", "add-3digit", "--n", "abc", "-o", "x.parquet",
+         expect="Invalid value for '--n'"),
+    # ------------------------------------------------------------ config files and --set (config, lint, train)
+    case("config-binary-file", "config", "bin.yaml", expect="config bin.yaml is not a UTF-8 text file", setup=("bin.yaml",)),
+    case("config-directory", "config", "adir", expect="config adir is a directory; give a YAML file", setup=("adir",)),
+    case("config-missing", "config", "nope.yaml", expect="config file not found: nope.yaml"),
+    case("config-bad-yaml", "config", "bad.yaml", expect="bad.yaml is not valid YAML at line 2", setup=("bad.yaml",)),
+    case("config-yaml-list", "config", "list.yaml", expect="must hold a mapping of sections", setup=("list.yaml",)),
+    case("config-set-no-equals", "config", "--set", "trainer.lr", expect="must look like section.key=value"),
+    case("config-unknown-key", "config", "--set", "trainer.lrr=1e-6", expect="did you mean 'trainer.lr'?"),
+    case("config-not-a-number", "config", "--set", "trainer.lr=fast", expect="trainer.lr must be a number, got 'fast'"),
+    case("config-eval-temperature", "config", "--set", "eval.temperature=-1", expect="eval.temperature=-1.0 must be >= 0"),
+    case("config-synthetic-val-size", "config", "--set", "data.synthetic_val_size=0",
+         expect="data.synthetic_val_size=0 must be >= 1: data.val_files generates synthetic:add-3digit"),
+    case("lint-directory", "lint", "adir", expect="config adir is a directory", setup=("adir",)),
+    case("lint-invalid-value", "lint", "--set", "rollout.n=1", expect="rollout.n=1: group advantages"),
+    case("lint-toggle-contradicts-set", "lint", "--clip-higher", "--set", "algorithm.clip_ratio_high=0.2",
+         expect="--clip-higher contradicts --set algorithm.clip_ratio_high=0.2"),
+    # ------------------------------------------------------------ train
+    case("train-truncated-weights", "train", "--set", "model.path={trunc}",
+         expect="model.safetensors is truncated or corrupt"),
+    case("train-garbage-weights", "train", "--set", "model.path={garbage}", expect="model.safetensors has a corrupt header"),
+    case("train-no-weights", "train", "--set", "model.path={noweights}", expect="it holds no weights"),
+    case("train-weights-misfit-config", "train", "--set", "model.path={wrongshape}", expect="its weights do not fit its config.json"),
+    case("train-model-not-found", "train", "--set", "model.path=./no/such/model", expect="model directory not found"),
+    case("train-resume-corrupt-checkpoint", "train", "--resume", *M, expect="has no complete checkpoint (step_000001: model/model.safetensors has a corrupt header",
+         setup=("corrupt-run",)),
+    case("train-resume-nothing", "train", "--resume", *M, expect="--resume: no checkpoint of a run named 'dapo-s0'"),
+    case("train-validation-max-tokens", "train", *M, "--set", "validation.max_tokens=-7", expect="validation.max_tokens=-7 must be >= 0"),
+    case("train-validation-temperature", "train", *M, "--set", "validation.temperature=-1", expect="validation.temperature=-1.0 must be >= 0"),
+    case("train-float16-on-cpu", "train", *M, "--set", "engine.device=cpu", "--set", "model.dtype=float16",
+         expect="model.dtype=float16 trains on the CPU here"),
+    case("train-output-dir-is-a-file", "train", *M, "--set", "trainer.output_dir=afile",
+         expect="trainer.output_dir afile is a file, not a directory", setup=("afile",)),
+    case("train-output-dir-read-only", "train", *M, "--set", "trainer.output_dir={ro}/runs",
+         expect="is on a read-only file system; give a writable trainer.output_dir", read_only=True),
+    case("train-clip-inverted", "train", *M, "--set", "algorithm.clip_ratio_high=0.1",
+         expect="algorithm.clip_ratio_high=0.1 must be >= algorithm.clip_ratio_low=0.2; equal turns clip-higher off"),
+    case("train-toggle-contradicts-set", "train", "--no-clip-higher", "--set", "algorithm.clip_ratio_high=0.28",
+         expect="--no-clip-higher contradicts --set algorithm.clip_ratio_high=0.28"),
+    case("train-dynamic-sampling-contradicts-set", "train", "--no-dynamic-sampling", "--set", "algorithm.filter_groups.enable=true",
+         expect="--no-dynamic-sampling contradicts --set algorithm.filter_groups.enable=true"),
+    case("train-synthetic-val-size", "train", *M, "--set", "data.synthetic_val_size=0", expect="data.synthetic_val_size=0 must be >= 1"),
+    case("train-bogus-tracking-uri", "train", *M, "--set", "tracking.tracking_uri=bogus://::", expect="unsupported scheme 'bogus:'"),
+    case("train-store-read-only", "train", *M, "--set", "tracking.tracking_uri=sqlite:///{ro}/mlflow.db",
+         expect="is on a read-only file system; use a writable directory", read_only=True),
+    case("train-store-is-a-directory", "train", *M, "--set", "tracking.tracking_uri=sqlite:///adir",
+         expect="adir is a directory; name a database file", setup=("adir",)),
+    case("train-dataset-missing", "train", *M, "--set", "data.train_files=[missing.parquet]",
+         expect="data.train_files: dataset file not found: missing.parquet"),
+    case("train-dataset-directory", "train", *M, "--set", "data.val_files=[adir]",
+         expect="data.val_files: adir is a directory", setup=("adir",)),
+    case("train-dataset-unknown-name", "train", *M, "--set", "data.val_files=[aime99]", expect="unknown dataset 'aime99'"),
+    case("train-prompts-all-too-long", "train", *M, "--set", "data.max_prompt_length=1",
+         expect="the training set is empty after filtering"),
+    case("train-plan-option-without-dry-run", "train", "--world-size", "2", expect="--world-size only work with --dry-run"),
+    case("train-tiny-heads", "train", "--set", "model.tiny.hidden_size=30",
+         expect="model.tiny.hidden_size=30 must be divisible by model.tiny.num_heads=4"),
+    # ------------------------------------------------------------ eval
+    case("eval-truncated-weights", "eval", "{trunc}", "--dataset", "{data}", "--output", "out",
+         expect="model.safetensors is truncated or corrupt"),
+    case("eval-garbage-weights", "eval", "{garbage}", "--dataset", "{data}", expect="model.safetensors has a corrupt header"),
+    # found only while the model loads, after the MLflow run opened (dapo_cli/eval/run.py): --no-track here
+    case("eval-weights-misfit-config", "eval", "{wrongshape}", "--dataset", "{data}", "--avg", "1", "--max-tokens", "2",
+         "--output", "out", "--no-track", expect="its weights do not fit its config.json", progress_first=True),
+    case("eval-no-config", "eval", "adir", expect="holds no config.json", setup=("adir",)),
+    case("eval-no-checkpoint", "eval", expect="give a CHECKPOINT to evaluate"),
+    case("eval-max-tokens-zero", *EVAL, "--max-tokens", "0", expect="--max-tokens=0 must be >= 1"),
+    case("eval-batch-size-negative", *EVAL, "--batch-size", "-3", expect="--batch-size=-3 must be >= 0"),
+    case("eval-avg-huge", *EVAL, "--avg", str(10**12), expect="--avg=1000000000000 is more than 4096 samples per problem"),
+    case("eval-avg-zero", *EVAL, "--avg", "0", expect="--avg must be at least 1 (got 0)"),
+    case("eval-pass-k-above-avg", *EVAL, "--pass-k", "8", expect="--pass-k values must lie in 1..2"),
+    case("eval-limit-zero", *EVAL, "--limit", "0", expect="--limit must be at least 1"),
+    case("eval-temperature-negative", *EVAL, "--temperature", "-1", expect="--temperature=-1.0 must be >= 0 (0: greedy decoding"),
+    case("eval-top-p-zero", *EVAL, "--top-p", "0", expect="--top-p=0.0 must be in (0, 1]"),
+    case("eval-top-p-above-one", *EVAL, "--top-p", "1.5", expect="--top-p=1.5 must be in (0, 1]"),
+    case("eval-output-is-a-file", *EVAL, "--output", "afile", expect="--output afile is a file, not a directory", setup=("afile",)),
+    case("eval-output-read-only", *EVAL, "--output", "{ro}/out", expect="is on a read-only file system; give a writable --output",
+         read_only=True),
+    case("eval-dataset-directory", *EVAL, "--dataset", "adir", expect="dataset adir is a directory", setup=("adir",)),
+    case("eval-dataset-empty", *EVAL, "--dataset", "empty.parquet", "--output", "out", expect="empty.parquet holds no rows",
+         setup=("empty.parquet",)),
+    case("eval-dataset-binary", *EVAL, "--dataset", "bin.yaml", expect="cannot tell the format of bin.yaml", setup=("bin.yaml",)),
+    case("eval-bogus-tracking-uri", *EVAL, "--tracking-uri", "bogus://::", expect="unsupported scheme 'bogus:'"),
+    case("eval-store-read-only", *EVAL, "--tracking-uri", "sqlite:///{ro}/mlflow.db", expect="is on a read-only file system",
+         read_only=True),
+    case("eval-compare-missing", "eval", "--compare", "a", "b", expect="comparison input not found: a"),
+    # ------------------------------------------------------------ ablate
+    case("ablate-unknown-technique", "ablate", "--grid", "clip_higher,foo", "--dry-run", "--no-calibrate",
+         expect=f"unknown technique 'foo'; {TECHNIQUES}"),
+    case("ablate-misspelt-technique", "ablate", "--grid", "clip_higer", "--dry-run", "--no-calibrate",
+         expect="unknown technique 'clip_higer'; did you mean 'clip_higher'?"),
+    case("ablate-both-modes", "ablate", "--ladder", "--grid", expect="give exactly one of --ladder"),
+    case("ablate-no-mode", "ablate", expect="give exactly one of --ladder"),
+    case("ablate-config-directory", "ablate", "adir", "--ladder", expect="config adir is a directory", setup=("adir",)),
+    case("ablate-seeds-zero", "ablate", "--ladder", "--seeds", "0", "--dry-run", "--no-calibrate", expect="--seeds must be >= 1"),
+    case("ablate-unknown-variant", "ablate", "--ladder", "--only", "nope", "--dry-run", "--no-calibrate", expect="unknown variant(s) nope"),
+    case("ablate-output-dir-is-a-file", "ablate", "--ladder", "--set", "trainer.output_dir=afile",
+         expect="trainer.output_dir afile is a file", setup=("afile",)),
+    case("ablate-print-bogus-store", "ablate", "--ladder", "--launcher", "print", "--set", "tracking.tracking_uri=bogus://::",
+         expect="unsupported scheme 'bogus:'"),
+    # ------------------------------------------------------------ report
+    case("report-bogus-tracking-uri", "report", "x", "--tracking-uri", "bogus://::", expect="unsupported scheme 'bogus:'"),
+    case("report-no-store", "report", "x", expect="no MLflow store at mlflow.db"),
+    case("report-store-is-a-directory", "report", "x", "--tracking-uri", "sqlite:///adir", expect="adir is a directory",
+         setup=("adir",)),
+    case("report-store-read-only", "report", "x", "--tracking-uri", "sqlite:///{ro}/mlflow.db", expect="no MLflow store at",
+         read_only=True),
+    # ------------------------------------------------------------ prepare-data
+    case("prepare-input-directory", "prepare-data", "adir", "-o", "x.parquet", expect="input adir is a directory",
+         setup=("adir",)),
+    case("prepare-input-missing", "prepare-data", "nope.jsonl", "-o", "x.parquet", expect="input file not found: nope.jsonl"),
+    case("prepare-input-binary", "prepare-data", "bin.yaml", "-o", "x.parquet", "--no-track", expect="cannot tell the format",
+         setup=("bin.yaml",)),
+    case("prepare-input-empty", "prepare-data", "empty.jsonl", "-o", "x.parquet", "--no-track", expect="holds no rows",
+         setup=("empty.jsonl",)),
+    case("prepare-no-output", "prepare-data", "--synthetic", "add-3digit", expect="missing -o/--output"),
+    case("prepare-output-directory", "prepare-data", "--synthetic", "add-3digit", "-o", "adir", "--no-track",
+         expect="output adir is a directory", setup=("adir",)),
+    case("prepare-output-inside-a-file", "prepare-data", "--synthetic", "add-3digit", "-o", "afile/x.parquet", "--no-track",
+         expect="afile is a file, not a directory", setup=("afile",)),
+    case("prepare-output-read-only", "prepare-data", "--synthetic", "add-3digit", "-o", "{ro}/x.parquet", "--no-track",
+         expect="Read-only file system", read_only=True),
+    case("prepare-n-zero", "prepare-data", "--synthetic", "add-3digit", "--n", "0", "-o", "x.parquet", expect="--n must be >= 1"),
+    case("prepare-unknown-task", "prepare-data", "--synthetic", "add-9digit", "-o", "x.parquet", expect="unknown synthetic task"),
+    case("prepare-bogus-tracking-uri", "prepare-data", "--synthetic", "add-3digit", "-o", "x.parquet", "--tracking-uri", "bogus://::",
+         expect="unsupported scheme 'bogus:'"),
+    case("prepare-store-read-only", "prepare-data", "--synthetic", "add-3digit", "-o", "x.parquet", "--tracking-uri",
+         "sqlite:///{ro}/mlflow.db", expect="is on a read-only file system", read_only=True),
+    # ------------------------------------------------------------ init-model
+    case("init-output-exists", "init-model", "--output", "afile", expect="afile already exists; pass --force", setup=("afile",)),
+    case("init-output-is-a-file", "init-model", "--output", "afile", "--force", expect="--output afile is a file", setup=("afile",)),
+    case("init-output-inside-a-file", "init-model", "--output", "afile/model", expect="inside afile, which is a file",
+         setup=("afile",)),
+    case("init-output-read-only", "init-model", "--output", "{ro}/model", expect="is on a read-only file system", read_only=True),
+    case("init-tiny-heads", "init-model", "--set", "model.tiny.hidden_size=30", expect="must be divisible by model.tiny.num_heads"),
+    case("init-unknown-tiny-key", "init-model", "--set", "model.tiny.layers=2", expect="unknown config key 'model.tiny.layers'"),
+]
+
+
+def listing(root: Path) -> list[str]:
+    """Every path under ``root`` (relative), with the size of each file."""
+    out = []
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root).as_posix()
+        out.append(rel + "/" if path.is_dir() else f"{rel} ({path.stat().st_size} bytes)" if path.name != ".lock" else rel)
+    return out
+
+
+def test_the_table_covers_every_command_and_at_least_50_inputs() -> None:
+    commands = {c.args[0] for c in CASES if not c.args[0].startswith("-")}
+    assert {"prepare-data", "init-model", "train", "eval", "ablate", "report", "config", "lint"} <= commands
+    assert len(CASES) >= 50 and len({c.id for c in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize("c", CASES, ids=[c.id for c in CASES])
+def test_malformed_input_is_one_error_line_exit_2_and_leaves_nothing(
+    c: Case, request: pytest.FixtureRequest, models: dict[str, Path], dataset: Path, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    places = {name: str(path) for name, path in models.items()} | {"data": str(dataset)}
+    if c.read_only:
+        places["ro"] = str(request.getfixturevalue("read_only_dir"))
+    for name in c.setup:
+        SETUPS[name](cwd)
+    before = listing(cwd)
+
+    result = CliRunner().invoke(app, [a.format(**places) for a in c.args], env=ENV)
+
+    stderr = result.stderr
+    assert result.exit_code == 2, (result.exit_code, result.output, result.exception)
+    assert "Traceback" not in result.output and "Traceback" not in stderr
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("error:")]
+    assert len(errors) == 1 and lines[-1] == errors[0], stderr
+    if not c.progress_first:
+        assert lines == errors, stderr
+    expected = c.expect.format(**places)
+    assert expected in errors[0], (expected, errors[0])
+    assert listing(cwd) == before, "the command left files behind"
