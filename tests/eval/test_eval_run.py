@@ -13,14 +13,13 @@ import torch
 
 from dapo_cli.data.schema import make_row
 from dapo_cli.errors import UserError
+from dapo_cli.eval.limits import MAX_SEQUENCES_PER_CALL, check_memory, sequences_per_call
 from dapo_cli.eval.problems import group_problems
 from dapo_cli.eval.run import (
     CHECKPOINT_FILE,
-    MAX_SEQUENCES_PER_CALL,
     EvalOptions,
     GenerationCheckpoint,
     SampleRecord,
-    check_memory,
     eval_settings,
     evaluate_problems,
     generate_calls,
@@ -28,7 +27,6 @@ from dapo_cli.eval.run import (
     problem_batches,
     resolve_checkpoint,
     run_eval,
-    sequences_per_call,
     summarize,
     write_outputs,
 )
