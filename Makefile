@@ -34,6 +34,12 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(VENV)/bin/dapo init-model
 	$(PY) benchmarks/distributed_step.py
+	$(PY) benchmarks/rollout_vs_generate.py
+	$(PY) benchmarks/update_throughput.py
+	$(PY) benchmarks/rl_step_vs_trl.py
+	$(PY) benchmarks/dynamic_sampling_overhead.py
+	$(PY) benchmarks/tracking_overhead.py
+	$(PY) benchmarks/prepare_data_speed.py
 
 # On a machine with a CUDA GPU: its own venv with vLLM and DeepSpeed next to the CUDA torch they
 # pull (not constraints.txt, whose torch is the CPU build), then benchmarks/gpu_check.py.

@@ -6,7 +6,7 @@ algorithm's trainer) means one registry entry::
 
     dist    = build_collective(cfg.engine)                  # SingleProcess, or gloo/nccl under torchrun
     engine  = build_training_engine(cfg, model, dist, ...)  # torch (+DDP) | deepspeed (ZeRO 0-3)
-    rollout = build_rollout(cfg.rollout.engine, ...)        # hf | vllm, synced from engine.export_weights()
+    rollout = build_rollout(cfg.rollout.engine, ...)        # fast | hf | vllm, synced from engine.export_weights()
     tracker = open_tracker(cfg.tracking, dist, ...)         # MLflow on rank 0, NullTracker elsewhere
 
 Bad settings raise :class:`UserError` (one line, exit 2) before anything heavy loads.
@@ -29,7 +29,7 @@ from dapo_cli.rollout.base import RolloutEngine
 from dapo_cli.tracking import NullTracker, Tracker, start_run
 
 TRAINING_ENGINES = ("torch", "deepspeed")
-ROLLOUT_ENGINES = ("hf", "vllm")
+ROLLOUT_ENGINES = ("fast", "hf", "vllm")
 
 PromptFormatter = Callable[[Sequence[Mapping[str, str]]], str]
 
@@ -118,8 +118,9 @@ def build_train_rollout(
 ) -> RolloutEngine:
     """The rollout engine of a training run.
 
-    ``hf``: samples with the trainer's live module when it is unsharded, else with a private copy
-    (``load_copy()``) that ``sync_weights(engine)`` refreshes after each update. ``vllm``: a
+    ``fast`` (the default; ``rollout/fast.py``, its own decode loop) and ``hf`` (transformers'
+    ``generate``): sample with the trainer's live module when it is unsharded, else with a private
+    copy (``load_copy()``) that ``sync_weights(engine)`` refreshes after each update. ``vllm``: a
     colocated engine on ``model_path`` (the policy the trainer starts from), synced the same way.
     """
     check_rollout_settings(cfg.rollout)
@@ -132,14 +133,17 @@ def build_train_rollout(
             sleep_level=r.sleep_level, max_model_len=cfg.data.max_prompt_length + r.max_response_length,
             dtype=cfg.model.dtype, seed=cfg.trainer.seed, dist=engine.dist,
         )
-    from dapo_cli.rollout.hf import HFRolloutEngine
+    if r.engine == "fast":
+        from dapo_cli.rollout.fast import FastRolloutEngine as Engine
+    else:
+        from dapo_cli.rollout.hf import HFRolloutEngine as Engine
 
     batch_size = cfg.rollout.batch_size or None
     live = engine.generation_model()
     if live is not None:
-        return HFRolloutEngine(live, tokenizer, batch_size=batch_size, shares_weights=True)
+        return Engine(live, tokenizer, batch_size=batch_size, shares_weights=True)
     copy = load_copy().to(engine.device)
-    rollout = HFRolloutEngine(copy, tokenizer, batch_size=batch_size, shares_weights=False)
+    rollout = Engine(copy, tokenizer, batch_size=batch_size, shares_weights=False)
     rollout.sync_weights(engine)
     return rollout
 
@@ -148,14 +152,18 @@ def build_eval_rollout(name: str, model: str, batch_size: int, log: Callable[[st
     """``dapo eval``'s engine on a checkpoint or hub id, with the prompt formatter of its tokenizer."""
     from dapo_cli.models.tokenizer import format_prompt
 
-    if name == "hf":
+    if name in ("hf", "fast"):
         from dapo_cli.models.loading import load_policy
-        from dapo_cli.rollout.hf import HFRolloutEngine
+
+        if name == "fast":
+            from dapo_cli.rollout.fast import FastRolloutEngine as Engine
+        else:
+            from dapo_cli.rollout.hf import HFRolloutEngine as Engine
 
         device, dtype = ("cuda", torch.bfloat16) if torch.cuda.is_available() else ("cpu", torch.float32)
         log(f"loading {model} on {device}")
         policy, tokenizer = load_policy(model, device=device, dtype=dtype)
-        return HFRolloutEngine(policy, tokenizer, batch_size=batch_size or None), lambda m: format_prompt(tokenizer, m)
+        return Engine(policy, tokenizer, batch_size=batch_size or None), lambda m: format_prompt(tokenizer, m)
     if name == "vllm":
         check_vllm("--engine vllm")
         from dapo_cli.rollout import vllm as vllm_rollout

@@ -124,7 +124,10 @@ def collect_batch(
     generated: list[RolloutBatch] = []
     round_idx = 0
     while True:
-        rank_part = [dist.rank] if dist.world_size > 1 else []  # one process keeps its historical seeds
+        # one process keeps its historical seeds; an engine that keys its random streams by prompt text
+        # (rollout/fast.py) needs no rank either, so its samples do not depend on the world size
+        by_prompt = getattr(rollout, "seeds_per_prompt", False)
+        rank_part = [dist.rank] if dist.world_size > 1 and not by_prompt else []
         params = rollout_params(cfg, seed=derive_seed(cfg.trainer.seed, "rollout", step, round_idx, *rank_part))
         prompts = stream.next(per_round)[dist.rank * share : (dist.rank + 1) * share]
         first = round_idx * per_round + dist.rank * share
@@ -176,6 +179,21 @@ def compute_advantages(batch: RolloutBatch, cfg: Config) -> None:
 
     A group lives on one rank, so advantages need no communication."""
     batch.advantages = group_advantages(batch.rewards, batch.group_ids, estimator=cfg.algorithm.adv_estimator)
+
+
+def old_log_probs_from_update(cfg: Config) -> bool:
+    """True when the update's own forwards can give log π_old and its entropy (no separate no-grad pass).
+
+    With one epoch and one mini-batch per step (every trained group fits ``ppo_mini_batch_size``)
+    the optimizer steps only after every micro-batch has run its forward, so each forward is
+    π_old itself: its log-probs, detached, ARE the old log-probs (the ratio is exactly 1) and its
+    entropy is the old policy's. Not with the KL term (its reference forward stays in
+    :func:`fill_old_log_probs`) nor truncated IS (its weights scale the loss, so they must exist
+    before the first forward). Decided from the config alone, so every rank agrees.
+    """
+    t, a = cfg.trainer, cfg.algorithm
+    most_groups = max(cfg.data.train_batch_size, cfg.data.gen_batch_size)  # trained groups in a step, at most
+    return t.ppo_epochs == 1 and most_groups <= t.ppo_mini_batch_size and not a.use_kl_loss and not a.rollout_is.enable
 
 
 @torch.no_grad()
@@ -238,8 +256,14 @@ def rollout_mismatch(batch: RolloutBatch, cfg: Config, dist: Collective) -> dict
     return out
 
 
-def update_policy(engine: TrainingEngine, batch: RolloutBatch, cfg: Config, *, step: int) -> dict[str, float]:
+def update_policy(
+    engine: TrainingEngine, batch: RolloutBatch, cfg: Config, *, step: int, old_from_update: bool = False
+) -> dict[str, float]:
     """``ppo_epochs`` × mini-batches (by group) × micro-batches; one optimizer step per mini-batch.
+
+    ``old_from_update`` (only where :func:`old_log_probs_from_update` holds: one optimizer step):
+    each micro-batch's forward also provides its rows' ``old_log_probs`` (its log-probs, detached)
+    and ``entropy``, which are written into ``batch``; :func:`fill_old_log_probs` is not needed.
 
     Exactness under any split: each micro-batch loss is normalised by the mini-batch's
     *global* token / sequence counts (summed over ranks), so the micro-batch losses of all
@@ -253,13 +277,19 @@ def update_policy(engine: TrainingEngine, batch: RolloutBatch, cfg: Config, *, s
     groups = [g for part in dist.all_gather_object(list(dict.fromkeys(batch.group_ids.tolist()))) for g in part]
     gen = torch.Generator().manual_seed(derive_seed(trainer.seed, "minibatch", step))
     plan: list[tuple[RolloutBatch, list[torch.Tensor]]] = []
+    plan_rows: list[torch.Tensor] = []  # each mini-batch's rows in ``batch``
     for _epoch in range(trainer.ppo_epochs):
         order = [groups[i] for i in torch.randperm(len(groups), generator=gen).tolist()]
         for start in range(0, len(order), trainer.ppo_mini_batch_size):
             chosen = torch.tensor(order[start : start + trainer.ppo_mini_batch_size])
-            mini = batch.select(torch.isin(batch.group_ids, chosen).nonzero().squeeze(1))
+            plan_rows.append(torch.isin(batch.group_ids, chosen).nonzero().squeeze(1))
+            mini = batch.select(plan_rows[-1])
             plan.append((mini, micro_slices(len(mini), trainer.ppo_micro_batch_size)))
     counts_per_step = lockstep_counts(dist, [len(slices) for _, slices in plan])
+    if old_from_update and len(plan) != 1:
+        raise RuntimeError(f"old log-probs from the update need one optimizer step per batch, not {len(plan)}")
+    if old_from_update:  # filled micro-batch by micro-batch below (dtype of the engine's log-probs)
+        batch.old_log_probs = batch.entropy = None
     sums: dict[str, float] = {}
     grad_norms: list[float] = []  # one per optimizer step taken
     skipped = 0  # mini-batches whose gradient was not finite: no update
@@ -271,9 +301,16 @@ def update_policy(engine: TrainingEngine, batch: RolloutBatch, cfg: Config, *, s
             if algo.loss_norm == "micro_batch":  # each micro-batch its own mean: not exact, for reproduction
                 counts = {**global_counts(micro.loss_mask, algo.loss_agg_mode), "norm_length": cfg.rollout.max_response_length}
             with engine.accumulate(last=i == count - 1):
-                loss, m, weight = micro_loss(engine, micro, cfg, counts)
+                loss, m, weight = micro_loss(engine, micro, cfg, counts, old_from_forward=old_from_update)
                 engine.backward(loss)
             add_weighted(sums, m, weight)
+            if old_from_update and i < len(slices):
+                if batch.old_log_probs is None:
+                    batch.old_log_probs = torch.zeros(batch.response_ids.shape, dtype=micro.old_log_probs.dtype)
+                    batch.entropy = torch.zeros(batch.response_ids.shape, dtype=micro.entropy.dtype)
+                rows = plan_rows[0][slices[i]]
+                batch.old_log_probs[rows] = micro.old_log_probs.cpu()
+                batch.entropy[rows] = micro.entropy.cpu()
         norm, applied = engine.step()
         if applied:
             grad_norms.append(norm)
@@ -289,16 +326,24 @@ def update_policy(engine: TrainingEngine, batch: RolloutBatch, cfg: Config, *, s
     metrics["actor/num_updates"] = float(len(grad_norms))
     metrics["actor/skipped_updates"] = float(skipped)
     metrics["actor/lr"] = engine.lr
+    if old_from_update and batch.old_log_probs is None:  # this rank trained no rows
+        batch.old_log_probs, batch.entropy = torch.zeros(batch.response_ids.shape), torch.zeros(batch.response_ids.shape)
     return metrics
 
 
 def micro_loss(
-    engine: TrainingEngine, micro: RolloutBatch, cfg: Config, counts: dict[str, float]
+    engine: TrainingEngine, micro: RolloutBatch, cfg: Config, counts: dict[str, float], *, old_from_forward: bool = False
 ) -> tuple[torch.Tensor, dict[str, float], float]:
     """One micro-batch's term of the mini-batch loss (decoupled clip, optional entropy and KL terms),
-    its detached metrics (token means) and its token count."""
+    its detached metrics (token means) and its token count.
+
+    ``old_from_forward``: this forward is π_old's (see :func:`old_log_probs_from_update`); its detached
+    log-probs become ``micro.old_log_probs`` (ratio exactly 1) and its entropy ``micro.entropy``."""
     algo = cfg.algorithm
-    logp, ent = engine.log_probs(micro, temperature=cfg.rollout.temperature, with_entropy=algo.entropy_coeff > 0)
+    with_entropy = algo.entropy_coeff > 0 or old_from_forward
+    logp, ent = engine.log_probs(micro, temperature=cfg.rollout.temperature, with_entropy=with_entropy)
+    if old_from_forward:
+        micro.old_log_probs, micro.entropy = logp.detach(), ent.detach()
     mask = micro.loss_mask.to(logp.device)
     weights = micro.is_weights.to(logp.device) if algo.rollout_is.enable and micro.is_weights is not None else None
     loss, m = policy_loss(
@@ -453,12 +498,16 @@ def run_train(
                     batch, update = collected.batch, {}
                     if batch is not None:
                         compute_advantages(batch, cfg)
-                        s.reporter.phase(step, "old log-probs")
-                        fill_old_log_probs(s.engine, batch, cfg)
-                        mismatch = rollout_mismatch(batch, cfg, dist)
+                        reuse = old_log_probs_from_update(cfg)  # one optimizer step: the update's forward is π_old's
+                        if not reuse:
+                            s.reporter.phase(step, "old log-probs")
+                            fill_old_log_probs(s.engine, batch, cfg)
+                            mismatch = rollout_mismatch(batch, cfg, dist)
                         t_old = elapsed(t0) - t_gen
                         s.reporter.phase(step, "update")
-                        update = update_policy(s.engine, batch, cfg, step=step)
+                        update = update_policy(s.engine, batch, cfg, step=step, old_from_update=reuse)
+                        if reuse:
+                            mismatch = rollout_mismatch(batch, cfg, dist)
                         update.update(mismatch, **{"timing/old_log_prob": t_old})
                     if batch is not None and not s.engine.params_finite():
                         s.stop_non_finite(tracker, step)  # raises: nothing generates with NaN weights

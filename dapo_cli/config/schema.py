@@ -40,7 +40,10 @@ class ModelConfig:
 
 @dataclass
 class RolloutConfig:
-    engine: str = setting("hf", "rollout engine", choices=("hf", "vllm"))
+    engine: str = setting(
+        "fast", "rollout engine: fast (own decode loop, the CPU default), hf (transformers generate) or vllm (GPU)",
+        choices=("fast", "hf", "vllm"),
+    )
     n: int = setting(16, "responses sampled per prompt (the group size G)")
     temperature: float = setting(1.0, "sampling temperature for training rollouts")
     top_p: float = setting(1.0, "nucleus sampling for training rollouts (1.0 = off)")

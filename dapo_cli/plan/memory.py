@@ -71,7 +71,7 @@ class Setup:
     gpu_memory_utilization: float
     tensor_parallel_size: int
     sleep_level: int
-    rollout_engine: str = "hf"
+    rollout_engine: str = "fast"
 
     @classmethod
     def of(cls, cfg: Config, world_size: int) -> Setup:
@@ -237,7 +237,7 @@ class _Estimator:
         if self.cfg.algorithm.use_kl_loss:
             div = W if z == 3 else 1
             terms["reference"] = Term("reference", "reference policy (KL)", pb / div, "P·b/W" if z == 3 else "P·b")
-        if s.rollout_engine == "hf" and z == 3:
+        if s.rollout_engine in ("hf", "fast") and z == 3:
             terms["copy"] = Term("copy", "hf rollout copy (unsharded)", pb, "P·b: ZeRO-3 samples with a full copy")
         return terms
 

@@ -1,6 +1,6 @@
 """What every rollout engine must do (the protocol in ``rollout/base.py``), run on each engine.
 
-The HF engine runs everywhere; vLLM only where a CUDA GPU and vLLM are present (skipped with
+The HF and fast engines run everywhere; vLLM only where a CUDA GPU and vLLM are present (skipped with
 the reason otherwise). Both load the same tiny policy, and log-probs are checked against the
 trainer's own teacher-forced forward of the same weights.
 """
@@ -19,7 +19,7 @@ from dapo_cli.rollout.base import SamplingParams
 
 PROMPTS = ["What is 12+7?\n", "Q", "Add 3 and 4, then say the answer.\n"]
 VLLM_READY = importlib.util.find_spec("vllm") is not None and torch.cuda.is_available()
-LOGPROB_TOL = {"hf": 1e-5, "vllm": 2e-3}  # vLLM: other kernels (float32 weights)
+LOGPROB_TOL = {"hf": 1e-5, "fast": 1e-5, "vllm": 2e-3}  # vLLM: other kernels (float32 weights)
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +27,7 @@ def policy(tiny_model_dir):
     return load_policy(tiny_model_dir)
 
 
-@pytest.fixture(scope="module", params=["hf", pytest.param("vllm", marks=pytest.mark.skipif(
+@pytest.fixture(scope="module", params=["hf", "fast", pytest.param("vllm", marks=pytest.mark.skipif(
     not VLLM_READY, reason="vLLM rollouts need vLLM and a CUDA GPU (pip install 'dapo-cli[vllm]')"))])
 def engine(request, tiny_model_dir, policy):
     model, tokenizer = policy
@@ -35,6 +35,10 @@ def engine(request, tiny_model_dir, policy):
         from dapo_cli.rollout.hf import HFRolloutEngine
 
         return "hf", HFRolloutEngine(model, tokenizer)
+    if request.param == "fast":
+        from dapo_cli.rollout.fast import FastRolloutEngine
+
+        return "fast", FastRolloutEngine(model, tokenizer)
     from dapo_cli.rollout.vllm import VLLMRolloutEngine
 
     return "vllm", VLLMRolloutEngine(tiny_model_dir, tokenizer, gpu_memory_utilization=0.2, sleep_level=0, dtype="float32")

@@ -1,0 +1,219 @@
+"""MLflow's time per RL step as a fraction of the step: SQLite, a local ``mlflow server``, and none.
+
+    .venv/bin/python benchmarks/tracking_overhead.py [--steps 20] [--threads 2] [--server-timeout 90]
+
+Workload: the dapo side of ``benchmarks/rl_step_vs_trl.py`` at 16 new tokens (random-init Qwen2,
+8 prompts x 8 samples, one optimizer step per batch: the shortest step, the hardest case for a
+fixed per-step cost), with a sample table logged every 5 steps. Each run records the duration
+of every call into the tracker (``log_metrics``, ``log_table``, ...) by wrapping the object
+``dapo train`` tracks with, and the wall time between the ends of consecutive steps; a step's
+tracking time is the sum of the calls made since the previous step ended.
+
+Stores: ``sqlite`` (``sqlite:///…/mlflow.db``, dapo's default kind), ``server``
+(``http://127.0.0.1:PORT``: ``mlflow server`` on a SQLite store, started here and stopped
+after; if it does not answer within ``--server-timeout`` seconds that row is skipped), and
+``none`` (``tracking.backend: null``, the step time without tracking). A what-if row patches
+MLflow's ``log_batch`` to ``synchronous=False`` for metrics (MLflow writes them from a background
+thread; the call only enqueues): what dapo's tracker would gain from asynchronous logging (its
+writer thread still shares the two cores, which the wall step, not the tracking column, shows).
+Medians over steps 5 .. ``--steps`` - 1; ``share`` = a step's tracking time / the wall step of the
+run without tracking (``none``), so load on the machine during one run does not shrink its share.
+The server runs without MLflow's job runner (``MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import build_policy_dir, machine, median, table, thread_env
+from rl_step_vs_trl import dapo_words
+
+SKIP = 4
+
+
+def worker(spec: dict) -> None:
+    """``dapo train`` in this process with the tracker wrapped in a timer."""
+    from dapo_cli import progress, train
+
+    calls: list[tuple[float, float, str]] = []  # (start, seconds, method)
+    ends: list[float] = []
+    done = progress.StepReporter.step_done
+
+    def step_done(self, step, metrics):
+        ends.append(time.perf_counter())
+        return done(self, step, metrics)
+
+    class Timed:
+        def __init__(self, inner):
+            self._inner = inner
+
+        def __getattr__(self, name):
+            value = getattr(self._inner, name)
+            if not callable(value):
+                return value
+
+            def timed(*a, **k):
+                t0 = time.perf_counter()
+                try:
+                    return value(*a, **k)
+                finally:
+                    calls.append((t0, time.perf_counter() - t0, name))
+            return timed
+
+    original = train.open_tracker
+
+    @contextlib.contextmanager
+    def open_timed(*a, **k):
+        with original(*a, **k) as tracker:
+            yield Timed(tracker)
+
+    progress.StepReporter.step_done = step_done
+    train.open_tracker = open_timed
+    if spec.get("async"):  # what-if: MLflow's asynchronous log_batch for metrics (a background writer thread)
+        from mlflow.tracking import MlflowClient
+
+        log_batch = MlflowClient.log_batch
+
+        def async_batch(self, run_id, metrics=(), params=(), tags=(), synchronous=None):
+            return log_batch(self, run_id, metrics=metrics, params=params, tags=tags, synchronous=not metrics)
+
+        MlflowClient.log_batch = async_batch
+    from dapo_cli.cli import main
+
+    sys.argv = ["dapo", *spec["words"]]
+    try:
+        main()
+    except SystemExit as exc:
+        if exc.code not in (0, None):
+            raise
+    Path(spec["out"]).write_text(json.dumps({"ends": ends, "calls": calls}))
+
+
+def run(model: Path, store: str, uri: str, steps: int, threads: int, *, asynchronous: bool = False) -> dict[str, float]:
+    with tempfile.TemporaryDirectory(prefix="tracking-bench-") as tmp:
+        work = Path(tmp)
+        words = [str(w) for w in dapo_words(model, work, 16, steps, threads, "fast")]
+        words += ["--set", "trainer.log_samples_freq=5"]
+        if store == "none":
+            words += ["--set", "tracking.backend=null"]
+        else:
+            store_uri = uri or f"sqlite:///{work / 'mlflow.db'}"
+            words += ["--set", f"tracking.tracking_uri={store_uri}"]
+        spec = {"words": words, "out": str(work / "out.json"), "async": asynchronous}
+        proc = subprocess.run([sys.executable, __file__, "--worker", json.dumps(spec)], env=thread_env(threads),
+                              capture_output=True, text=True, cwd=work)
+        if proc.returncode != 0:
+            sys.exit(f"{store} run failed:\n{proc.stderr[-3000:]}")
+        out = json.loads((work / "out.json").read_text())
+    ends, calls = out["ends"], out["calls"]
+    walls, tracked, tables = [], [], []
+    for i in range(SKIP, len(ends) - 1):  # step i+1 ran between ends[i-1] and ends[i]
+        lo, hi = ends[i - 1], ends[i]
+        walls.append(hi - lo)
+        tracked.append(sum(d for t, d, _ in calls if lo < t <= hi))
+        tables.append(sum(d for t, d, name in calls if lo < t <= hi and name == "log_table"))
+    mean_tracked = sum(tracked) / len(tracked)
+    return {"wall": median(walls), "tracking": median(tracked), "mean_tracking": mean_tracked,
+            "table": max(tables) if tables else 0.0}
+
+
+@contextlib.contextmanager
+def mlflow_server(root: Path, timeout: float):
+    """``mlflow server`` on 127.0.0.1 (its own session; the whole group is stopped on exit)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mlflow = Path(sys.executable).with_name("mlflow")
+    cmd = [str(mlflow), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+           "--backend-store-uri", f"sqlite:///{root / 'server.db'}", "--artifacts-destination", str(root / "artifacts")]
+    log = (root / "server.log").open("w")
+    # no job runner: its consumers (GenAI evaluation jobs, periodic tasks) take several CPU-seconds at
+    # start-up on these 2 cores, and a tracking server for training never uses them
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+    uri = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                with urllib.request.urlopen(f"{uri}/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                yield None
+                return
+            time.sleep(0.5)
+        time.sleep(5)  # let its start-up finish before the run is timed
+        yield uri
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        log.close()
+
+
+def main() -> None:
+    if len(sys.argv) > 2 and sys.argv[1] == "--worker":
+        worker(json.loads(sys.argv[2]))
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--server-timeout", type=float, default=90.0)
+    args = parser.parse_args()
+    header = machine()
+    started = time.perf_counter()
+    results = {}
+    with tempfile.TemporaryDirectory(prefix="tracking-bench-") as tmp:
+        model = build_policy_dir(Path(tmp) / "model")
+        results["none"] = run(model, "none", "", args.steps, args.threads)
+        results["sqlite"] = run(model, "sqlite", "", args.steps, args.threads)
+        results["sqlite, async metrics (what-if)"] = run(model, "sqlite", "", args.steps, args.threads, asynchronous=True)
+        server_root = Path(tmp) / "server"
+        server_root.mkdir()
+        with mlflow_server(server_root, args.server_timeout) as uri:
+            if uri is None:
+                print(f"mlflow server did not answer within {args.server_timeout:.0f} s; server row skipped", file=sys.stderr)
+            else:
+                results["server"] = run(model, "server", uri, args.steps, args.threads)
+    print(f"tracking overhead: dapo RL step at 16 new tokens (8 x 8, random-init Qwen2), {args.threads} threads, "
+          f"sample table every 5 steps, median of steps {SKIP + 1}-{args.steps - 1} ({time.perf_counter() - started:.0f} s in all)")
+    for line in header:
+        print(line)
+    print()
+    rows = []
+    base = results["none"]["wall"]
+    for store, r in results.items():
+        share = r["tracking"] / base
+        rows.append([store, r["wall"], f"{1e3 * r['tracking']:.1f}", f"{1e3 * r['mean_tracking']:.1f}",
+                     f"{1e3 * r['table']:.1f}", f"{share:.1%}"])
+    print(table(["store", "wall step s", "tracking ms (median)", "tracking ms (mean)", "log_table ms (max)", "share"], rows))
+    print()
+    for store in ("sqlite", "server"):
+        if store in results:
+            r = results[store]
+            print(f"tracking share ({store}): {r['tracking'] / base:.1%} of an untracked step (mean incl. tables: "
+                  f"{r['mean_tracking'] / base:.1%})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,149 @@
+"""Tokens/s and achieved FLOP/s of the policy update, as a fraction of a large matmul's, in one run.
+
+    .venv/bin/python benchmarks/update_throughput.py [--repeats 6] [--threads 2] [--length 64]
+
+The update is ``train.update_policy`` as ``dapo train`` runs it with one optimizer step per batch
+(the old log-probs and entropy from the update's own forward): forward over ``[prompt ; response]``,
+log-probs and entropy of the response tokens, the DAPO loss, backward, gradient clipping and an
+AdamW step, on 64 rows (8 prompts x 8) of synthetic prompts plus ``--length`` response tokens
+(every row full length, mixed advantages, nothing masked), in float32. A second row per model
+adds the separate no-grad old-log-prob pass (what a run with several mini-batches or epochs does).
+
+Models: the random-init Qwen2 of the RL benchmark (hidden 128, 4 layers, ~1.06 M parameters) and a
+larger one of the same family (hidden 256, 8 layers, ~8.4 M). Model FLOPs per update:
+``6 N t`` (N parameters, the tied embedding counted once as the output projection; t = tokens
+in the padded batch, prompt included) plus ``12 L h s^2`` per row for attention scores and
+values (L layers, width h, sequence s); for the separate pass add a third of that.
+
+Reference: the FLOP/s of a 4096 x 4096 x 4096 matmul on the same threads, float32 and (where the CPU
+has avx512_bf16 or AMX) bfloat16, measured before and after the updates (the better of the two).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import LARGE, SMALL, build_policy_dir, machine, median, table
+
+
+def matmul_flops(dtype: torch.dtype, size: int = 4096, repeats: int = 4) -> float:
+    a = torch.randn(size, size).to(dtype)
+    b = torch.randn(size, size).to(dtype)
+    torch.matmul(a, b)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        torch.matmul(a, b)
+        times.append(time.perf_counter() - t0)
+    return 2 * size**3 / min(times)
+
+
+def has_bf16() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def make_batch(tokenizer, length: int, *, seed: int = 0):
+    from dapo_cli.batch import RolloutBatch
+    from dapo_cli.data.loader import load_rows
+    from dapo_cli.models import format_prompt
+
+    rows = load_rows("synthetic:add-3digit", split="train", synthetic_size=8)
+    prompts = [format_prompt(tokenizer, r["prompt"]) for r in rows]
+    enc = tokenizer(prompts, padding=True, padding_side="left", add_special_tokens=False, return_tensors="pt")
+    n = 64
+    gen = torch.Generator().manual_seed(seed)
+    response = torch.randint(4, len(tokenizer), (n, length), generator=gen)
+    mask = torch.ones(n, length, dtype=torch.bool)
+    batch = RolloutBatch(
+        prompt_ids=enc["input_ids"].repeat_interleave(8, 0), prompt_mask=enc["attention_mask"].bool().repeat_interleave(8, 0),
+        response_ids=response, response_mask=mask, lengths=mask.sum(-1), truncated=torch.zeros(n, dtype=torch.bool),
+        group_ids=torch.arange(8).repeat_interleave(8), texts=[""] * n, ground_truths=[""] * n, prompts=[""] * n,
+        pad_id=tokenizer.pad_token_id,
+    )
+    batch.loss_mask = mask.clone()
+    batch.advantages = torch.randn(n, generator=gen)
+    batch.rewards = batch.advantages.sign()
+    return batch
+
+
+def time_update(path: Path, length: int, repeats: int, separate: bool) -> tuple[float, int, int]:
+    """Median seconds of one update, the batch's tokens, and its sum of squared sequence lengths."""
+    from dapo_cli.config import apply_techniques, load_config
+    from dapo_cli.engine.torch import TorchEngine
+    from dapo_cli.models import load_policy
+    from dapo_cli.train import fill_old_log_probs, update_policy
+
+    cfg = apply_techniques(load_config(None, [
+        "rollout.n=8", "data.train_batch_size=8", "trainer.ppo_mini_batch_size=8", "trainer.ppo_micro_batch_size=64",
+        f"rollout.max_response_length={length}", "trainer.lr=1e-5", "trainer.lr_warmup_steps=0",
+    ]), dynamic_sampling=False)
+    model, tokenizer = load_policy(path)
+    engine = TorchEngine(model, lr=1e-5, weight_decay=0.0, warmup_steps=0, grad_clip=1.0)
+    times = []
+    for i in range(repeats + 1):
+        batch = make_batch(tokenizer, length, seed=i)
+        t0 = time.perf_counter()
+        if separate:
+            fill_old_log_probs(engine, batch, cfg)
+            update_policy(engine, batch, cfg, step=i + 1)
+        else:
+            update_policy(engine, batch, cfg, step=i + 1, old_from_update=True)
+        if i:  # the first is warm-up
+            times.append(time.perf_counter() - t0)
+    seq = batch.attention_mask.shape[1]
+    return median(times), batch.attention_mask.numel(), len(batch) * seq * seq
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=6)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--length", type=int, default=64)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    header = machine()
+    started = time.perf_counter()
+    peak32 = matmul_flops(torch.float32)
+    peak16 = matmul_flops(torch.bfloat16) if has_bf16() else None
+    measured = []
+    with tempfile.TemporaryDirectory(prefix="update-bench-") as tmp:
+        for name, shape in (("1M", SMALL), ("8M", LARGE)):
+            path = build_policy_dir(Path(tmp) / name, shape)
+            from dapo_cli.models import load_policy
+
+            n_params = sum(p.numel() for p in load_policy(path)[0].parameters())
+            for separate in (False, True):
+                seconds, tokens, sq = time_update(path, args.length, args.repeats, separate)
+                flops = 6 * n_params * tokens + 12 * shape["num_layers"] * shape["hidden_size"] * sq
+                if separate:
+                    flops += (2 * n_params * tokens + 4 * shape["num_layers"] * shape["hidden_size"] * sq)
+                measured.append((f"{name} ({n_params / 1e6:.2f} M)", separate, seconds, tokens, flops / seconds))
+    peak32 = max(peak32, matmul_flops(torch.float32))
+    if peak16:
+        peak16 = max(peak16, matmul_flops(torch.bfloat16))
+    rows = [[model, "+ separate old-lp pass" if separate else "update (one step)", seconds, f"{tokens / seconds:,.0f}",
+             f"{rate / 1e9:.1f}", f"{rate / peak32:.0%}", f"{rate / peak16:.0%}" if peak16 else "-"]
+            for model, separate, seconds, tokens, rate in measured]
+    print(f"update throughput: 64 rows x (prompt + {args.length}) tokens, float32, {args.threads} threads, "
+          f"median of {args.repeats} after 1 warm-up ({time.perf_counter() - started:.0f} s in all)")
+    for line in header:
+        print(line)
+    print(f"matmul 4096^3: float32 {peak32 / 1e9:.1f} GFLOP/s" + (f", bfloat16 {peak16 / 1e9:.1f} GFLOP/s" if peak16 else ""))
+    print()
+    print(table(["model", "what", "s", "tokens/s", "GFLOP/s", "of fp32 mm", "of bf16 mm"], rows))
+
+
+if __name__ == "__main__":
+    main()

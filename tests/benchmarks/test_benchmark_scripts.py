@@ -1,0 +1,102 @@
+"""The benchmark scripts' own machinery (never their timings: no test here measures time).
+
+What must hold for their tables to mean anything: the RL benchmark's model directory gives
+dapo and TRL the same vocabulary, the long-tail batch really has one runaway row for every
+engine, the step windows are the steps the docs name, and every script starts.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+sys.path.insert(0, str(BENCH))
+
+import common
+import rl_step_vs_trl
+
+SCRIPTS = ["rl_step_vs_trl.py", "rollout_vs_generate.py", "update_throughput.py", "dynamic_sampling_overhead.py",
+           "tracking_overhead.py", "prepare_data_speed.py"]
+
+
+@pytest.fixture(scope="module")
+def policy_dir(tmp_path_factory):
+    shape = {"hidden_size": 32, "num_layers": 2, "num_heads": 2, "intermediate_size": 64}
+    return common.build_policy_dir(tmp_path_factory.mktemp("bench-model") / "model", shape)
+
+
+def test_the_benchmark_model_gives_dapo_and_a_plain_fast_tokenizer_the_same_vocabulary(policy_dir):
+    from _trl_worker import PROBE
+    from transformers import AutoConfig, PreTrainedTokenizerFast
+
+    from dapo_cli.models import load_policy
+
+    model, ours = load_policy(policy_dir)
+    theirs = PreTrainedTokenizerFast.from_pretrained(policy_dir)  # how the TRL worker loads it
+    assert AutoConfig.from_pretrained(policy_dir).model_type == "qwen2"
+    assert len(ours) == len(theirs) == model.config.vocab_size
+    ids = theirs(PROBE, add_special_tokens=False)["input_ids"]
+    assert ids == ours(PROBE, add_special_tokens=False)["input_ids"] and len(ids) == len(PROBE)  # one id a character
+    assert theirs.decode(ids) == PROBE  # spaces and newlines survive (a byte-level Qwen2 tokenizer drops them)
+    assert theirs.eos_token_id == ours.eos_token_id and theirs.pad_token_id == ours.pad_token_id
+
+
+def test_the_long_tail_batch_has_exactly_one_runaway_row_for_every_engine(policy_dir):
+    import rollout_vs_generate as bench
+
+    from dapo_cli.models import load_policy
+    from dapo_cli.rollout.base import SamplingParams
+    from dapo_cli.rollout.fast import FastRolloutEngine
+    from dapo_cli.rollout.hf import HFRolloutEngine
+
+    model, tokenizer = load_policy(policy_dir)
+    prompts = [f"What is {i}+1?\n" for i in range(15)] + ["What is 9+9?#"]
+    handles = bench.hooks_for("long-tail", model, tokenizer)
+    try:
+        for engine in (HFRolloutEngine(model, tokenizer), FastRolloutEngine(model, tokenizer)):
+            out = engine.generate(prompts, 1, SamplingParams(max_tokens=40, seed=0))
+            assert out.lengths[-1] == 40 and bool(out.truncated[-1]) and set(out.texts[-1]) == {"~"}
+            assert int(out.lengths[:-1].max()) < 40 and not out.truncated[:-1].any()
+    finally:
+        for h in handles:
+            h.remove()
+    handles = bench.hooks_for("no-eos", model, tokenizer)
+    try:
+        out = FastRolloutEngine(model, tokenizer).generate(prompts[:2], 4, SamplingParams(max_tokens=12, seed=0))
+        assert out.lengths.tolist() == [12] * 8 and out.truncated.all()
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def test_the_step_window_is_steps_5_to_19():
+    ends = [float(i * i) for i in range(1, 21)]  # step k ends at k^2: step k lasts 2k - 1
+    times = rl_step_vs_trl.step_times(ends)
+    assert times[0] == 3.0  # step 2
+    assert rl_step_vs_trl.steady(ends) == float(2 * 12 - 1)  # the median of steps 5..19 is step 12's
+
+
+def test_the_prepare_data_input_has_the_documented_answer_mix(tmp_path):
+    import prepare_data_speed
+
+    kinds = prepare_data_speed.write_input(tmp_path / "raw.jsonl", 4000)
+    assert sum(kinds.values()) == 4000
+    assert 0.45 < kinds["integer"] / 4000 < 0.56 and 0.11 < kinds["fraction"] / 4000 < 0.17
+    assert kinds["duplicate"] > 0 and kinds["boxed"] > 0
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_every_benchmark_starts(script):
+    proc = subprocess.run([sys.executable, str(BENCH / script), "--help"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "usage:" in proc.stdout
+
+
+def test_the_trl_worker_imports_nothing_but_the_standard_library_at_module_level():
+    source = (BENCH / "_trl_worker.py").read_text()
+    top = [line for line in source.splitlines() if line.startswith(("import ", "from "))]
+    assert all(line.split()[1].split(".")[0] in {"__future__", "json", "re", "sys", "tempfile", "time"} for line in top), top

@@ -1,0 +1,234 @@
+"""Old log-probs and entropy from the update's own forward (``train.old_log_probs_from_update``).
+
+With one epoch and one mini-batch per step, the separate no-grad pass (``fill_old_log_probs``) is
+replaced by the update's forwards. These tests check it changes nothing a run computes: the
+gradient, every metric, the old log-probs and entropy written into the batch, the mismatch metric,
+under any micro-batch size, on one and on two ranks, and through ``run_train``.
+
+Run as a script (``python test_train_old_log_probs.py MODEL_DIR OUT.pt``, or under torchrun) it is
+the worker of the two-rank test.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from fakes import ScriptedRollout
+
+from dapo_cli.config import apply_techniques, load_config
+from dapo_cli.data.loader import Prompt, PromptStream
+from dapo_cli.engine.torch import TorchEngine
+from dapo_cli.models import load_policy
+from dapo_cli.train import (
+    collect_batch,
+    compute_advantages,
+    fill_old_log_probs,
+    old_log_probs_from_update,
+    rollout_mismatch,
+    step_metrics,
+    update_policy,
+)
+
+GROUPS, SAMPLES = 4, 4
+
+
+def script(prompt: str, j: int) -> tuple[str, int, bool]:
+    # ragged lengths 3..9 (one truncated row per group); the first two samples of each group are right
+    k = int(prompt[1:])
+    return (f"Answer: {k if j < 2 else -1}", 3 + (2 * j + k) % 7, j == 3)
+
+
+def config(*extra: str, micro: int = 16):
+    cfg = load_config(None, [
+        f"rollout.n={SAMPLES}", f"data.train_batch_size={GROUPS}", f"trainer.ppo_mini_batch_size={GROUPS}",
+        f"trainer.ppo_micro_batch_size={micro}", "rollout.max_response_length=10", "algorithm.overlong_buffer.len=4",
+        "trainer.lr=1e-2", "trainer.lr_warmup_steps=0", "trainer.grad_clip=0", *extra,
+    ])
+    return apply_techniques(cfg, dynamic_sampling=False)
+
+
+def one_update(model_dir: Path, cfg, *, reuse: bool, dtype=torch.float64, dist=None) -> dict:
+    """Gradient, metrics, old log-probs and entropy of one update_policy call, with or without reuse."""
+    torch.manual_seed(0)
+    model, _ = load_policy(model_dir, dtype=dtype)
+    engine = TorchEngine(model, lr=cfg.trainer.lr, weight_decay=0.0, warmup_steps=0, grad_clip=0.0, dist=dist)
+    grads: list[list[torch.Tensor]] = []
+    step = engine.step
+
+    def recording_step():
+        grads.append([p.grad.detach().clone() for p in engine.module.parameters()])
+        return step()
+
+    engine.step = recording_step
+    prompts = [Prompt(text=f"p{k}", ground_truth=str(k), problem_id=str(k)) for k in range(GROUPS)]
+    collected = collect_batch(ScriptedRollout(script), PromptStream(prompts, seed=0, shuffle=False), cfg, step=1, pad_id=0, dist=dist)
+    batch = collected.batch
+    compute_advantages(batch, cfg)
+    if not reuse:
+        fill_old_log_probs(engine, batch, cfg)
+    batch.rollout_log_probs = None
+    metrics = update_policy(engine, batch, cfg, step=1, old_from_update=reuse)
+    batch.rollout_log_probs = (batch.old_log_probs - 0.01 * batch.response_mask).to(batch.old_log_probs.dtype)
+    from dapo_cli.engine.dist import SingleProcess
+
+    metrics.update(rollout_mismatch(batch, cfg, dist or SingleProcess()))
+    metrics.update(step_metrics(collected, batch, cfg, dist))
+    return {"grads": grads, "metrics": metrics, "old": batch.old_log_probs, "entropy": batch.entropy,
+            "group_ids": batch.group_ids}
+
+
+def assert_same(a: dict, b: dict, tol: float) -> None:
+    assert len(a["grads"]) == len(b["grads"]) == 1
+    for x, y in zip(a["grads"][0], b["grads"][0]):
+        torch.testing.assert_close(x, y, rtol=tol, atol=tol * 1e-2)
+    assert set(a["metrics"]) == set(b["metrics"])
+    for key, value in a["metrics"].items():
+        assert b["metrics"][key] == pytest.approx(value, rel=tol, abs=tol * 1e-2), key
+    torch.testing.assert_close(a["old"], b["old"], rtol=0, atol=tol)
+    torch.testing.assert_close(a["entropy"], b["entropy"], rtol=0, atol=tol)
+
+
+def test_the_condition_is_one_optimizer_step_without_kl_or_truncated_is():
+    assert old_log_probs_from_update(config())
+    assert not old_log_probs_from_update(config(f"trainer.ppo_mini_batch_size={GROUPS // 2}"))  # 2 steps
+    assert not old_log_probs_from_update(config("trainer.ppo_epochs=2"))
+    assert not old_log_probs_from_update(config("algorithm.use_kl_loss=true"))
+    assert not old_log_probs_from_update(config("algorithm.rollout_is.enable=true"))
+    assert not old_log_probs_from_update(config(f"data.gen_batch_size={2 * GROUPS}"))  # rounds may train more groups
+    assert old_log_probs_from_update(load_config(None, ["data.train_batch_size=8", "trainer.ppo_mini_batch_size=8"]))
+
+
+@pytest.mark.parametrize("extra", [
+    [],
+    ["algorithm.loss_agg_mode=seq-mean-token-mean"],
+    ["algorithm.entropy_coeff=0.01"],
+    ["algorithm.clip_ratio_c=3.0", "algorithm.loss_agg_mode=seq-mean-token-sum-norm"],
+])
+def test_the_update_and_every_metric_equal_the_separate_pass_under_any_micro_batch(tiny_model_dir, extra):
+    separate = one_update(tiny_model_dir, config(*extra), reuse=False)
+    assert max(float(g.abs().max()) for g in separate["grads"][0]) > 1e-3  # a real gradient
+    assert separate["metrics"]["actor/entropy"] > 0 and separate["metrics"]["rollout/logprob_diff_mean"] > 0
+    for micro in (16, 3, 1):
+        assert_same(separate, one_update(tiny_model_dir, config(*extra, micro=micro), reuse=True), 1e-10)
+
+
+def test_reuse_refuses_a_plan_of_several_optimizer_steps(tiny_model_dir):
+    with pytest.raises(RuntimeError, match="one optimizer step"):
+        one_update(tiny_model_dir, config(f"trainer.ppo_mini_batch_size={GROUPS // 2}"), reuse=True)
+
+
+# ---------------------------------------------------------------- two ranks
+
+
+def worker() -> None:
+    from dapo_cli.components import build_collective
+    from dapo_cli.engine.dist import shutdown_process_group
+
+    model_dir, out = Path(sys.argv[1]), Path(sys.argv[2])
+    torch.set_num_threads(1)
+    cfg = config(micro=3)
+    dist = build_collective(cfg.engine)
+    results = {
+        "world_size": dist.world_size,
+        "reuse": one_update(model_dir, cfg, reuse=True, dtype=torch.float32, dist=dist),
+        "separate": one_update(model_dir, cfg, reuse=False, dtype=torch.float32, dist=dist),
+    }
+    if dist.is_main:
+        torch.save(results, out)
+    dist.barrier()
+    dist.close()
+    shutdown_process_group()
+
+
+def run_worker(model_dir: Path, out: Path, nproc: int) -> dict:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(var, None)
+    launch = [sys.executable] if nproc == 1 else [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+    proc = subprocess.run([*launch, __file__, str(model_dir), str(out)], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return torch.load(out, weights_only=False)
+
+
+def test_two_ranks_with_reuse_give_the_one_process_update_and_metrics(tiny_model_dir, tmp_path):
+    one = run_worker(tiny_model_dir, tmp_path / "one.pt", 1)
+    two = run_worker(tiny_model_dir, tmp_path / "two.pt", 2)
+    assert one["world_size"] == 1 and two["world_size"] == 2
+    for case in (one["reuse"], two["reuse"], two["separate"]):
+        for x, y in zip(one["separate"]["grads"][0], case["grads"][0]):
+            torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-6)
+        for key, value in one["separate"]["metrics"].items():
+            if key.startswith("timing/"):
+                continue
+            assert case["metrics"][key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+    # rank 0 holds the first half of the groups: its old log-probs are the one-process rows of those groups
+    rows = torch.isin(one["reuse"]["group_ids"], two["reuse"]["group_ids"])
+    torch.testing.assert_close(two["reuse"]["old"], one["reuse"]["old"][rows][:, : two["reuse"]["old"].shape[1]], rtol=0, atol=1e-5)
+
+
+# ---------------------------------------------------------------- through run_train
+
+
+class Recorder:
+    """A tracker that keeps what run_train logs (a NullTracker with a memory)."""
+
+    def __init__(self) -> None:
+        from dapo_cli.tracking import NullTracker
+
+        self.null = NullTracker()
+        self.metrics: dict[int, dict[str, float]] = {}
+
+    def log_metrics(self, metrics, step=None):
+        self.metrics.setdefault(step, {}).update(metrics)
+
+    def __getattr__(self, name):
+        return getattr(self.null, name)
+
+
+def test_run_train_logs_the_same_metrics_without_the_separate_pass(tiny_model_dir, tmp_path, monkeypatch):
+    from dapo_cli import train
+
+    runs = {}
+    for name, mini in (("reuse", GROUPS), ("separate", GROUPS // 2)):
+        recorder = Recorder()
+
+        @contextlib.contextmanager
+        def fake_tracker(*_a, _r=recorder, **_k):
+            yield _r
+
+        monkeypatch.setattr(train, "open_tracker", fake_tracker)
+        cfg = load_config(None, [
+            f"model.path={tiny_model_dir}", "data.train_files=[synthetic:add-3digit]", "data.val_files=[]",
+            "data.synthetic_train_size=32", f"data.train_batch_size={GROUPS}", "data.max_prompt_length=32",
+            f"rollout.n={SAMPLES}", "rollout.max_response_length=12", "algorithm.overlong_buffer.len=4",
+            "trainer.total_steps=2", f"trainer.ppo_mini_batch_size={mini}", "trainer.ppo_micro_batch_size=5",
+            "trainer.save_freq=0", "trainer.test_freq=0", "trainer.log_samples_freq=0", "trainer.collapse_patience=0",
+            f"trainer.output_dir={tmp_path / name}", "tracking.backend=null", "engine.device=cpu",
+            "trainer.lr=1e-3", "trainer.lr_warmup_steps=0",
+        ])
+        cfg = apply_techniques(cfg, dynamic_sampling=False)
+        assert old_log_probs_from_update(cfg) is (name == "reuse")
+        train.run_train(cfg, quiet=True)
+        runs[name] = recorder.metrics
+    reuse, separate = runs["reuse"], runs["separate"]
+    # step 1: the same rollouts and the same old policy; every metric the separate pass logs is logged
+    assert set(reuse[1]) == set(separate[1])
+    for key in ("actor/entropy", "actor/mean_prob", "rollout/logprob_diff_mean", "reward/score_mean", "train/loss_tokens"):
+        assert reuse[1][key] == pytest.approx(separate[1][key], rel=1e-4, abs=1e-6), key
+    assert reuse[1]["actor/num_updates"] == 1 and separate[1]["actor/num_updates"] == 2
+    assert reuse[1]["actor/pg_clipfrac"] == 0.0 and reuse[1]["actor/ppo_kl"] == 0.0  # the ratio is exactly 1
+    assert reuse[2]["timing/old_log_prob"] < separate[2]["timing/old_log_prob"]
+
+
+if __name__ == "__main__":
+    worker()
