@@ -50,4 +50,4 @@ gpu-check:
 	.venv-gpu/bin/python benchmarks/gpu_check.py
 
 clean:
-	rm -rf $(VENV) .venv-gpu runs mlflow.db mlruns mlartifacts .pytest_cache
+	rm -rf $(VENV) .venv-gpu .venv-trl runs mlflow.db mlruns mlartifacts .pytest_cache
