@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from dapo_cli.rollout.base import Rollouts, SamplingParams, WeightSource
-from dapo_cli.rollout.hf import eos_token_ids
+from dapo_cli.rollout.hf import check_engine_arguments, copy_exported_weights, eos_token_ids
 
 NATIVE_MODEL_TYPES = ("llama", "qwen2")
 """``config.model_type`` values decoded by ``_NativeDecoder`` (others use the model's ``forward``)."""
@@ -376,10 +376,7 @@ class FastRolloutEngine:
         compact_at: float = 0.25,
         native: bool = True,
     ) -> None:
-        if batch_size is not None and batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1 or None, got {batch_size}")
-        if tokenizer.pad_token_id is None:
-            raise ValueError("the tokenizer has no pad token (load_policy sets it to EOS)")
+        check_engine_arguments(tokenizer, batch_size)
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
@@ -394,16 +391,7 @@ class FastRolloutEngine:
         """Copy ``source.export_weights()`` into the private model (no-op when it shares the trainer's)."""
         if self.shares_weights:
             return
-        own = self.model.state_dict()
-        seen = set()
-        for name, tensor in source.export_weights():
-            if name not in own:
-                raise KeyError(f"the trainer exports {name!r}, which the rollout model does not have")
-            own[name].copy_(tensor.to(own[name].device, own[name].dtype))
-            seen.add(name)
-        missing = set(own) - seen
-        if missing:
-            raise KeyError(f"the trainer exported no value for {sorted(missing)[:3]} ...")
+        copy_exported_weights(self.model, source)
 
     def sleep(self) -> None:
         """No-op: the weights are the trainer's (or a CPU-side copy) and no cache outlives ``generate``."""

@@ -91,6 +91,30 @@ def response_mask(response_ids: torch.Tensor, eos_ids: list[int]) -> torch.Tenso
     return eos_before == 0
 
 
+def check_engine_arguments(tokenizer: PreTrainedTokenizerBase, batch_size: int | None) -> None:
+    """What every local rollout engine needs: a pad token, and a positive chunk size (or None)."""
+    if batch_size is not None and batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1 or None, got {batch_size}")
+    if tokenizer.pad_token_id is None:
+        raise ValueError("the tokenizer has no pad token (load_policy sets it to EOS)")
+
+
+@torch.no_grad()
+def copy_exported_weights(model: torch.nn.Module, source: WeightSource) -> None:
+    """Copy every ``(name, tensor)`` of ``source.export_weights()`` into ``model``, tensor by tensor
+    (each may be valid only until the next is requested); every parameter must be covered."""
+    own = model.state_dict()
+    seen = set()
+    for name, tensor in source.export_weights():
+        if name not in own:
+            raise KeyError(f"the trainer exports {name!r}, which the rollout model does not have")
+        own[name].copy_(tensor.to(own[name].device, own[name].dtype))
+        seen.add(name)
+    missing = set(own) - seen
+    if missing:
+        raise KeyError(f"the trainer exported no value for {sorted(missing)[:3]} ...")
+
+
 class SampledTokenLogProbs(LogitsProcessor):
     """Records log softmax(z / T) of every sampled token during ``generate``, one step behind.
 
@@ -137,10 +161,7 @@ class HFRolloutEngine:
         batch_size: int | None = None,
         shares_weights: bool = True,
     ) -> None:
-        if batch_size is not None and batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1 or None, got {batch_size}")
-        if tokenizer.pad_token_id is None:
-            raise ValueError("the tokenizer has no pad token (load_policy sets it to EOS)")
+        check_engine_arguments(tokenizer, batch_size)
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
@@ -151,16 +172,7 @@ class HFRolloutEngine:
         """Copy ``source.export_weights()`` into the private model (no-op when it shares the trainer's)."""
         if self.shares_weights:
             return
-        own = self.model.state_dict()
-        seen = set()
-        for name, tensor in source.export_weights():
-            if name not in own:
-                raise KeyError(f"the trainer exports {name!r}, which the rollout model does not have")
-            own[name].copy_(tensor.to(own[name].device, own[name].dtype))
-            seen.add(name)
-        missing = set(own) - seen
-        if missing:
-            raise KeyError(f"the trainer exported no value for {sorted(missing)[:3]} ...")
+        copy_exported_weights(self.model, source)
 
     def generate(self, prompts: Sequence[str], n: int, params: SamplingParams) -> Rollouts:
         """Sample ``n`` responses per already-templated prompt; see :class:`Rollouts` for shapes.
