@@ -12,10 +12,11 @@ tracking time is the sum of the calls made since the previous step ended.
 Stores: ``sqlite`` (``sqlite:///…/mlflow.db``, dapo's default kind), ``server``
 (``http://127.0.0.1:PORT``: ``mlflow server`` on a SQLite store, started here and stopped
 after; if it does not answer within ``--server-timeout`` seconds that row is skipped), and
-``none`` (``tracking.backend: null``, the step time without tracking). A what-if row patches
-MLflow's ``log_batch`` to ``synchronous=False`` for metrics (MLflow writes them from a background
-thread; the call only enqueues): what dapo's tracker would gain from asynchronous logging (its
-writer thread still shares the two cores, which the wall step, not the tracking column, shows).
+``none`` (``tracking.backend: null``, the step time without tracking). Each store runs twice:
+with ``tracking.background: true`` (the default: a worker thread writes the step's metrics and
+tables, the step only queues them; ``dapo_cli/tracking/background.py``) and ``false`` (every call
+writes before it returns). The worker thread still shares the two cores with the step, which the
+``wall vs none`` column (the whole step's slowdown against the untracked run) shows.
 Medians over steps 5 .. ``--steps`` - 1; ``share`` = a step's tracking time / the wall step of the
 run without tracking (``none``), so load on the machine during one run does not shrink its share.
 The server runs without MLflow's job runner (``MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false``).
@@ -82,15 +83,6 @@ def worker(spec: dict) -> None:
 
     progress.StepReporter.step_done = step_done
     train.open_tracker = open_timed
-    if spec.get("async"):  # what-if: MLflow's asynchronous log_batch for metrics (a background writer thread)
-        from mlflow.tracking import MlflowClient
-
-        log_batch = MlflowClient.log_batch
-
-        def async_batch(self, run_id, metrics=(), params=(), tags=(), synchronous=None):
-            return log_batch(self, run_id, metrics=metrics, params=params, tags=tags, synchronous=not metrics)
-
-        MlflowClient.log_batch = async_batch
     from dapo_cli.cli import main
 
     sys.argv = ["dapo", *spec["words"]]
@@ -102,7 +94,7 @@ def worker(spec: dict) -> None:
     Path(spec["out"]).write_text(json.dumps({"ends": ends, "calls": calls}))
 
 
-def run(model: Path, store: str, uri: str, steps: int, threads: int, *, asynchronous: bool = False) -> dict[str, float]:
+def run(model: Path, store: str, uri: str, steps: int, threads: int, *, background: bool = True) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="tracking-bench-") as tmp:
         work = Path(tmp)
         words = [str(w) for w in dapo_words(model, work, 16, steps, threads, "fast")]
@@ -111,8 +103,8 @@ def run(model: Path, store: str, uri: str, steps: int, threads: int, *, asynchro
             words += ["--set", "tracking.backend=null"]
         else:
             store_uri = uri or f"sqlite:///{work / 'mlflow.db'}"
-            words += ["--set", f"tracking.tracking_uri={store_uri}"]
-        spec = {"words": words, "out": str(work / "out.json"), "async": asynchronous}
+            words += ["--set", f"tracking.tracking_uri={store_uri}", "--set", f"tracking.background={str(background).lower()}"]
+        spec = {"words": words, "out": str(work / "out.json")}
         proc = subprocess.run([sys.executable, __file__, "--worker", json.dumps(spec)], env=thread_env(threads),
                               capture_output=True, text=True, cwd=work)
         if proc.returncode != 0:
@@ -187,7 +179,7 @@ def main() -> None:
         model = build_policy_dir(Path(tmp) / "model")
         results["none"] = run(model, "none", "", args.steps, args.threads)
         results["sqlite"] = run(model, "sqlite", "", args.steps, args.threads)
-        results["sqlite, async metrics (what-if)"] = run(model, "sqlite", "", args.steps, args.threads, asynchronous=True)
+        results["sqlite, synchronous"] = run(model, "sqlite", "", args.steps, args.threads, background=False)
         server_root = Path(tmp) / "server"
         server_root.mkdir()
         with mlflow_server(server_root, args.server_timeout) as uri:
@@ -195,6 +187,7 @@ def main() -> None:
                 print(f"mlflow server did not answer within {args.server_timeout:.0f} s; server row skipped", file=sys.stderr)
             else:
                 results["server"] = run(model, "server", uri, args.steps, args.threads)
+                results["server, synchronous"] = run(model, "server", uri, args.steps, args.threads, background=False)
     print(f"tracking overhead: dapo RL step at 16 new tokens (8 x 8, random-init Qwen2), {args.threads} threads, "
           f"sample table every 5 steps, median of steps {SKIP + 1}-{args.steps - 1} ({time.perf_counter() - started:.0f} s in all)")
     for line in header:
@@ -204,11 +197,12 @@ def main() -> None:
     base = results["none"]["wall"]
     for store, r in results.items():
         share = r["tracking"] / base
-        rows.append([store, r["wall"], f"{1e3 * r['tracking']:.1f}", f"{1e3 * r['mean_tracking']:.1f}",
-                     f"{1e3 * r['table']:.1f}", f"{share:.1%}"])
-    print(table(["store", "wall step s", "tracking ms (median)", "tracking ms (mean)", "log_table ms (max)", "share"], rows))
+        rows.append([store, r["wall"], f"{r['wall'] / base - 1:+.1%}", f"{1e3 * r['tracking']:.1f}",
+                     f"{1e3 * r['mean_tracking']:.1f}", f"{1e3 * r['table']:.1f}", f"{share:.1%}"])
+    print(table(["store", "wall step s", "wall vs none", "tracking ms (median)", "tracking ms (mean)", "log_table ms (max)",
+                 "share"], rows))
     print()
-    for store in ("sqlite", "server"):
+    for store in ("sqlite", "sqlite, synchronous", "server", "server, synchronous"):
         if store in results:
             r = results[store]
             print(f"tracking share ({store}): {r['tracking'] / base:.1%} of an untracked step (mean incl. tables: "

@@ -191,7 +191,7 @@ def open_tracker(tracking_cfg: Any, dist: Collective, run_name: str, **kwargs: A
     if not dist.is_main:
         yield NullTracker()
         return
-    with start_run(tracking_cfg, run_name, **kwargs) as tracker:
+    with start_run(tracking_cfg, run_name, background=tracking_cfg.background, **kwargs) as tracker:
         yield tracker
 
 

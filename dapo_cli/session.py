@@ -380,6 +380,8 @@ class TrainingSession:
             "last_val": self.last_val,
             "world_size": self.dist.world_size,
         }
+        if self._tracker is not None:  # the step's metrics are in the store before its checkpoint exists:
+            self._tracker.flush()      # a resume from it never finds a recorded step missing
         saved = self.ckpt.save(step, dist=self.dist, write=self._write_checkpoint, trainer_state=state)
         if self.cfg.tracking.log_checkpoint == "every" and self.dist.is_main and self._tracker is not None:
             self.upload_checkpoint(self._tracker, saved, f"checkpoints/{saved.name}")

@@ -155,6 +155,10 @@ class TrackingConfig:
         "final", "copy checkpoints into MLflow's artifacts: the final one, none, or every saved one (each <= 64 MiB)",
         choices=("final", "none", "every"),
     )
+    background: bool = setting(
+        True, "write per-step metrics, sample tables and tags from a background thread (in order; drained before "
+        "checkpoints, artifacts and the end of the run), so a step does not wait on the store",
+    )
 
 
 @dataclass

@@ -33,8 +33,13 @@ def start_run(
     tags: Mapping[str, Any] | None = None,
     parent_run_id: str | None = None,
     resume_run_id: str | None = None,
+    background: bool = False,
 ) -> Iterator[Tracker]:
-    """Open a run on ``cfg`` (a ``TrackingConfig``) and close it with the right status."""
+    """Open a run on ``cfg`` (a ``TrackingConfig``) and close it with the right status.
+
+    ``background``: per-step calls are written by a worker thread
+    (:class:`~dapo_cli.tracking.background.BackgroundTracker`); the training loop asks for it.
+    """
     tracker: Tracker
     if cfg.backend == "null":
         tracker = NullTracker()
@@ -49,6 +54,10 @@ def start_run(
             parent_run_id=parent_run_id,
             resume_run_id=resume_run_id,
         )
+        if background:
+            from dapo_cli.tracking.background import BackgroundTracker
+
+            tracker = BackgroundTracker(tracker)
     try:
         yield tracker
     except KeyboardInterrupt:

@@ -34,6 +34,10 @@ class Tracker(Protocol):
         """A list of same-keyed rows as an MLflow table (JSON artifact shown in the UI)."""
         ...
 
+    def flush(self) -> None:
+        """Everything logged so far is in the store (a background tracker waits for its queue)."""
+        ...
+
     def finish(self, status: str = "FINISHED") -> None: ...
 
     def mark_orphans(self, is_alive: Any) -> list[str]:
@@ -69,6 +73,9 @@ class NullTracker:
         pass
 
     def log_table(self, rows: Sequence[Mapping[str, Any]], artifact_file: str) -> None:
+        pass
+
+    def flush(self) -> None:
         pass
 
     def finish(self, status: str = "FINISHED") -> None:

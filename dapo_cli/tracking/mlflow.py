@@ -241,6 +241,9 @@ class MlflowTracker:
         folder = artifact_file.rsplit("/", 1)[0] if "/" in artifact_file else None
         return any(a.path == artifact_file for a in self.client.list_artifacts(self.run_id, folder))
 
+    def flush(self) -> None:
+        """Every call above has returned once written: nothing to wait for."""
+
     def finish(self, status: str = "FINISHED") -> None:
         self.client.set_terminated(self.run_id, status=status)
 
