@@ -6,16 +6,18 @@ an answer such as :math:`\\frac{a+\\sqrt{b}}{c}` becomes the question "find
 with the safe parser :func:`~dapo_cli.rewards.math_equiv.parse_answer` and
 classified into one of :data:`CONVERSIONS`:
 
-=========  ==================================================  =============================
-conversion  value                                              target
-=========  ==================================================  =============================
-integer    an integer literal (``27``, ``27.0``, ``1,000``,     the integer itself; problem
-           ``$27$``, ``27^\\circ``, ``27\\text{ cm}``)           unchanged
-fraction   :math:`\\pm m/n`, :math:`\\gcd(m,n)=1`, :math:`n>1`   :math:`m+n`
-surd       :math:`(a+b\\sqrt c)/d` with :math:`b\\ne0`, c>1      :math:`|a|+|b|+c+d` (terms with
-           square-free, :math:`\\gcd(a,b,d)=1`, :math:`d\\ge1`    a = 0 or d = 1 are left out)
-pi         :math:`\\pm (m/n)\\,\\pi`                              :math:`m+n` (:math:`m` if n = 1)
-=========  ==================================================  =============================
+==========  ==================================================  =============================
+conversion  value                                               target
+==========  ==================================================  =============================
+integer     an integer literal (``27``, ``27.0``, ``1,000``,     the integer itself; problem
+            ``$27$``, ``27^\\circ``, ``27\\text{ cm}``)           unchanged
+expression  an integer-valued expression                        its value; problem unchanged
+            (``12\\times18\\times11``, ``2^{10}``, ``\\frac{12}{4}``)
+fraction    :math:`\\pm m/n`, :math:`\\gcd(m,n)=1`, :math:`n>1`   :math:`m+n`
+surd        :math:`(a+b\\sqrt c)/d` with :math:`b\\ne0`, c>1      :math:`|a|+|b|+c+d` (terms with
+            square-free, :math:`\\gcd(a,b,d)=1`, :math:`d\\ge1`    a = 0 or d = 1 are left out)
+pi          :math:`\\pm (m/n)\\,\\pi`                              :math:`m+n` (:math:`m` if n = 1)
+==========  ==================================================  =============================
 
 The sentence appended to the problem states the form with explicit signs and the
 conditions that make the representation unique (for the surd form: the value
@@ -25,9 +27,14 @@ conditions that make the representation unique (for the surd form: the value
 Letters are chosen so as not to clash with letters the problem already uses in
 its mathematics (``m, n`` → ``p, q`` → …).
 
+Integers and integer-valued expressions are read first by the exact, bounded reader
+:func:`~dapo_cli.data.expressions.integer_value` (no sympy: the common case stays
+fast); an expression keeps its own conversion name, ``expression``, so its rows can be
+found and filtered (``extra_info.conversion``): its value is the target, which is not
+always what the problem asks for (Gaokao 2023 line 368 asks for the dimensions of a box,
+``12\\times18\\times11``, and gets the target 2376). An integer value that reader does
+not take (``\\sqrt[3]{8}``, a power over its bounds) is dropped as ``integer_expression``.
 Everything else is dropped with a reason code from :data:`DROP_REASONS`.
-Integer-valued *expressions* (``12\\times18\\times11``, the dimensions of a box) are
-dropped as ``integer_expression``: their value is not what the problem asks for.
 """
 
 from __future__ import annotations
@@ -38,10 +45,17 @@ from dataclasses import dataclass
 
 import sympy
 
+from dapo_cli.data.expressions import integer_value
 from dapo_cli.rewards.bounds import MAX_GROUND_TRUTH_CHARS
-from dapo_cli.rewards.math_equiv import MAX_CHARS, canonical_string, is_small, normalize_text, parse_answer
+from dapo_cli.rewards.math_equiv import (
+    MAX_CHARS,
+    canonical_string,
+    is_small,
+    normalize_text,
+    parse_answer,
+)
 
-CONVERSIONS: tuple[str, ...] = ("integer", "fraction", "surd", "pi")
+CONVERSIONS: tuple[str, ...] = ("integer", "expression", "fraction", "surd", "pi")
 """How a kept answer became an integer, in the order of the summary table."""
 
 MAX_PROBLEM_CHARS = 32_768
@@ -61,7 +75,7 @@ DROP_REASONS: dict[str, str] = {
     "answer_too_long": f"the answer is over {MAX_CHARS} characters (a prepared ground truth: over {MAX_GROUND_TRUTH_CHARS:,})",
     "choice": "a multiple-choice letter such as (A)",
     "text": "the answer is words, not mathematics",
-    "multiple_answers": "several answers joined by 'or'/'and'",
+    "multiple_answers": "several answers (joined by 'or'/'and', or a list holding more than one)",
     "equation_or_inequality": "an equation or inequality (=, <, \\le, ...)",
     "interval_or_set": "an interval or set ([a, b), \\{...\\}, \\cup, \\infty)",
     "scientific_notation": "an approximate magnitude such as 4.5e33 or 3\\times10^{8}",
@@ -70,7 +84,7 @@ DROP_REASONS: dict[str, str] = {
     "has_variables": "the answer contains variables",
     "complex": "a non-real complex number",
     "non_integer_decimal": "a non-integer decimal (approximate, e.g. 1.6)",
-    "integer_expression": "an integer-valued expression, not a number (e.g. 12\\times18\\times11)",
+    "integer_expression": "an integer value the exact expression reader does not take (e.g. \\sqrt[3]{8}, 2^{1000})",
     "irrational": "a real number with no supported integer form (e.g. e^{-1}, \\sqrt{2}+\\sqrt{3})",
     "duplicate": "an earlier row has the same problem text (case and whitespace folded) and ground truth",
     "conflicting_duplicate": "the problem text also appears with another ground truth (all its rows are dropped)",
@@ -349,12 +363,16 @@ def convert(problem: str, answer: str | None) -> Converted | Dropped:
     reason = _text_reason(answer, normalized)
     if reason is not None:
         return Dropped(reason, answer)
+    assert normalized is not None  # _text_reason returns "unparseable" otherwise
+    exact = integer_value(normalized)
+    if exact is not None:
+        conversion = "integer" if _INTEGER_LITERAL.fullmatch("".join(normalized.split())) else "expression"
+        return Converted(problem, str(exact), conversion, str(exact))
     parsed = parse_answer(answer)
     if parsed is None:
         return Dropped("unparseable", answer)
     if isinstance(parsed, tuple):
         return Dropped("tuple", answer)
-    assert normalized is not None  # parse_answer succeeded
     if parsed.free_symbols or _names_variables(normalized):
         return Dropped("has_variables", answer)
     value = _simplified(parsed)

@@ -58,15 +58,19 @@ def canonical_truth(truth: str) -> int:
     return int(str(truth).strip())
 
 
+def untemplate(content: str) -> str | None:
+    """The problem inside one message in the DAPO instruction template, else None."""
+    if content.startswith(_PREFIX) and content.endswith(_SUFFIX) and len(content) > len(_PREFIX) + len(_SUFFIX):
+        return content[len(_PREFIX) : len(content) - len(_SUFFIX)]
+    return None
+
+
 def template_problem(row: dict[str, Any]) -> str | None:
     """The problem inside a one-message prompt in the DAPO instruction template, else None."""
     prompt = row.get("prompt") or []
     if len(prompt) != 1 or not isinstance(prompt[0], dict):
         return None
-    content = str(prompt[0].get("content") or "")
-    if content.startswith(_PREFIX) and content.endswith(_SUFFIX) and len(content) > len(_PREFIX) + len(_SUFFIX):
-        return content[len(_PREFIX) : len(content) - len(_SUFFIX)]
-    return None
+    return untemplate(str(prompt[0].get("content") or ""))
 
 
 def prompt_text(row: dict[str, Any]) -> str:

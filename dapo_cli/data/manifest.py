@@ -1,7 +1,8 @@
 """What ``dapo prepare-data`` records: per-input reports, the manifest, MLflow params and metrics.
 
 The manifest (``<out>.manifest.json``) holds the options, one entry per input (sha256,
-layout, rows kept per conversion and dropped per reason), the totals under
+the fields its problems and answers were read from and the detection report, rows per
+problem, rows kept per conversion and dropped per reason), the totals under
 ``counts`` (``duplicates_removed``, ``conflicting_duplicates_removed`` and
 ``conflicting_problems`` among them) and the sha256 of every written file. It is
 written with the parquet files, all or nothing: every temporary file is complete
@@ -38,6 +39,13 @@ class FileReport:
     layout: str = "1 per problem"
     """Rows per distinct problem in this input (``32 per problem`` for the AIME file), as read."""
     problem_field: str | None = None
+    fields: dict[str, Any] = field(default_factory=dict)
+    """Where problems and answers were read from: the fields of each role in order of precedence,
+    whether the problem is text or chat messages, the roles named by an option, a folder's split."""
+    detected: str = ""
+    """The one-line detection report printed for this input (format, split, rows, layout)."""
+    fields_param: str = ""
+    """The layout in short, as recorded in MLflow (``input_<i>_fields``)."""
     answer_sources: dict[str, int] = field(default_factory=dict)
     kept: Counter[str] = field(default_factory=Counter)
     dropped: Counter[str] = field(default_factory=Counter)
@@ -70,7 +78,23 @@ def option_params(options: PrepareOptions) -> dict[str, Any]:
         "repeat": options.repeat,
         "limit": options.limit or 0,
         "keep_duplicates": options.keep_duplicates,
+        "problem_field": options.fields.problem or "",
+        "answer_field": options.fields.answer or "",
+        "solution_field": options.fields.solution or "",
+        "context_fields": ",".join(options.fields.context),
     }
+
+
+def layout_params(reports: list[FileReport]) -> dict[str, str]:
+    """What was detected in each input as MLflow params: ``input_<i>_fields`` (and ``input_<i>_split``)."""
+    params = {}
+    for number, report in enumerate(reports):
+        if report.kind == "synthetic":
+            continue
+        params[f"input_{number}_fields"] = report.fields_param
+        if "split" in report.fields:
+            params[f"input_{number}_split"] = report.fields["split"]
+    return params
 
 
 def build_manifest(

@@ -4,7 +4,8 @@
 
 Pipeline, in input order (files, then rows):
 
-1. stream each file (:func:`dapo_cli.data.readers.open_input`); raw records go through
+1. stream each file (:func:`dapo_cli.data.readers.open_input`), its layout detected from its
+   fields or named by the field options (:mod:`dapo_cli.data.layouts`); raw records go through
    :func:`~dapo_cli.data.convert.convert`, already-prepared DAPO rows are
    re-validated (integer ground truth, non-empty prompt) and keep their prompt,
    data source and integer ``extra_info.index``;
@@ -50,7 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dapo_cli.data.convert import MAX_PROBLEM_CHARS, Converted, convert
+from dapo_cli.data.convert import MAX_PROBLEM_CHARS, Converted, Dropped, convert
 from dapo_cli.data.dedup import (
     ProblemIndex,
     describe_layout,
@@ -60,11 +61,18 @@ from dapo_cli.data.dedup import (
     template_problem,
     uniform_copies,
 )
-from dapo_cli.data.manifest import DedupCounts, FileReport, option_params, tracking_metrics, write_outputs
+from dapo_cli.data.layouts import FieldOptions
+from dapo_cli.data.manifest import (
+    DedupCounts,
+    FileReport,
+    layout_params,
+    option_params,
+    tracking_metrics,
+    write_outputs,
+)
 from dapo_cli.data.readers import InputSource, open_input
 from dapo_cli.data.schema import DAPO_INSTRUCTION, make_row
 from dapo_cli.errors import UserError
-from dapo_cli.fileio import sha256_file
 from dapo_cli.rewards.bounds import MAX_GROUND_TRUTH_CHARS
 from dapo_cli.tracking import Tracker, start_run
 
@@ -102,6 +110,8 @@ class PrepareOptions:
     limit: int | None = None
     keep_duplicates: bool = False
     """Write every valid row as read instead of one per distinct problem (see the module docstring)."""
+    fields: FieldOptions = field(default_factory=FieldOptions)
+    """Fields named by ``--problem-field`` / ``--answer-field`` / ``--solution-field`` / ``--context-field``."""
     track: bool = True
     tracking_uri: str = ""
     experiment: str = DEFAULT_EXPERIMENT
@@ -194,6 +204,10 @@ def validate_options(options: PrepareOptions) -> None:
         raise UserError(f"--limit must be >= 1, got {options.limit}")
     if options.n < 1:
         raise UserError(f"--n must be >= 1, got {options.n}")
+    if options.fields.named() and options.synthetic:
+        raise UserError("field options (--problem-field, ...) apply to input files, not to --synthetic")
+    if any(not name.strip() for _, name in options.fields.named()):
+        raise UserError("a field option names an empty field")
     if options.template is not None and "{problem}" not in options.template:
         raise UserError("--template must contain {problem} where the problem text goes")
     paths = [p for p in (options.output, options.val_path, options.manifest_path) if p is not None]
@@ -352,7 +366,7 @@ def _collect_raw(source: InputSource, report: FileReport, collector: _Collector,
     copies: Counter[tuple[bytes, int]] = Counter()
     for raw in source.raw_problems():
         answer_sources[raw.answer_source] += 1
-        result = convert(raw.problem, raw.answer)
+        result = Dropped(raw.drop) if raw.drop is not None else convert(raw.problem, raw.answer)
         if not isinstance(result, Converted):
             report.dropped[result.reason] += 1
             continue
@@ -420,13 +434,19 @@ def _collect_prepared(
 
 
 def _report_for(source: InputSource) -> FileReport:
+    fields = source.layout.as_dict() if source.layout is not None else {}
+    if source.split is not None:
+        fields["split"] = source.split
     return FileReport(
         path=str(source.path),
-        sha256=sha256_file(source.path),
+        sha256=source.sha256(),
         format=source.format,
         kind=source.kind,
         rows_read=source.rows_read,
         problem_field=source.problem_field,
+        fields=fields,
+        detected=source.describe(),
+        fields_param=source.layout.compact() if source.layout is not None else "prepared DAPO rows",
     )
 
 
@@ -435,7 +455,9 @@ def collect(options: PrepareOptions) -> tuple[list[_Problem], list[FileReport], 
     collector = _Collector(options)
     reports: list[FileReport] = []
     if options.synthetic:
-        from dapo_cli.data.synthetic import generate_rows  # imported lazily: only this path needs it
+        from dapo_cli.data.synthetic import (
+            generate_rows,  # imported lazily: only this path needs it
+        )
 
         n_val = max(1, round(options.n * options.val_fraction)) if options.val_fraction > 0 else 0
         if n_val >= options.n:
@@ -449,7 +471,7 @@ def collect(options: PrepareOptions) -> tuple[list[_Problem], list[FileReport], 
             _collect_prepared(rows, report, collector, len(reports), split if n_val else None)
         return collector.finish(), reports, collector.counts
     for number, path in enumerate(options.inputs):
-        source = open_input(path)
+        source = open_input(path, options.fields)
         report = _report_for(source)
         reports.append(report)
         if source.kind == "dapo":
@@ -532,7 +554,7 @@ def run_prepare(options: PrepareOptions) -> PrepareResult:
         writes.append(("val", options.val_path, _rows(val, "val", options.repeat)))
     with _tracker(options) as tracker:
         manifest = write_outputs(options, reports, writes, dedup)
-        tracker.log_params(option_params(options))
+        tracker.log_params({**option_params(options), **layout_params(reports)})
         tracker.log_metrics(tracking_metrics(manifest), step=0)
         tracker.log_artifact(options.manifest_path)
         run_id = tracker.run_id

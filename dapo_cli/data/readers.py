@@ -1,23 +1,20 @@
-"""Read raw math problems (parquet or JSONL) and find their problem and answer fields.
+"""Read raw math problems (parquet, JSONL/JSON, Arrow, Hugging Face ``datasets`` folders) and their layout.
 
-Field names vary in the wild; per record, the problem is the first non-empty of
-:data:`PROBLEM_FIELDS` and the answer comes from the first rule that applies:
+Where each record keeps its problem and answer is detected per file from its field
+names, or named with field options (:mod:`dapo_cli.data.layouts`: the fields looked
+for, their precedence, the answer rules). A file whose columns are already the DAPO
+schema (``prompt`` and ``reward_model``, e.g. DAPO-Math-17K or ``aime-2024.parquet``)
+is read as prepared rows instead.
 
-1. ``answer`` holds a whole solution ending ``The answer is: …`` → the text after
-   the last ``The answer is`` (MetaMathQA style);
-2. ``answer`` contains ``\\boxed{…}`` / ``\\fbox{…}`` → the last box (balanced braces);
-3. ``answer`` is a non-empty string or a number (``27.0`` is read as ``"27.0"``);
-4. ``solution`` → the last ``\\boxed{…}`` / ``\\fbox{…}`` in it.
+The format comes from the path: a folder written by ``datasets``' ``save_to_disk``
+(:mod:`dapo_cli.data.arrow_inputs`), else the extension (``.parquet``,
+``.jsonl``/``.ndjson``, ``.json``, ``.arrow``), else the first bytes (``PAR1``, Arrow
+IPC, ``{``/``[``). Every problem here raises :class:`~dapo_cli.errors.UserError` with
+one line: a file that is not UTF-8 (naming the first bad line), JSON nested deeper than
+:data:`MAX_JSON_DEPTH` (naming the line, checked before parsing), a broken parquet or
+Arrow file, a field option naming a field the file lacks.
 
-A file whose columns are already the DAPO schema (``prompt`` and ``reward_model``,
-e.g. DAPO-Math-17K or ``aime-2024.parquet``) is read as prepared rows instead.
-The format comes from the extension (``.parquet``, ``.jsonl``/``.ndjson``,
-``.json``) or, failing that, from the first bytes (``PAR1`` or ``{``/``[``).
-Every problem here raises :class:`~dapo_cli.errors.UserError` with one line: a file
-that is not UTF-8 (naming the first bad line), JSON nested deeper than
-:data:`MAX_JSON_DEPTH` (naming the line, checked before parsing), a broken parquet file.
-
-:func:`open_input` streams: parquet in record batches, JSONL line by line (one
+:func:`open_input` streams: parquet and Arrow in record batches, JSONL line by line (one
 extra pass first for the column names), so ``dapo prepare-data`` holds only the
 rows it keeps (DAPO-Math-17K's 1.79 M rows are read, never all held);
 :func:`read_input` is the same, materialised.
@@ -25,32 +22,34 @@ rows it keeps (DAPO-Math-17K's 1.79 M rows are read, never all held);
 
 from __future__ import annotations
 
+import hashlib
+import itertools
 import json
-import math
 import re
 from collections import Counter
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from dapo_cli.data import arrow_inputs
+from dapo_cli.data.layouts import PROBLEM_FIELDS, FieldOptions, Layout, detect_layout
 from dapo_cli.data.schema import is_dapo_table
 from dapo_cli.errors import UserError
-from dapo_cli.rewards.math_equiv import last_boxed
+from dapo_cli.fileio import sha256_file
 
-PROBLEM_FIELDS: tuple[str, ...] = ("problem", "question")
-"""Problem-text fields, in order of preference."""
+__all__ = ["PROBLEM_FIELDS", "InputFile", "InputSource", "RawProblem", "detect_format", "open_input", "read_input"]
 
-ANSWER_FIELD = "answer"
-SOLUTION_FIELD = "solution"
-
-FORMATS: dict[str, str] = {".parquet": "parquet", ".pq": "parquet", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json"}
+FORMATS: dict[str, str] = {
+    ".parquet": "parquet", ".pq": "parquet", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".arrow": "arrow",
+}  # fmt: skip
 """File extension → format; anything else is sniffed."""
 
-_THE_ANSWER_IS = re.compile(r"The answer is\s*:?", re.IGNORECASE)
+SAMPLE_ROWS = 100
+"""First records looked at to describe a layout (whether a prompt holds text or chat messages)."""
 
 MAX_JSON_DEPTH = 64
 """Deepest nesting of arrays and objects read from JSON (a DAPO row nests 3 levels).
@@ -108,7 +107,9 @@ class RawProblem:
     problem: str
     answer: str | None
     answer_source: str
-    """``answer``, ``answer:the_answer_is``, ``answer:boxed``, ``solution:boxed`` or ``none``."""
+    """``<field>``, ``<field>:list``, ``<field>:####``, ``<field>:the_answer_is``, ``<field>:boxed`` or ``none``."""
+    drop: str | None = None
+    """A drop reason decided by the layout (``multiple_answers``: a list of several answers)."""
 
 
 @dataclass(frozen=True)
@@ -124,6 +125,7 @@ class InputFile:
     answer_sources: dict[str, int] = field(default_factory=dict)
     problems: tuple[RawProblem, ...] = ()
     dapo_rows: tuple[dict[str, Any], ...] = ()
+    layout: Layout | None = None
 
 
 def detect_format(path: Path) -> str:
@@ -135,12 +137,14 @@ def detect_format(path: Path) -> str:
         head = handle.read(4096)
     if head.startswith(b"PAR1"):
         return "parquet"
+    if arrow_inputs.is_arrow_ipc(head):
+        return "arrow"
     text = head.decode("utf-8", errors="replace").lstrip("\ufeff \t\r\n")
     if text.startswith("{"):
         return "jsonl"
     if text.startswith("["):
         return "json"
-    raise UserError(f"cannot tell the format of {path}: expected a .parquet or .jsonl file")
+    raise UserError(f"cannot tell the format of {path}: expected a .parquet, .jsonl, .json or .arrow file")
 
 
 PARQUET_BATCH_ROWS = 4096
@@ -154,17 +158,22 @@ def _parquet_file(path: Path) -> pq.ParquetFile:
         raise UserError(f"cannot read {path} as parquet: {' '.join(str(exc).split())}") from None
 
 
+def _rows_of(batches: Iterable[pa.RecordBatch], where: Path) -> Iterator[dict[str, Any]]:
+    """The rows of record batches as dicts, one batch converted at a time."""
+    start = 0
+    for batch in batches:
+        try:
+            rows = batch.to_pylist()
+        except RecursionError:  # a nested column deeper than Python's recursion limit
+            raise _too_deep(f"{where}: a row of rows {start}-{start + batch.num_rows - 1}") from None
+        yield from rows
+        start += batch.num_rows
+
+
 def _iter_parquet(path: Path) -> Iterator[dict[str, Any]]:
     try:
         with _parquet_file(path) as parquet:
-            start = 0
-            for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS):
-                try:
-                    rows = batch.to_pylist()
-                except RecursionError:  # a nested column deeper than Python's recursion limit
-                    raise _too_deep(f"{path}: a row of rows {start}-{start + batch.num_rows - 1}") from None
-                yield from rows
-                start += batch.num_rows
+            yield from _rows_of(parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS), path)
     except (pa.ArrowInvalid, OSError) as exc:
         raise UserError(f"cannot read {path} as parquet: {' '.join(str(exc).split())}") from None
 
@@ -216,21 +225,33 @@ def _read_json_array(path: Path) -> list[dict[str, Any]]:
 
 @dataclass(frozen=True)
 class InputSource:
-    """An opened input file: format, kind, row count and columns known; rows read on demand.
+    """An opened input: format, kind, row count, columns and layout known; rows read on demand.
 
     Each call of :meth:`records` (or :meth:`raw_problems`) is one fresh pass over the
-    file that holds one parquet batch or one JSON line at a time (a JSON array is
-    held whole: the format cannot be streamed).
+    file that holds one parquet or Arrow batch or one JSON line at a time (a JSON array
+    is held whole: the format cannot be streamed).
     """
 
     path: Path
     format: str
+    """``parquet``, ``jsonl``, ``json``, ``arrow`` or ``datasets`` (a save_to_disk folder)."""
     kind: str
     """``raw`` (problems to convert) or ``dapo`` (already-prepared rows)."""
     rows_read: int
     columns: tuple[str, ...]
-    problem_field: str | None = None
+    layout: Layout | None = None
+    """Where a raw file's problems and answers are (None for DAPO rows)."""
+    data_files: tuple[Path, ...] = ()
+    """The Arrow shards of a ``datasets`` folder (or the one ``.arrow`` file), in order."""
+    split: str | None = None
+    """The split a ``datasets`` folder holds (``train``, …), when it says."""
+    splits: tuple[str, ...] = ()
+    """Every split of a DatasetDict folder (one of them is read)."""
     _array: tuple[dict[str, Any], ...] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def problem_field(self) -> str | None:
+        return self.layout.problem[0] if self.layout is not None else None
 
     def records(self) -> Iterator[dict[str, Any]]:
         """Every record (row dict) of the file, in file order."""
@@ -238,26 +259,64 @@ class InputSource:
             return iter(self._array)
         if self.format == "parquet":
             return _iter_parquet(self.path)
+        if self.data_files:
+            return itertools.chain.from_iterable(_rows_of(arrow_inputs.iter_batches(f), f) for f in self.data_files)
         return _iter_json_lines(self.path)
 
     def raw_problems(self) -> Iterator[RawProblem]:
         """Every record of a raw file as a :class:`RawProblem` (problem text, answer and where it came from)."""
+        layout = self.layout
+        assert layout is not None, "raw_problems() of prepared DAPO rows"
         for row, record in enumerate(self.records()):
-            problem = next(
-                (record[name] for name in PROBLEM_FIELDS if isinstance(record.get(name), str) and record[name].strip()), ""
-            )
-            answer, source = extract_answer(record)
-            yield RawProblem(row, problem.strip(), answer, source)
+            found = layout.answer_of(record)
+            yield RawProblem(row, layout.problem_of(record), found.text, found.source, found.drop)
+
+    def sha256(self) -> str:
+        """SHA-256 of the file; of a folder, of its shards' names and SHA-256s in order."""
+        if self.path.is_file():
+            return sha256_file(self.path)
+        digest = hashlib.sha256()
+        for shard in self.data_files:
+            digest.update(f"{shard.relative_to(self.path)}\0{sha256_file(shard)}\n".encode())
+        return digest.hexdigest()
+
+    def describe(self) -> str:
+        """The detection report of this input in one line (the name, its format and split, its layout)."""
+        split = ""
+        if self.splits:
+            split = f", split {self.split} of {', '.join(self.splits)}"
+        elif self.split:
+            split = f", split {self.split}"
+        head = f"{self.format}{split}, {self.rows_read} rows"
+        if self.layout is None:
+            return f"{head}; prepared DAPO rows (prompt, reward_model.ground_truth)"
+        return f"{head}; {self.layout.describe()}"
 
 
-def open_input(path: str | Path) -> InputSource:
-    """Open one input file: its format, kind (raw or DAPO rows) and row count, without holding its rows."""
+def _not_a_dataset_folder(path: Path) -> UserError:
+    return UserError(
+        f"input {path} is a directory but not a Hugging Face datasets folder (no state.json or dataset_dict.json); "
+        f"give parquet, JSONL, JSON or .arrow files (e.g. {path}/*.parquet) or a save_to_disk folder"
+    )
+
+
+def open_input(path: str | Path, fields: FieldOptions | None = None) -> InputSource:
+    """Open one input file or ``datasets`` folder: format, kind, rows and layout, without holding its rows."""
     path = Path(path)
-    if not path.is_file():
+    array, files, split, splits = None, (), None, ()
+    if path.is_dir():
+        if not arrow_inputs.is_datasets_folder(path):
+            raise _not_a_dataset_folder(path)
+        folder = arrow_inputs.resolve_folder(path)
+        fmt, files, split, splits = "datasets", folder.files, folder.split, folder.splits
+    elif not path.is_file():
         raise UserError(f"input file not found: {path}")
-    fmt = detect_format(path)
-    array = None
-    if fmt == "parquet":
+    else:
+        fmt = detect_format(path)
+        files = (path,) if fmt == "arrow" else ()
+    if files:
+        columns, rows = arrow_inputs.schema_and_rows(files)
+    elif fmt == "parquet":
         with _parquet_file(path) as parquet:
             rows, columns = parquet.metadata.num_rows, list(parquet.schema_arrow.names)
     elif fmt == "jsonl":
@@ -271,56 +330,17 @@ def open_input(path: str | Path) -> InputSource:
         rows, columns = len(array), list(dict.fromkeys(key for record in array for key in record))
     if not rows:
         raise UserError(f"{path} holds no rows")
+    source = InputSource(path, fmt, "dapo", rows, tuple(columns), None, files, split, splits, _array=array)
     if is_dapo_table(columns):
-        return InputSource(path, fmt, "dapo", rows, tuple(columns), _array=array)
-    field_name = problem_field(columns)
-    if field_name is None:
-        found = ", ".join(columns[:12]) or "none"
-        raise UserError(f"{path} has no problem field: expected one of {', '.join(PROBLEM_FIELDS)} (found: {found})")
-    return InputSource(path, fmt, "raw", rows, tuple(columns), field_name, _array=array)
+        return source
+    sample = list(itertools.islice(source.records(), SAMPLE_ROWS))
+    layout = detect_layout(columns, sample, fields or FieldOptions(), str(path))
+    return replace(source, kind="raw", layout=layout)
 
 
-def answer_text(value: Any) -> str | None:
-    """An answer cell as text: strings stripped, numbers as written (``27.0`` → ``"27.0"``), else None."""
-    if isinstance(value, bool) or value is None:
-        return None
-    if isinstance(value, float):
-        return None if not math.isfinite(value) else repr(value)
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, str):
-        return value.strip() or None
-    return None
-
-
-def extract_answer(record: dict[str, Any]) -> tuple[str | None, str]:
-    """(answer text, source) of one record by the rules in the module docstring."""
-    answer = answer_text(record.get(ANSWER_FIELD))
-    if answer is not None:
-        said = list(_THE_ANSWER_IS.finditer(answer))
-        if said:
-            final = answer[said[-1].end() :].strip().rstrip(".").strip()
-            return (final or None), "answer:the_answer_is"
-        boxed = last_boxed(answer)
-        if boxed is not None:
-            return (boxed.strip() or None), "answer:boxed"
-        return answer, "answer"
-    solution = record.get(SOLUTION_FIELD)
-    if isinstance(solution, str):
-        boxed = last_boxed(solution)
-        if boxed is not None:
-            return (boxed.strip() or None), "solution:boxed"
-    return None, "none"
-
-
-def problem_field(columns: list[str]) -> str | None:
-    """The first of :data:`PROBLEM_FIELDS` among ``columns``."""
-    return next((name for name in PROBLEM_FIELDS if name in columns), None)
-
-
-def read_input(path: str | Path) -> InputFile:
-    """Read one input file whole: raw problems with their answers, or already-prepared DAPO rows."""
-    source = open_input(path)
+def read_input(path: str | Path, fields: FieldOptions | None = None) -> InputFile:
+    """Read one input whole: raw problems with their answers, or already-prepared DAPO rows."""
+    source = open_input(path, fields)
     if source.kind == "dapo":
         return InputFile(source.path, source.format, "dapo", source.rows_read, dapo_rows=tuple(source.records()))
     problems = tuple(source.raw_problems())
@@ -333,4 +353,5 @@ def read_input(path: str | Path) -> InputFile:
         problem_field=source.problem_field,
         answer_sources=dict(sorted(sources.items())),
         problems=problems,
+        layout=source.layout,
     )

@@ -30,7 +30,7 @@ def tracking_uri(tmp_path_factory: pytest.TempPathFactory) -> str:
     [
         ("aime-2024.parquet", 30, 30, {"integer": 30}, 930),  # 30 problems × 32 copies → one row each
         ("raw-amc23.jsonl", 40, 40, {"integer": 40}, 0),
-        ("raw-gaokao2023en.jsonl", 263, 263, {"integer": 196, "fraction": 37, "surd": 27, "pi": 3}, 122),
+        ("raw-gaokao2023en.jsonl", 264, 264, {"integer": 196, "expression": 1, "fraction": 37, "surd": 27, "pi": 3}, 121),
         ("raw-minerva_math.jsonl", 65, 65, {"integer": 64, "pi": 1}, 207),
     ],
 )

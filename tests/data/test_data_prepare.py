@@ -82,11 +82,12 @@ def test_amc23_float_answers_become_integer_rows(tmp_path: Path) -> None:
     [
         (
             "raw-gaokao2023en.jsonl",
-            {"integer": 196, "fraction": 37, "surd": 27, "pi": 3},
+            # line 368, "$12\\times18\\times11$": an expression, 12 * 18 * 11 = 2376
+            {"integer": 196, "expression": 1, "fraction": 37, "surd": 27, "pi": 3},
             {
                 "choice": 46, "non_integer_decimal": 22, "equation_or_inequality": 12, "interval_or_set": 10,
                 "tuple": 6, "has_variables": 6, "complex": 4, "multiple_answers": 4, "text": 3, "unparseable": 3,
-                "irrational": 3, "no_answer": 2, "integer_expression": 1,
+                "irrational": 3, "no_answer": 2,
             },
         ),
         (

@@ -10,7 +10,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from dapo_cli.data.readers import answer_text, detect_format, extract_answer, read_input
+from dapo_cli.data.layouts import Layout, answer_from_value
+from dapo_cli.data.readers import detect_format, read_input
 from dapo_cli.errors import UserError
 
 DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
@@ -22,11 +23,13 @@ def test_amc23_float_answers() -> None:
     source = read_input(DATA / "raw-amc23.jsonl")
     assert (source.format, source.kind, source.rows_read, source.problem_field) == ("jsonl", "raw", 40, "problem")
     assert source.answer_sources == {"answer": 40}
-    # line 1: {"id":0,"problem":"Cities $A$ and $B$ are $45$ miles apart. ...","answer":27.0,...}
+    # line 1: {"id":0,"problem":"Cities $A$ and $B$ are $45$ miles apart. ...","answer":27.0,...}: an integral float
     first = source.problems[0]
     assert first.answer == "27.0" and first.problem.startswith("Cities $A$ and $B$ are $45$ miles apart.")
-    # line 16: "answer":-1.0
+    # line 16: "answer":-1.0 (the conversion makes both integers: tests/data/test_data_convert.py)
     assert source.problems[15].answer == "-1.0"
+    # the file has "problem" and "question" (the same text): "problem" first, "question" when a record lacks it
+    assert source.layout.problem == ("problem", "question") and source.layout.answer == ("answer",)
 
 
 @needs_data
@@ -83,7 +86,8 @@ def test_raw_parquet_and_json_array(tmp_path: Path) -> None:
     [
         ({"answer": "The cost is 3+4 dollars.\nThe answer is: 7"}, "7", "answer:the_answer_is"),  # MetaMathQA style
         ({"answer": "So the total is $\\boxed{18}$."}, "18", "answer:boxed"),
-        ({"answer": 27.0}, "27.0", "answer"),
+        ({"answer": 27.0}, "27.0", "answer"),  # as written; the conversion reads it as the integer 27
+        ({"answer": 2.5}, "2.5", "answer"),
         ({"answer": 5}, "5", "answer"),
         ({"answer": "  $\\frac{1}{2}$ "}, "$\\frac{1}{2}$", "answer"),
         ({"answer": "", "solution": "so \\fbox{12}"}, "12", "solution:boxed"),
@@ -93,13 +97,17 @@ def test_raw_parquet_and_json_array(tmp_path: Path) -> None:
         ({}, None, "none"),
     ],
 )
-def test_extract_answer_rules(record: dict, answer: str | None, source: str) -> None:
-    assert extract_answer(record) == (answer, source)
+def test_answer_rules_answer_then_solution(record: dict, answer: str | None, source: str) -> None:
+    found = Layout(("problem",), ("answer",), ("solution",)).answer_of(record)
+    assert (found.text, found.source, found.drop) == (answer, source, None)
 
 
-def test_answer_text() -> None:
-    assert answer_text(27.0) == "27.0" and answer_text(-1) == "-1" and answer_text(" x ") == "x"
-    assert answer_text(float("inf")) is None and answer_text(None) is None and answer_text([1]) is None
+def test_answer_from_value() -> None:
+    assert answer_from_value(27.0, "a").text == "27.0" and answer_from_value(-1, "a").text == "-1"
+    assert answer_from_value(" x ", "a").text == "x" and answer_from_value([1], "a").text == "1"
+    assert answer_from_value(1e300, "a").text == "1e+300"  # dropped later as scientific notation
+    assert answer_from_value(float("inf"), "a").text is None and answer_from_value(None, "a").text is None
+    assert answer_from_value({"x": 1}, "a").source == "none"
 
 
 @pytest.mark.parametrize(
@@ -110,7 +118,8 @@ def test_answer_text() -> None:
         ("empty.jsonl", "", "holds no rows"),
         ("bad.jsonl", '{"problem": "a", "answer": 1}\n{oops\n', "bad.jsonl: line 2 is not valid JSON"),
         ("list.jsonl", "[1, 2]\n", "line 1 is not a JSON object"),
-        ("nofield.jsonl", '{"prompt_text": "a", "answer": 1}\n', "no problem field: expected one of problem, question .found: prompt_text, answer."),
+        ("nofield.jsonl", '{"prompt_text": "a", "answer": 1}\n',
+         'no problem field: expected one of problem, question, prompt, input, query or --problem-field NAME .found: "prompt_text", "answer".'),
         ("broken.parquet", "PAR1 not really", "cannot read .*broken.parquet as parquet"),
     ],
 )
