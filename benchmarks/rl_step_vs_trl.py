@@ -1,6 +1,6 @@
 """One RL step of dapo vs TRL's GRPOTrainer on the same model and work, alternated in one run.
 
-    .venv/bin/python benchmarks/rl_step_vs_trl.py [--lengths 16 64] [--pairs 2] [--steps 20] [--threads 2]
+    .venv/bin/python benchmarks/rl_step_vs_trl.py [--lengths 16 64] [--pairs 2] [--steps 20] [--threads 2] [--plain-forward]
 
 The work (the issue's setting): a random-init Qwen2 directory (hidden 128, 4 layers, the character
 vocabulary, ~1.06 M parameters) built once for both; 8 prompts x 8 samples of synthetic 1-3-digit
@@ -16,6 +16,9 @@ wall time between the ends of consecutive optimizer steps (TRL: a ``TrainerCallb
 step reporter, after MLflow logging), so both include everything a step does. Per run: the
 median of steps 5-19 (steps 1-4 are warm-up). Per pair: TRL's median / dapo's median. The
 ``TRL step ratio (L=…)`` line is the median of the pairs' ratios (> 1: dapo is faster).
+``--plain-forward``: each pair also runs dapo with ``engine.shared_prompt_forward=false`` (every
+row's whole sequence in the update, as before the shared-prompt forward) right after the default
+dapo run, for the columns ``dapo plain s`` and ``TRL/plain``.
 
 dapo's split (median over its runs, from its MLflow ``timing/*`` metrics and a timer around
 scoring): generation, scoring, old log-probs (0 when they come from the update's own forward:
@@ -94,7 +97,7 @@ def write_prompts(path: Path) -> None:
             f.write(json.dumps({"prompt": format_prompt(tokenizer, r["prompt"]), "answer": r["reward_model"]["ground_truth"]}) + "\n")
 
 
-def dapo_words(model: Path, work: Path, length: int, steps: int, threads: int, engine: str) -> list[str]:
+def dapo_words(model: Path, work: Path, length: int, steps: int, threads: int, engine: str, shared: bool = True) -> list[str]:
     sets = {
         "model.path": model, "data.train_files": "[synthetic:add-3digit]", "data.val_files": "[]",
         "data.synthetic_train_size": PROMPTS, "data.train_batch_size": 8, "data.max_prompt_length": 64,
@@ -106,7 +109,7 @@ def dapo_words(model: Path, work: Path, length: int, steps: int, threads: int, e
         "trainer.ppo_epochs": 1, "trainer.lr": 1e-4, "trainer.lr_warmup_steps": 0, "trainer.weight_decay": 0.0,
         "trainer.grad_clip": 1.0, "trainer.save_freq": 0, "trainer.test_freq": 0, "trainer.log_samples_freq": 0,
         "trainer.collapse_patience": 0, "trainer.output_dir": work / "runs", "engine.device": "cpu",
-        "engine.num_threads": threads, "tracking.tracking_uri": f"sqlite:///{work / 'mlflow.db'}",
+        "engine.num_threads": threads, "engine.shared_prompt_forward": str(shared).lower(), "tracking.tracking_uri": f"sqlite:///{work / 'mlflow.db'}",
         "tracking.experiment": "bench",
     }
     words = ["train", "--no-dynamic-sampling"]
@@ -147,10 +150,11 @@ def dapo_worker(spec: dict) -> None:
     Path(spec["out"]).write_text(json.dumps({"step_ends": ends, "scoring": scoring}))
 
 
-def run_dapo(model: Path, length: int, steps: int, threads: int, engine: str = "fast") -> dict:
+def run_dapo(model: Path, length: int, steps: int, threads: int, engine: str = "fast", shared: bool = True) -> dict:
     with tempfile.TemporaryDirectory(prefix="dapo-rl-bench-") as tmp:
         work = Path(tmp)
-        spec = {"words": [str(w) for w in dapo_words(model, work, length, steps, threads, engine)], "out": str(work / "out.json")}
+        words = dapo_words(model, work, length, steps, threads, engine, shared)
+        spec = {"words": [str(w) for w in words], "out": str(work / "out.json")}
         proc = subprocess.run([sys.executable, __file__, "--dapo-worker", json.dumps(spec)], env=thread_env(threads),
                               capture_output=True, text=True, cwd=work)
         if proc.returncode != 0:
@@ -220,6 +224,8 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=2, help="TRL/dapo pairs per length (alternated)")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--plain-forward", action="store_true",
+                        help="also run dapo with engine.shared_prompt_forward=false in every pair")
     args = parser.parse_args()
     if args.steps < LAST:
         parser.error(f"--steps must be >= {LAST} (the median is over steps {SKIP + 1}-{LAST})")
@@ -232,6 +238,8 @@ def main() -> None:
         prompts = Path(tmp) / "prompts.jsonl"
         write_prompts(prompts)
         rows, ratios, splits, vocab = [], {}, {}, ""
+        plain_ratios: dict[int, list[float]] = {}
+        plain_splits: dict[int, list[dict[str, float]]] = {}
         for length in args.lengths:
             ratios[length], splits[length] = [], []
             for pair in range(1, args.pairs + 1):
@@ -242,7 +250,14 @@ def main() -> None:
                 ratios[length].append(t_trl / t_dapo)
                 splits[length].append(split(ours))
                 trl_len = median([float(h["completions/mean_length"]) for h in trl["history"] if "completions/mean_length" in h])
-                rows.append([f"L={length}", pair, t_trl, t_dapo, f"{t_trl / t_dapo:.2f}x", trl_len,
+                plain_cells = []
+                if args.plain_forward:
+                    plain = run_dapo(model, length, args.steps, args.threads, shared=False)
+                    t_plain = steady(plain["step_ends"])
+                    plain_ratios.setdefault(length, []).append(t_trl / t_plain)
+                    plain_splits.setdefault(length, []).append(split(plain))
+                    plain_cells = [t_plain, f"{t_trl / t_plain:.2f}x"]
+                rows.append([f"L={length}", pair, t_trl, t_dapo, f"{t_trl / t_dapo:.2f}x", *plain_cells, trl_len,
                              median(ours["timing"]["response_length/mean"])])
     print(f"RL step vs TRL {TRL_VERSION} GRPOTrainer: random-init Qwen2 ({params:,} parameters, hidden 128, 4 layers, "
           f"character vocabulary), 8 prompts x 8 samples, {args.threads} threads, median of steps {SKIP + 1}-{LAST} "
@@ -251,15 +266,21 @@ def main() -> None:
         print(line)
     print(vocab)
     print()
-    print(table(["length", "pair", "TRL s", "dapo s", "TRL/dapo", "TRL mean len", "dapo mean len"], rows))
+    plain_head = ["dapo plain s", "TRL/plain"] if args.plain_forward else []
+    print(table(["length", "pair", "TRL s", "dapo s", "TRL/dapo", *plain_head, "TRL mean len", "dapo mean len"], rows))
     print()
     print("dapo's step split (median over its runs; seconds):")
     keys = ["generation", "scoring", "old log-probs", "update", "other", "wall step"]
-    print(table(["length", *keys], [[f"L={length}", *[median([s[k] for s in splits[length]]) for k in keys]] for length in args.lengths]))
+    variants = [("", splits)] + ([(", plain forward", plain_splits)] if args.plain_forward else [])
+    print(table(["length", *keys], [[f"L={length}{label}", *[median([s[k] for s in parts[length]]) for k in keys]]
+                                    for length in args.lengths for label, parts in variants]))
     print()
     for length in args.lengths:
         print(f"TRL step ratio (L={length}): {median(ratios[length]):.2f}x  (pairs: "
               + ", ".join(f"{r:.2f}x" for r in ratios[length]) + ")")
+        if args.plain_forward:
+            print(f"TRL step ratio, plain forward (L={length}): {median(plain_ratios[length]):.2f}x  (pairs: "
+                  + ", ".join(f"{r:.2f}x" for r in plain_ratios[length]) + ")")
 
 
 def split(out: dict) -> dict[str, float]:

@@ -8,12 +8,19 @@ log-probs and entropy of the response tokens, the DAPO loss, backward, gradient 
 AdamW step, on 64 rows (8 prompts x 8) of synthetic prompts plus ``--length`` response tokens
 (every row full length, mixed advantages, nothing masked), in float32. A second row per model
 adds the separate no-grad old-log-prob pass (what a run with several mini-batches or epochs does).
+Each is measured with the shared-prompt forward (``engine.shared_prompt_forward``, the default:
+each of the 8 prompts computed once, logits only at response positions) and with the plain one
+(every row's whole sequence), engines round robin on the same batches; ``x plain`` = the plain
+forward's seconds / these.
 
 Models: the random-init Qwen2 of the RL benchmark (hidden 128, 4 layers, ~1.06 M parameters) and a
-larger one of the same family (hidden 256, 8 layers, ~8.4 M). Model FLOPs per update:
-``6 N t`` (N parameters, the tied embedding counted once as the output projection; t = tokens
-in the padded batch, prompt included) plus ``12 L h s^2`` per row for attention scores and
-values (L layers, width h, sequence s); for the separate pass add a third of that.
+larger one of the same family (hidden 256, 8 layers, ~8.4 M). Model FLOPs per update, as executed:
+``6 N t`` (N parameters, the tied embedding counted once as the output projection; t = tokens the
+forward runs: plain, every row's prompt + response; shared, each distinct prompt once + every row's
+response but its last token) plus ``12 L h`` per query-key pair for attention scores and values (L
+layers, width h; plain ``s^2`` per row of length s; shared ``S^2`` per distinct prompt + ``(T-1)(S+T-1)``
+per row); for the separate pass add a third of that. ``tokens/s`` counts the batch's tokens
+(prompt + response of every row) for both forwards.
 
 Reference: the FLOP/s of a 4096 x 4096 x 4096 matmul on the same threads, float32 and (where the CPU
 has avx512_bf16 or AMX) bfloat16, measured before and after the updates (the better of the two).
@@ -78,8 +85,12 @@ def make_batch(tokenizer, length: int, *, seed: int = 0):
     return batch
 
 
-def time_update(path: Path, length: int, repeats: int, separate: bool) -> tuple[float, int, int]:
-    """Median seconds of one update, the batch's tokens, and its sum of squared sequence lengths."""
+VARIANTS = (("shared prompt", False), ("plain", False), ("shared prompt", True), ("plain", True))
+"""(forward, separate old-lp pass): each an engine of its own, timed round robin."""
+
+
+def time_updates(path: Path, length: int, repeats: int) -> dict[tuple[str, bool], float]:
+    """Median seconds of one update per variant (engines round robin on the same batches)."""
     from dapo_cli.config import apply_techniques, load_config
     from dapo_cli.engine.torch import TorchEngine
     from dapo_cli.models import load_policy
@@ -89,21 +100,40 @@ def time_update(path: Path, length: int, repeats: int, separate: bool) -> tuple[
         "rollout.n=8", "data.train_batch_size=8", "trainer.ppo_mini_batch_size=8", "trainer.ppo_micro_batch_size=64",
         f"rollout.max_response_length={length}", "trainer.lr=1e-5", "trainer.lr_warmup_steps=0",
     ]), dynamic_sampling=False)
-    model, tokenizer = load_policy(path)
-    engine = TorchEngine(model, lr=1e-5, weight_decay=0.0, warmup_steps=0, grad_clip=1.0)
-    times = []
+    engines, tokenizer = {}, None
+    for forward, separate in VARIANTS:
+        model, tokenizer = load_policy(path)
+        engines[forward, separate] = TorchEngine(
+            model, lr=1e-5, weight_decay=0.0, warmup_steps=0, grad_clip=1.0, shared_prompt_forward=forward == "shared prompt"
+        )
+        assert engines[forward, separate].forward_module.uses_shared_prompt() == (forward == "shared prompt")
+    times: dict[tuple[str, bool], list[float]] = {v: [] for v in VARIANTS}
     for i in range(repeats + 1):
-        batch = make_batch(tokenizer, length, seed=i)
-        t0 = time.perf_counter()
-        if separate:
-            fill_old_log_probs(engine, batch, cfg)
-            update_policy(engine, batch, cfg, step=i + 1)
-        else:
-            update_policy(engine, batch, cfg, step=i + 1, old_from_update=True)
-        if i:  # the first is warm-up
-            times.append(time.perf_counter() - t0)
-    seq = batch.attention_mask.shape[1]
-    return median(times), batch.attention_mask.numel(), len(batch) * seq * seq
+        for (forward, separate), engine in engines.items():
+            batch = make_batch(tokenizer, length, seed=i)
+            t0 = time.perf_counter()
+            if separate:
+                fill_old_log_probs(engine, batch, cfg)
+                update_policy(engine, batch, cfg, step=i + 1)
+            else:
+                update_policy(engine, batch, cfg, step=i + 1, old_from_update=True)
+            if i:  # the first is warm-up
+                times[forward, separate].append(time.perf_counter() - t0)
+    return {v: median(t) for v, t in times.items()}
+
+
+def work(path: Path, length: int, forward: str) -> tuple[int, int, int]:
+    """The batch's tokens, the tokens the forward runs, and its query-key pairs (see the module doc)."""
+    from dapo_cli.engine.forward import distinct_prompts
+    from dapo_cli.models import load_policy
+
+    batch = make_batch(load_policy(path)[1], length)
+    n, s = batch.prompt_ids.shape
+    t = batch.response_ids.shape[1]
+    if forward == "plain":
+        return n * (s + t), n * (s + t), n * (s + t) ** 2
+    p, width = distinct_prompts(batch.prompt_ids, batch.prompt_mask)[0].shape
+    return n * (s + t), p * width + n * (t - 1), p * width**2 + n * (t - 1) * (width + t - 1)
 
 
 def main() -> None:
@@ -124,25 +154,28 @@ def main() -> None:
             from dapo_cli.models import load_policy
 
             n_params = sum(p.numel() for p in load_policy(path)[0].parameters())
-            for separate in (False, True):
-                seconds, tokens, sq = time_update(path, args.length, args.repeats, separate)
-                flops = 6 * n_params * tokens + 12 * shape["num_layers"] * shape["hidden_size"] * sq
+            seconds = time_updates(path, args.length, args.repeats)
+            for forward, separate in VARIANTS:
+                tokens, run, pairs = work(path, args.length, forward)
+                flops = 6 * n_params * run + 12 * shape["num_layers"] * shape["hidden_size"] * pairs
                 if separate:
-                    flops += (2 * n_params * tokens + 4 * shape["num_layers"] * shape["hidden_size"] * sq)
-                measured.append((f"{name} ({n_params / 1e6:.2f} M)", separate, seconds, tokens, flops / seconds))
+                    flops += (2 * n_params * run + 4 * shape["num_layers"] * shape["hidden_size"] * pairs)
+                sec = seconds[forward, separate]
+                measured.append((f"{name} ({n_params / 1e6:.2f} M)", forward, separate, sec, tokens, flops / sec,
+                                 seconds["plain", separate] / sec))
     peak32 = max(peak32, matmul_flops(torch.float32))
     if peak16:
         peak16 = max(peak16, matmul_flops(torch.bfloat16))
-    rows = [[model, "+ separate old-lp pass" if separate else "update (one step)", seconds, f"{tokens / seconds:,.0f}",
-             f"{rate / 1e9:.1f}", f"{rate / peak32:.0%}", f"{rate / peak16:.0%}" if peak16 else "-"]
-            for model, separate, seconds, tokens, rate in measured]
+    rows = [[model, forward, "+ separate old-lp pass" if separate else "update (one step)", sec, f"{tokens / sec:,.0f}",
+             f"{rate / 1e9:.1f}", f"{rate / peak32:.0%}", f"{rate / peak16:.0%}" if peak16 else "-", f"{speedup:.2f}x"]
+            for model, forward, separate, sec, tokens, rate, speedup in measured]
     print(f"update throughput: 64 rows x (prompt + {args.length}) tokens, float32, {args.threads} threads, "
           f"median of {args.repeats} after 1 warm-up ({time.perf_counter() - started:.0f} s in all)")
     for line in header:
         print(line)
     print(f"matmul 4096^3: float32 {peak32 / 1e9:.1f} GFLOP/s" + (f", bfloat16 {peak16 / 1e9:.1f} GFLOP/s" if peak16 else ""))
     print()
-    print(table(["model", "what", "s", "tokens/s", "GFLOP/s", "of fp32 mm", "of bf16 mm"], rows))
+    print(table(["model", "forward", "what", "s", "tokens/s", "GFLOP/s", "of fp32 mm", "of bf16 mm", "x plain"], rows))
 
 
 if __name__ == "__main__":

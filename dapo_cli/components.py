@@ -107,7 +107,7 @@ def build_training_engine(
         )
     from dapo_cli.engine.torch import TorchEngine
 
-    return TorchEngine(model, device=e.device, dist=dist, **common)
+    return TorchEngine(model, device=e.device, dist=dist, shared_prompt_forward=e.shared_prompt_forward, **common)
 
 
 # ---------------------------------------------------------------- rollout engines

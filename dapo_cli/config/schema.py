@@ -143,6 +143,10 @@ class EngineConfig:
     offload_optimizer: bool = setting(False, "DeepSpeed only: keep optimizer states (and their update) in CPU memory")
     offload_params: bool = setting(False, "DeepSpeed ZeRO-3 only: keep sharded parameters in CPU memory between uses")
     gradient_checkpointing: bool = setting(False, "recompute activations in backward to save memory")
+    shared_prompt_forward: bool = setting(
+        True, "torch engine, Llama/Qwen2: compute each distinct prompt of a micro-batch once (its rows' responses attend to "
+        "its keys/values) and logits only at response positions; same log-probs and gradients (other models: plain forward)",
+    )
 
 
 @dataclass

@@ -1,8 +1,10 @@
 """The torch engine: one process on CPU/CUDA, or torch DDP when launched with torchrun.
 
-Log-probs are computed over ``[prompt ; response]`` with explicit position ids
-(left padding) and only the last ``T + 1`` positions' logits are materialised
-(``logits_to_keep``), so a ``[N, S+T, V]`` tensor never exists.
+Log-probs come from ``forward.PolicyLogProbs``: for Llama / Qwen2 policies each distinct
+prompt of a micro-batch is computed once and its rows' responses run against its keys/values
+(``engine.shared_prompt_forward``, on by default); otherwise the model's own forward over
+``[prompt ; response]`` with explicit position ids (left padding), only the last ``T + 1``
+positions' logits materialised (``logits_to_keep``). A ``[N, S+T, V]`` tensor never exists.
 
 Data parallel (world size > 1): the policy is wrapped in
 ``DistributedDataParallel``, which averages gradients over ranks in the backward of
@@ -21,10 +23,10 @@ from typing import Any
 
 import torch
 
-from dapo_cli.algo.logits import entropy_from_logits, token_log_probs
 from dapo_cli.batch import RolloutBatch
 from dapo_cli.engine.base import no_context
 from dapo_cli.engine.dist import Collective, SingleProcess
+from dapo_cli.engine.forward import PolicyLogProbs, plain_log_probs
 
 OPTIMIZER_FILE = "optimizer.pt"
 
@@ -43,21 +45,16 @@ def policy_forward(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log π of each response token ``[N, T]`` (and entropy ``[N, T]`` of the sampling distribution).
 
-    Logit at position ``S - 1 + t`` predicts response token ``t``; logits are divided by
-    ``temperature`` so the log-probs are those of the distribution that sampled.
+    ``model``: a causal LM (its own forward, :func:`~dapo_cli.engine.forward.plain_log_probs`) or a
+    :class:`~dapo_cli.engine.forward.PolicyLogProbs` (possibly inside DDP). Logit at position
+    ``S - 1 + t`` predicts response token ``t``; logits are divided by ``temperature`` so the
+    log-probs are those of the distribution that sampled.
     """
-    input_ids = batch.input_ids.to(device)
-    attention = batch.attention_mask.to(device)
-    position_ids = (attention.long().cumsum(-1) - 1).clamp(min=0)
-    t = batch.response_ids.shape[1]
-    out = model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids, logits_to_keep=t + 1, use_cache=False)
-    logits = out.logits[:, :-1, :]
-    if logits.dtype in (torch.float16, torch.bfloat16):  # log-softmax in at least float32
-        logits = logits.float()
-    logits = logits / temperature
-    logp = token_log_probs(logits, batch.response_ids.to(device))
-    ent = entropy_from_logits(logits) if with_entropy else None
-    return logp, ent
+    tensors = (batch.prompt_ids.to(device), batch.prompt_mask.to(device), batch.response_ids.to(device), batch.response_mask.to(device))
+    inner = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+    if isinstance(inner, PolicyLogProbs):
+        return model(*tensors, temperature=temperature, with_entropy=with_entropy)
+    return plain_log_probs(model, *tensors, temperature=temperature, with_entropy=with_entropy)
 
 
 @torch.no_grad()
@@ -93,7 +90,11 @@ def adamw(params: list[torch.nn.Parameter], *, lr: float, weight_decay: float) -
 
 
 class TorchEngine:
-    """AdamW + linear warm-up + global-norm clipping; DDP over ``dist`` when it has several ranks."""
+    """AdamW + linear warm-up + global-norm clipping; DDP over ``dist`` when it has several ranks.
+
+    ``shared_prompt_forward``: compute each distinct prompt of a micro-batch once where the policy
+    supports it (``forward.shared_prompt_log_probs``; the same log-probs and gradients), for the
+    policy and the reference alike."""
 
     def __init__(
         self,
@@ -106,22 +107,25 @@ class TorchEngine:
         device: str = "cpu",
         dist: Collective | None = None,
         ref_model: torch.nn.Module | None = None,
+        shared_prompt_forward: bool = True,
     ) -> None:
         self.dist = dist or SingleProcess()
         self.device = pick_device(device, self.dist.local_rank)
         self.module = model.to(self.device)
         self.module.train()
         self.grad_clip = grad_clip
-        self._wrapped: torch.nn.Module = self.module
+        self.forward_module = PolicyLogProbs(self.module, shared_prompt=shared_prompt_forward)
+        self._wrapped: torch.nn.Module = self.forward_module  # the forward DDP's reducer sees
         if self.dist.world_size > 1:
             from torch.nn.parallel import DistributedDataParallel
 
             ids = [self.device.index] if self.device.type == "cuda" else None
-            self._wrapped = DistributedDataParallel(self.module, device_ids=ids)
+            self._wrapped = DistributedDataParallel(self.forward_module, device_ids=ids)
         self._params = [p for p in self.module.parameters() if p.requires_grad]
         self.optimizer = adamw(self._params, lr=lr, weight_decay=weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, warmup_constant(warmup_steps))
         self.ref_model = frozen(ref_model.to(self.device)) if ref_model is not None else None
+        self._ref_forward = PolicyLogProbs(self.ref_model, shared_prompt=shared_prompt_forward) if self.ref_model is not None else None
 
     # ------------------------------------------------------------ forward / backward / step
 
@@ -131,15 +135,15 @@ class TorchEngine:
         if torch.is_grad_enabled():
             model = self._wrapped
         else:  # no-grad forwards (old log-probs) bypass DDP: nothing to reduce
-            model = self.module
+            model = self.forward_module
         return policy_forward(model, batch, temperature=temperature, with_entropy=with_entropy, device=self.device)
 
     def ref_log_probs(self, batch: RolloutBatch, *, temperature: float) -> torch.Tensor:
-        return reference_log_probs(self.ref_model, batch, temperature=temperature, device=self.device)
+        return reference_log_probs(self._ref_forward, batch, temperature=temperature, device=self.device)
 
     def accumulate(self, *, last: bool) -> contextlib.AbstractContextManager[None]:
         """DDP reduces gradients only in the backward of the ``last`` micro-batch."""
-        if last or self._wrapped is self.module:
+        if last or self._wrapped is self.forward_module:
             return no_context()
         return self._wrapped.no_sync()  # type: ignore[operator]
 

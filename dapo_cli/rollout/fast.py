@@ -9,7 +9,8 @@ log-prob of each sampled token is log softmax(z / T) before truncation), with le
   fused q/k/v and gate/up projections, a key/value buffer allocated once (grown by doubling, never
   concatenated per token), a RoPE table looked up per step, and attention as two batched matmuls
   (faster than ``scaled_dot_product_attention`` for one query per row on CPU); no cache objects,
-  mask builders, logits processors or stopping criteria per token. Other architectures take the
+  mask builders, logits processors or stopping criteria per token (the blocks live in
+  ``models/native.py``, shared with the trainer's forward). Other architectures take the
   generic path (the model's own ``forward`` and its cache); both share everything else below.
 - **The prompt is read once per prompt**, not once per sample: prefill runs on the ``P`` distinct
   prompts and its keys/values are repeated to the ``P * n`` rows.
@@ -42,14 +43,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from dapo_cli.models.native import NativeLlama
 from dapo_cli.rollout.base import Rollouts, SamplingParams, WeightSource
 from dapo_cli.rollout.hf import check_engine_arguments, copy_exported_weights, eos_token_ids
-
-NATIVE_MODEL_TYPES = ("llama", "qwen2")
-"""``config.model_type`` values decoded by ``_NativeDecoder`` (others use the model's ``forward``)."""
 
 _MASK64 = (1 << 64) - 1
 _GAMMA = 0x9E3779B97F4A7C15
@@ -141,7 +139,8 @@ class _Chunk:
 
 
 class _NativeDecoder:
-    """A Llama / Qwen2 forward on the module's own weights, with a key/value buffer of its own.
+    """A Llama / Qwen2 decode loop on the module's own weights (``models.native`` blocks), with a
+    key/value buffer of its own.
 
     Fused weights are built once per ``generate`` call (the trainer's module changes between calls).
     The buffer is ``[layers, 2, B, kv_heads, capacity, head_dim]``; column ``c`` holds position ``c``
@@ -149,142 +148,42 @@ class _NativeDecoder:
     """
 
     def __init__(self, model: PreTrainedModel) -> None:
-        inner = model.model
-        self.embed = inner.embed_tokens
-        self.norm = inner.norm
-        self.rotary = inner.rotary_emb
-        self.lm_head = model.lm_head
-        first = inner.layers[0].self_attn
-        self.heads = model.config.num_attention_heads
-        self.kv_heads = model.config.num_key_value_heads
-        self.head_dim = first.head_dim
-        self.scaling = first.scaling
-        self.layers = []
-        for layer in inner.layers:
-            a, m = layer.self_attn, layer.mlp
-            qkv_w = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])
-            biases = [a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]
-            qkv_b = None if all(b is None for b in biases) else torch.cat(
-                [b if b is not None else torch.zeros(p.weight.shape[0], dtype=qkv_w.dtype, device=qkv_w.device)
-                 for b, p in zip(biases, (a.q_proj, a.k_proj, a.v_proj))]
-            )
-            gate_up_b = None if m.gate_proj.bias is None else torch.cat([m.gate_proj.bias, m.up_proj.bias])
-            self.layers.append((
-                layer.input_layernorm, qkv_w, qkv_b, a.o_proj.weight, a.o_proj.bias,
-                layer.post_attention_layernorm, torch.cat([m.gate_proj.weight, m.up_proj.weight]), gate_up_b,
-                m.down_proj.weight, m.down_proj.bias, m.act_fn,
-            ))
-        self.inter = inner.layers[0].mlp.gate_proj.weight.shape[0]
+        self.net = NativeLlama(model)
+        self.kv_heads, self.head_dim, self.dtype = self.net.kv_heads, self.net.head_dim, self.net.dtype
         self.kv: torch.Tensor | None = None
-        self.dtype = qkv_w.dtype
-        # RoPE: one cos/sin table per call, looked up per step (unless the scaling depends on the length)
-        self.static_rope = "dynamic" not in str(getattr(self.rotary, "rope_type", "default"))
-        self.rope_table: tuple[torch.Tensor, torch.Tensor] | None = None
-
-    def _norm(self, module: Any, x: torch.Tensor) -> torch.Tensor:
-        """RMSNorm in one fused call where the module is a plain one (same arithmetic as its forward)."""
-        eps = getattr(module, "variance_epsilon", None)
-        if eps is None or x.dtype != torch.float32 or not hasattr(F, "rms_norm"):
-            return module(x)
-        return F.rms_norm(x, (x.shape[-1],), module.weight, eps)
-
-    def _rope(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sign-folded sin [B, 1, q, d] at ``positions`` [B, q]: rotate_half(v) * sin equals
-        roll(v, d/2) * (sin with its first half negated)."""
-        if self.rope_table is not None:  # covers every position of the call (prefill builds it)
-            cos, sin = self.rope_table[0][positions], self.rope_table[1][positions]
-        else:
-            cos, sin = self.rotary(positions.new_zeros((), dtype=self.dtype), positions)
-            half = self.head_dim // 2
-            sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
-        return cos.unsqueeze(1), sin.unsqueeze(1)
-
-    def build_rope_table(self, length: int, device: torch.device) -> None:
-        if not self.static_rope:
-            return
-        positions = torch.arange(length, device=device)[None, :]
-        cos, sin = self.rotary(torch.zeros((), dtype=self.dtype, device=device), positions)
-        half = self.head_dim // 2
-        self.rope_table = (cos[0], torch.cat((-sin[0, :, :half], sin[0, :, half:]), dim=-1))
 
     @staticmethod
     def supports(model: Any) -> bool:
-        config = getattr(model, "config", None)
-        if getattr(config, "model_type", None) not in NATIVE_MODEL_TYPES:
-            return False
-        layer_types = getattr(config, "layer_types", None) or []
-        if any(t != "full_attention" for t in layer_types):
-            return False  # sliding-window layers: leave them to the model's own forward
-        inner = getattr(model, "model", None)
-        needed = ("embed_tokens", "layers", "norm", "rotary_emb")
-        if inner is None or not all(hasattr(inner, n) for n in needed) or not hasattr(model, "lm_head"):
-            return False
-        return all(
-            all(hasattr(layer.self_attn, p) for p in ("q_proj", "k_proj", "v_proj", "o_proj", "head_dim", "scaling"))
-            and all(hasattr(layer.mlp, p) for p in ("gate_proj", "up_proj", "down_proj", "act_fn"))
-            for layer in inner.layers
-        )
-
-    def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-        """softmax(q kᵀ · scale + bias) v for q [B, h, q, d] and keys/values [B, kv_heads, c, d] (views
-        of the buffer). ``bias`` is 0 where a key may be seen and -inf elsewhere: [B, 1, q, c] in
-        general, or already flattened to [B * kv_heads, 1, c] at decode (q = 1). Query heads are
-        grouped onto their key/value head (grouped-query attention) without copying keys.
-
-        Plain batched matmuls (at decode one ``baddbmm`` folds the scale and the mask in): several
-        times faster on CPU than ``scaled_dot_product_attention``'s kernels for one query per row
-        (measured 0.17 ms vs 0.7 ms per layer, 64 rows, 60 keys)."""
-        b, h, length, d = q.shape
-        kvh, c = keys.shape[1], keys.shape[2]
-        g = h // kvh
-        if length == 1 and bias.dim() == 3:
-            k3, v3 = keys.reshape(b * kvh, c, d), values.reshape(b * kvh, c, d)  # views: (B, kv) strides merge
-            scores = torch.baddbmm(bias, q.reshape(b * kvh, g, d), k3.transpose(1, 2), alpha=self.scaling)
-            weights = torch.softmax(scores.float(), dim=-1).to(values.dtype)
-            return torch.bmm(weights, v3).view(b, h, 1, d)
-        scores = torch.matmul(q.reshape(b, kvh, g * length, d), keys.transpose(-1, -2))  # [B, kvh, g*q, c]
-        scores = scores.view(b, kvh, g, length, c).mul_(self.scaling).add_(bias.unsqueeze(2))
-        weights = torch.softmax(scores.float(), dim=-1).to(values.dtype).view(b, kvh, g * length, c)
-        return torch.matmul(weights, values).view(b, h, length, d)
+        return NativeLlama.supports(model)
 
     def _blocks(self, x: torch.Tensor, positions: torch.Tensor, start: int, bias: torch.Tensor) -> torch.Tensor:
         """Run every layer on ``x`` [B, q, H] at ``positions`` [B, q], writing keys/values into buffer
         columns ``start .. start+q-1`` and attending to columns ``< start + q`` under the additive
-        ``bias`` (0 or -inf; see :meth:`_attend`). Returns the final-norm hidden states [B, q, H]."""
-        b, q, _ = x.shape
-        h, kvh, d = self.heads, self.kv_heads, self.head_dim
-        cos, sin = self._rope(x, positions)
-        half = d // 2
-        kv = self.kv
-        end = start + q
-        for i, (ln1, qkv_w, qkv_b, o_w, o_b, ln2, gu_w, gu_b, down_w, down_b, act) in enumerate(self.layers):
-            y = F.linear(self._norm(ln1, x), qkv_w, qkv_b).view(b, q, h + 2 * kvh, d).transpose(1, 2)
-            qk, v = y[:, : h + kvh], y[:, h + kvh :]
-            qk = torch.addcmul(qk * cos, torch.roll(qk, half, dims=-1), sin)  # RoPE on queries and keys at once
-            kv[i, 0, :, :, start:end] = qk[:, h:]
+        ``bias`` (0 or -inf; see :meth:`NativeLlama.attend`). Returns the final-norm hidden states [B, q, H]."""
+        net, kv = self.net, self.kv
+        cos, sin = net.rope(positions)
+        end = start + x.shape[1]
+        for i, layer in enumerate(net.layers):
+            q, k, v = net.qkv(layer, x, cos, sin)
+            kv[i, 0, :, :, start:end] = k
             kv[i, 1, :, :, start:end] = v
-            att = self._attend(qk[:, :h], kv[i, 0, :, :, :end], kv[i, 1, :, :, :end], bias)
-            x = x + F.linear(att.transpose(1, 2).reshape(b, q, h * d), o_w, o_b)
-            gate, up = F.linear(self._norm(ln2, x), gu_w, gu_b).split(self.inter, dim=-1)
-            x = x + F.linear(act(gate).mul_(up), down_w, down_b)
-        return self._norm(self.norm, x)
+            att = net.attend(q, kv[i, 0, :, :, :end], kv[i, 1, :, :, :end], bias)
+            x = net.finish(layer, x, att)
+        return net.rms_norm(net.norm, x)
 
     def prefill(self, ids: torch.Tensor, mask: torch.Tensor, capacity: int, max_position: int) -> torch.Tensor:
         """Fill columns ``0 .. S-1`` for the distinct prompts ``ids`` [P, S]; logits [P, V] of the next token.
         ``capacity``: initial buffer columns; ``max_position``: the largest position the call can reach.
 
         A left-pad query attends to itself only (keeps its values finite; no real token sees it)."""
-        p, s = ids.shape
-        self.build_rope_table(max_position + 1, ids.device)
+        p = ids.shape[0]
+        self.net.build_rope_table(max_position + 1, ids.device)
         self.kv = torch.empty(
-            len(self.layers), 2, p, self.kv_heads, capacity, self.head_dim, dtype=self.dtype, device=ids.device
+            len(self.net.layers), 2, p, self.kv_heads, capacity, self.head_dim, dtype=self.dtype, device=ids.device
         )
         positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
-        causal = torch.ones(s, s, dtype=torch.bool, device=ids.device).tril()
-        attend = (causal & mask[:, None, None, :]) | torch.eye(s, dtype=torch.bool, device=ids.device)
-        bias = torch.zeros(attend.shape, dtype=self.dtype, device=ids.device).masked_fill_(~attend, float("-inf"))
-        hidden = self._blocks(self.embed(ids), positions, 0, bias)
-        return self.lm_head(hidden[:, -1])
+        hidden = self._blocks(self.net.embed(ids), positions, 0, self.net.causal_bias(mask))
+        return self.net.lm_head(hidden[:, -1])
 
     def expand(self, prompt_of_row: torch.Tensor) -> None:
         """Rows become copies of their prompt's cache: [.., P, ..] -> [.., B, ..]."""
@@ -299,8 +198,8 @@ class _NativeDecoder:
             self.kv = grown
         b, c = tokens.shape[0], column + 1
         flat = bias[:, None, :c].expand(b, self.kv_heads, c).reshape(b * self.kv_heads, 1, c)  # one per step, all layers
-        hidden = self._blocks(self.embed(tokens[:, None]), positions[:, None], column, flat)
-        return self.lm_head(hidden[:, -1])
+        hidden = self._blocks(self.net.embed(tokens[:, None]), positions[:, None], column, flat)
+        return self.net.lm_head(hidden[:, -1])
 
     def keep(self, index: torch.Tensor) -> None:
         self.kv = self.kv.index_select(2, index)

@@ -46,22 +46,23 @@ def lopsided(prompt: str, j: int) -> tuple[str, int, bool]:
     return script(prompt, j) if k < 4 else (f"Answer: {k}", 3 + j, False)
 
 
-def config(engine: str, stage: int, micro: int, epochs: int, dynamic: bool = False):
+def config(engine: str, stage: int, micro: int, epochs: int, dynamic: bool = False, shared: bool = True):
     cfg = load_config(None, [
         f"rollout.n={SAMPLES}", f"data.train_batch_size={GROUPS}", f"trainer.ppo_mini_batch_size={GROUPS}",
         f"trainer.ppo_micro_batch_size={micro}", f"trainer.ppo_epochs={epochs}", "rollout.max_response_length=12",
         "algorithm.overlong_buffer.len=4", "trainer.lr=5e-3", "trainer.lr_warmup_steps=0", "trainer.grad_clip=1.0",
         "trainer.weight_decay=0.0", f"engine.name={engine}", f"engine.zero_stage={stage}", "engine.device=cpu",
+        f"engine.shared_prompt_forward={str(shared).lower()}",
     ])
     return apply_techniques(cfg, dynamic_sampling=dynamic)
 
 
 def one_update(
-    model_dir: str, dist, engine_name: str, stage: int, micro: int, epochs: int, *, uneven: bool = False
+    model_dir: str, dist, engine_name: str, stage: int, micro: int, epochs: int, *, uneven: bool = False, shared: bool = True
 ) -> dict:
     # uneven: dynamic sampling keeps only groups 0-3, twice over two rounds, so on 2 ranks
     # rank 0 trains all 8 kept groups and rank 1 none (it runs empty micro-batches in lockstep)
-    cfg = config(engine_name, stage, micro, epochs, dynamic=uneven)
+    cfg = config(engine_name, stage, micro, epochs, dynamic=uneven, shared=shared)
     torch.manual_seed(0)
     model, _ = load_policy(model_dir)
     engine = build_training_engine(cfg, model, dist, load_reference=None)
@@ -85,6 +86,11 @@ def main() -> None:
     results: dict = {"world_size": dist.world_size, "cases": {}, "micro": {}, "initial": initial.state_dict()}
     results["cases"]["torch"] = one_update(model_dir, dist, "torch", 0, 4, 1)
     results["cases"]["torch-uneven"] = one_update(model_dir, dist, "torch", 0, 4, 1, uneven=True)
+    # DeepSpeed runs the plain forward: its reference is the torch engine on the plain forward too
+    # (the shared-prompt forward's float32 rounding differs, and Adam's first step, lr * g / (|g| + eps),
+    # turns a 2% difference on a 3e-9 gradient entry into 1.6e-5 of weight)
+    results["cases"]["torch-plain"] = one_update(model_dir, dist, "torch", 0, 4, 1, shared=False)
+    results["cases"]["torch-plain-uneven"] = one_update(model_dir, dist, "torch", 0, 4, 1, uneven=True, shared=False)
     for micro in (1, 2, 4):
         results["micro"][micro] = one_update(model_dir, dist, "torch", 0, micro, 2)["metrics"]
     if "--deepspeed" in sys.argv:

@@ -68,7 +68,11 @@ def test_ddp_on_two_ranks_gives_the_one_process_update(one, two):
 @pytest.mark.skipif(not HAS_DEEPSPEED, reason="DeepSpeed is not installed (pip install 'dapo-cli[deepspeed]')")
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_deepspeed_zero_stage_on_two_ranks_gives_the_one_process_update(one, two, stage):
-    assert_same_update(two["cases"][f"deepspeed-zero{stage}"], one["cases"]["torch"])
+    assert_same_update(two["cases"][f"deepspeed-zero{stage}"], one["cases"]["torch-plain"])  # both the plain forward
+
+
+def test_ddp_with_the_plain_forward_gives_the_one_process_update(one, two):
+    assert_same_update(two["cases"]["torch-plain"], one["cases"]["torch-plain"])
 
 
 def test_ranks_that_kept_no_group_still_step_in_lockstep(one, two):
@@ -83,7 +87,7 @@ def test_ranks_that_kept_no_group_still_step_in_lockstep(one, two):
 def test_deepspeed_zero3_with_a_rank_that_kept_no_group(one, two):
     # ZeRO-3 gathers parameters in every forward: a rank without rows that skipped its
     # forwards would hang the other; it runs empty ones instead
-    assert_same_update(two["cases"]["deepspeed-zero3-uneven"], one["cases"]["torch-uneven"])
+    assert_same_update(two["cases"]["deepspeed-zero3-uneven"], one["cases"]["torch-plain-uneven"])
 
 
 def test_logged_loss_metrics_do_not_depend_on_micro_batches_or_ranks(one, two):

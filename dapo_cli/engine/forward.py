@@ -1,0 +1,180 @@
+"""The trainer's forward: per-token log π (and entropy) of each row's response tokens.
+
+Two ways to compute the same numbers for rows ``[prompt ; response]`` (prompt ``[N, S]``
+left-padded, response ``[N, T]`` right-padded):
+
+- :func:`plain_log_probs`: the model's own forward over every row's whole sequence, with
+  explicit position ids, logits kept for the last ``T + 1`` positions only.
+- :func:`shared_prompt_log_probs` (Llama / Qwen2, ``engine.shared_prompt_forward``): in GRPO a
+  group's G rows share one prompt, so the plain forward computes each prompt's hidden states,
+  keys and values G times. Here each **distinct prompt** of the call (rows deduplicated by their
+  prompt token ids, wherever they sit) runs once; then the response tokens of every row run
+  against its prompt's keys/values, and ``lm_head`` / log-softmax / entropy run only at the
+  ``T`` positions whose log-probs are needed (the last prompt position, then every response
+  position but the last), never at prompt positions. The last response token is not fed at
+  all: nothing reads its keys/values or its logits.
+
+Why it is the same function (float32, up to summation order):
+
+- A causal decoder's state at prompt position ``s`` depends only on prompt tokens ``<= s``,
+  so two rows with the same (real) prompt tokens have the same prompt keys/values; left
+  padding is masked out of every real query, so the padding width does not matter either.
+- Response position ``t`` of a row attends to its prompt's real keys plus its own response
+  keys ``<= t`` that are real (``response_mask``): exactly the plain forward's mask. Positions
+  (RoPE) continue the plain forward's ``cumsum(mask) - 1``: ``len(prompt) - 1 + cumsum(response_mask)``.
+- Autograd: a prompt's keys/values are gathered (``index_select``) to its rows, whose backward
+  sums the rows' gradients into the one shared prompt computation — the gradient the plain
+  forward accumulates over its G copies.
+
+:class:`PolicyLogProbs` wraps both as one ``nn.Module`` forward, so DDP wraps it and its
+reducer hooks see an ordinary forward; it falls back to the plain forward wherever
+:func:`shared_prompt_supported` is false (other architectures, sliding-window layers,
+length-dependent RoPE, attention dropout in training, gradient checkpointing).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dapo_cli.algo.logits import entropy_from_logits, token_log_probs
+from dapo_cli.models.native import NativeLlama
+
+
+def logits_to_log_probs(
+    logits: torch.Tensor, response_ids: torch.Tensor, *, temperature: float, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log softmax(z / T) of ``response_ids`` [N, T] and its entropy, from logits [N, T, V] (at
+    least float32; divided by ``temperature`` so they are the sampling distribution's)."""
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        logits = logits.float()
+    logits = logits / temperature
+    logp = token_log_probs(logits, response_ids)
+    return logp, entropy_from_logits(logits) if with_entropy else None
+
+
+def plain_log_probs(
+    model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, response_ids: torch.Tensor,
+    response_mask: torch.Tensor, *, temperature: float, with_entropy: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The model's forward on ``[prompt ; response]``: logit at position ``S - 1 + t`` predicts response
+    token ``t``; only the last ``T + 1`` positions' logits are materialised (``logits_to_keep``)."""
+    input_ids = torch.cat([prompt_ids, response_ids], dim=1)
+    attention = torch.cat([prompt_mask, response_mask], dim=1)
+    position_ids = (attention.long().cumsum(-1) - 1).clamp(min=0)
+    t = response_ids.shape[1]
+    out = model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids, logits_to_keep=t + 1, use_cache=False)
+    return logits_to_log_probs(out.logits[:, :-1, :], response_ids, temperature=temperature, with_entropy=with_entropy)
+
+
+def shared_prompt_supported(model: torch.nn.Module) -> bool:
+    """True when :func:`shared_prompt_log_probs` reproduces ``model``'s forward: the native Llama /
+    Qwen2 blocks support it, and gradient checkpointing (a memory setting the blocks do not
+    implement) is off."""
+    if not NativeLlama.supports(model):
+        return False
+    checkpointing = getattr(model, "is_activation_checkpointing", None)  # transformers >= 5.x's name
+    if checkpointing is None:
+        checkpointing = getattr(model, "is_gradient_checkpointing", False)
+    return not checkpointing
+
+
+def distinct_prompts(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The distinct prompts of ``N`` rows: ids [P, S'], mask [P, S'] (left-padded, the columns no
+    prompt needs dropped) and ``prompt_of_row`` [N] (row ``i`` has prompt ``prompt_of_row[i]``).
+
+    Two rows share a prompt iff their real (unmasked) tokens are equal: padding ids are replaced by
+    -1 (never a token id) before comparing, so whatever fills the padding does not matter."""
+    key = prompt_ids.masked_fill(~prompt_mask.bool(), -1)
+    unique, prompt_of_row = torch.unique(key, dim=0, return_inverse=True)
+    mask = unique >= 0
+    first = int((~mask).all(0).long().cumprod(0).sum())  # leading columns that are padding in every prompt
+    return unique[:, first:].clamp(min=0), mask[:, first:], prompt_of_row
+
+
+def response_attention(prompt_mask: torch.Tensor, response_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Positions [N, R] and the key mask [N, R, S + R] of ``R`` response inputs after their rows' prompts.
+
+    ``prompt_mask`` [N, S] (left-padded) and ``response_mask`` [N, R] of each row. The plain forward's
+    position ids are ``cumsum(mask) - 1`` over ``[prompt ; response]``, i.e. ``len(prompt) - 1 +
+    cumsum(response_mask)`` on the response; its mask lets query ``r`` see every real prompt key and
+    the real response keys ``<= r`` (a padding query sees the real keys before it, not itself)."""
+    r = response_mask.shape[1]
+    response_mask = response_mask.bool()
+    positions = prompt_mask.long().sum(-1, keepdim=True) - 1 + response_mask.long().cumsum(-1)
+    causal = torch.ones(r, r, dtype=torch.bool, device=response_mask.device).tril()
+    attend = torch.cat([prompt_mask.bool()[:, None, :].expand(-1, r, -1), causal & response_mask[:, None, :]], dim=-1)
+    return positions, attend
+
+
+def shared_prompt_log_probs(
+    model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, response_ids: torch.Tensor,
+    response_mask: torch.Tensor, *, temperature: float, with_entropy: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`plain_log_probs` with each distinct prompt computed once (see the module doc).
+
+    Stage 1, the ``P`` distinct prompts [P, S']: every layer under the causal, left-padding-aware
+    mask; each layer's keys/values are kept, and the final hidden state at the last prompt column
+    (always a real token: prompts are left-padded) gives the logits of response token 0.
+    Stage 2, the ``N`` rows' response inputs (response tokens ``0 .. T-2``) [N, T-1]: each layer's
+    queries attend to ``[its prompt's keys ; its own response keys]`` under the additive bias
+    ``[prompt mask | causal & response mask]``; their final hidden states give the logits of
+    response tokens ``1 .. T-1``. lm_head runs on those ``N x T`` hidden states only.
+    """
+    net = NativeLlama(model)
+    p_ids, p_mask, of_row = distinct_prompts(prompt_ids, prompt_mask)
+    t = response_ids.shape[1]
+
+    # stage 1: distinct prompts, causal attention over their real tokens
+    cos, sin = net.rope((p_mask.long().cumsum(-1) - 1).clamp(min=0))
+    bias = net.causal_bias(p_mask)
+    x = net.embed(p_ids)
+    prompt_kv: list[tuple[torch.Tensor, torch.Tensor]] = []
+    for layer in net.layers:
+        q, k, v = net.qkv(layer, x, cos, sin)
+        prompt_kv.append((k, v))
+        x = net.finish(layer, x, net.attend(q, k, v, bias))
+    last = net.rms_norm(net.norm, x[:, -1:]).index_select(0, of_row)  # [N, 1, H]: predicts response token 0
+
+    # stage 2: every row's response inputs against its prompt's keys/values
+    if t > 1:
+        r_ids = response_ids[:, :-1]
+        positions, attend = response_attention(p_mask.index_select(0, of_row), response_mask[:, :-1])
+        cos, sin = net.rope(positions)
+        bias = torch.zeros(attend.shape, dtype=net.dtype, device=r_ids.device).masked_fill_(~attend, float("-inf"))
+        bias = bias.unsqueeze(1)  # [N, 1, T-1, S'+T-1]
+        x = net.embed(r_ids)
+        for layer, (pk, pv) in zip(net.layers, prompt_kv):
+            q, k, v = net.qkv(layer, x, cos, sin)
+            keys = torch.cat([pk.index_select(0, of_row), k], dim=2)
+            values = torch.cat([pv.index_select(0, of_row), v], dim=2)
+            x = net.finish(layer, x, net.attend(q, keys, values, bias))
+        hidden = torch.cat([last, net.rms_norm(net.norm, x)], dim=1)  # [N, T, H]
+    else:
+        hidden = last
+    logits = net.lm_head(hidden)
+    return logits_to_log_probs(logits, response_ids, temperature=temperature, with_entropy=with_entropy)
+
+
+class PolicyLogProbs(torch.nn.Module):
+    """``policy``'s per-token log-probs and entropies as one module forward (DDP wraps this module).
+
+    ``shared_prompt``: use :func:`shared_prompt_log_probs` where :func:`shared_prompt_supported`
+    holds (checked at every call: gradient checkpointing or the train/eval mode may change),
+    else :func:`plain_log_probs`."""
+
+    def __init__(self, policy: torch.nn.Module, *, shared_prompt: bool) -> None:
+        super().__init__()
+        self.policy = policy
+        self.shared_prompt = shared_prompt
+
+    def uses_shared_prompt(self) -> bool:
+        return self.shared_prompt and shared_prompt_supported(self.policy)
+
+    def forward(
+        self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, response_ids: torch.Tensor, response_mask: torch.Tensor,
+        *, temperature: float, with_entropy: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        fn = shared_prompt_log_probs if self.uses_shared_prompt() else plain_log_probs
+        return fn(
+            self.policy, prompt_ids, prompt_mask, response_ids, response_mask, temperature=temperature, with_entropy=with_entropy
+        )
