@@ -6,6 +6,8 @@ Layout of one run (``trainer.output_dir`` / experiment / run name)::
         config.yaml                    the resolved config the run was started with
         checkpoints/step_000020/       one checkpoint, written as .step_000020.tmp/ then renamed
             model/                     save_pretrained policy + tokenizer (loadable by `dapo eval` and plain transformers)
+                dapo_run.json          which training run and step the weights are from (MLflow run id, experiment,
+                                       store): `dapo eval` links its run to that one
             engine/                    the engine's training state: torch: optimizer.pt (optimizer + LR schedule);
                                        deepspeed: its sharded checkpoint (module, optimizer partitions per rank, schedule)
             rng/rank_00001.pt          RNG states of ranks other than 0
@@ -19,9 +21,11 @@ at any instant resumes from a consistent state.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +33,7 @@ import torch
 
 from dapo_cli.engine.dist import Collective
 from dapo_cli.errors import UserError
-from dapo_cli.fileio import safetensors_problem, write_text_atomic
+from dapo_cli.fileio import safetensors_problem, write_json_atomic, write_text_atomic
 
 KEEP_CHECKPOINTS = 2
 """Complete checkpoints kept per run (older ones are deleted after a new one lands)."""
@@ -38,6 +42,29 @@ ENGINE_DIR = "engine"
 """Subdirectory of a checkpoint holding the training engine's own state."""
 
 LOCK_FILE = ".lock"
+
+RUN_INFO_FILE = "dapo_run.json"
+"""Beside the weights in ``<checkpoint>/model/``: the training run they came from (see :func:`write_run_info`)."""
+
+
+def write_run_info(model_dir: Path, info: Mapping[str, Any]) -> None:
+    """Record the weights' origin in ``model_dir/dapo_run.json`` (atomically): ``mlflow_run_id``,
+    ``experiment``, ``tracking_uri`` (a relative ``sqlite:///`` store made absolute), ``run_name``,
+    ``run_dir``, ``step``. It travels with the folder (copied, uploaded to MLflow, downloaded again)."""
+    from dapo_cli.tracking.mlflow import absolute_tracking_uri
+
+    uri = str(info.get("tracking_uri") or "")
+    record = {**info, "tracking_uri": absolute_tracking_uri(uri) if uri else ""}
+    write_json_atomic(model_dir / RUN_INFO_FILE, record)
+
+
+def read_run_info(model_dir: Path) -> dict[str, Any]:
+    """``model_dir/dapo_run.json``, or ``{}`` when absent or unreadable (a plain save_pretrained folder)."""
+    try:
+        info = json.loads((model_dir / RUN_INFO_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return info if isinstance(info, dict) else {}
 
 
 def run_dir_for(output_dir: str, experiment: str, run_name: str) -> Path:
@@ -160,12 +187,16 @@ class CheckpointManager:
         self.run_dir = run_dir
         self.root = run_dir / "checkpoints"
 
-    def save(self, step: int, *, dist: Collective, write: Any, trainer_state: dict[str, Any]) -> Path:
+    def save(
+        self, step: int, *, dist: Collective, write: Any, trainer_state: dict[str, Any],
+        run_info: Mapping[str, Any] | None = None,
+    ) -> Path:
         """Write checkpoint ``step`` atomically; every rank calls it.
 
         Rank 0 creates ``.step_N.tmp``; every rank calls ``write(tmp)`` (the engine's shards, the
-        model export) and saves its RNG state; rank 0 adds ``trainer_state.pt``, renames the
-        directory into place and updates ``latest``. Barriers keep the ranks in step.
+        model export) and saves its RNG state; rank 0 adds ``trainer_state.pt`` and (given
+        ``run_info``) ``model/dapo_run.json`` with the step, renames the directory into place and
+        updates ``latest``. Barriers keep the ranks in step.
         """
         name = f"step_{step:06d}"
         final = self.root / name
@@ -181,6 +212,8 @@ class CheckpointManager:
         dist.barrier()
         if dist.is_main:
             torch.save({**trainer_state, "rng": rng_state(), "step": step}, tmp / "trainer_state.pt")
+            if run_info is not None and (tmp / "model").is_dir():
+                write_run_info(tmp / "model", {**run_info, "step": step})
             if final.exists():
                 old = self.root / f".{name}.old"
                 shutil.rmtree(old, ignore_errors=True)

@@ -36,7 +36,7 @@ from dapo_cli.data.loader import PromptStream, build_prompts, dataset_manifest, 
 from dapo_cli.engine.dist import Collective, SingleProcess, shutdown_process_group
 from dapo_cli.errors import NON_FINITE, RunStopped, UserError
 from dapo_cli.fileio import write_text_atomic
-from dapo_cli.progress import StepReporter
+from dapo_cli.progress import QUIET, StepReporter
 from dapo_cli.rollout.base import SamplingParams
 from dapo_cli.tracking.base import Tracker
 
@@ -214,7 +214,7 @@ class TrainingSession:
     # ------------------------------------------------------------ building
 
     @classmethod
-    def open(cls, cfg: Config, *, resume: bool, quiet: bool = False) -> TrainingSession:
+    def open(cls, cfg: Config, *, resume: bool, verbosity: int = 0) -> TrainingSession:
         from dapo_cli import components
         from dapo_cli.models import load_policy, resolve_model
 
@@ -266,7 +266,7 @@ class TrainingSession:
             val_prompts=val_prompts,
             manifest=manifest,
             model_info=model_info,
-            reporter=StepReporter(cfg.trainer.total_steps, quiet=quiet or not dist.is_main),
+            reporter=StepReporter(cfg.trainer.total_steps, verbosity=verbosity if dist.is_main else QUIET),
             ckpt=ckpt,
             dist=dist,
             claim=held[0] if held else claim,
@@ -382,7 +382,12 @@ class TrainingSession:
         }
         if self._tracker is not None:  # the step's metrics are in the store before its checkpoint exists:
             self._tracker.flush()      # a resume from it never finds a recorded step missing
-        saved = self.ckpt.save(step, dist=self.dist, write=self._write_checkpoint, trainer_state=state)
+        run_info = {  # model/dapo_run.json: `dapo eval` of these weights links its run to this one
+            "mlflow_run_id": self.mlflow_run_id or "", "experiment": self.cfg.tracking.experiment,
+            "tracking_uri": getattr(self._tracker, "tracking_uri", ""), "run_name": self.display_name,
+            "run_dir": str(self.run_dir.resolve()),
+        }
+        saved = self.ckpt.save(step, dist=self.dist, write=self._write_checkpoint, trainer_state=state, run_info=run_info)
         if self.cfg.tracking.log_checkpoint == "every" and self.dist.is_main and self._tracker is not None:
             self.upload_checkpoint(self._tracker, saved, f"checkpoints/{saved.name}")
         return saved
@@ -435,17 +440,21 @@ class TrainingSession:
         if closed:
             self.reporter.note(f"marked {len(closed)} run(s) left RUNNING by a killed process as KILLED")
 
-    def finish(self, tracker: Tracker) -> dict[str, Any]:
+    def finish(self, tracker: Tracker, last_metrics: dict[str, float] | None = None) -> dict[str, Any]:
+        """Final validation metrics, checkpoint tag/upload, ``summary.json``; returns the summary
+        (what ``dapo train`` prints on stdout; ``last_metrics``: the last step's, this process)."""
         self.dist.barrier()  # the last checkpoint is complete on every rank
         latest = self.ckpt.latest()
         summary: dict[str, Any] = {
             "run_name": self.run_name,
             "run_dir": str(self.run_dir),
             "mlflow_run_id": self.mlflow_run_id,
+            "tracking_uri": getattr(tracker, "tracking_uri", "") or None,
             "checkpoint": str(latest / "model") if latest else None,
             "base_val": self.base_val,
             "final_val": self.last_val,
             "stopped": self.stopped,
+            "last_step_metrics": dict(last_metrics or {}),
         }
         if self.base_val is not None and self.last_val is not None:
             tracker.log_metrics(
@@ -458,7 +467,7 @@ class TrainingSession:
                 self.upload_checkpoint(tracker, latest, "checkpoint")
         if self.dist.is_main:
             write_text_atomic(self.run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
-        self.reporter.finish(summary, tracking_uri=getattr(tracker, "tracking_uri", ""))
+        self.reporter.finish(summary)
         return summary
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -47,6 +48,7 @@ from dapo_cli.errors import UserError
 from dapo_cli.rewards import score_batch
 from dapo_cli.rollout.base import RolloutEngine, SamplingParams
 from dapo_cli.session import TrainingSession, derive_seed
+from dapo_cli.signals import sigint_deferred
 from dapo_cli.components import open_tracker
 
 
@@ -472,13 +474,18 @@ def run_train(
     parent_run_id: str | None = None,
     extra_tags: dict[str, str] | None = None,
     quiet: bool = False,
+    verbose: bool = False,
 ) -> dict[str, Any]:
     """Run (or resume) one training run; returns its summary (run dir, MLflow run id, metrics).
 
     Under torchrun every rank runs this function; rank 0 alone tracks, prints and validates.
+    ``quiet``: no progress or step lines on stderr; ``verbose``: every metric of every step too.
+    Ctrl-C raises :class:`TrainingInterrupted` after the MLflow run is marked KILLED, an
+    unfinished checkpoint write is removed and the run directory's lock is released.
     """
-    s = TrainingSession.open(cfg, resume=resume, quiet=quiet)
+    s = TrainingSession.open(cfg, resume=resume, verbosity=-1 if quiet else int(verbose))
     trainer, dist = cfg.trainer, s.dist
+    step, metrics = s.start_step, {}
     try:
         with open_tracker(
             cfg.tracking, dist, s.display_name, tags=s.tags(command, extra_tags), parent_run_id=parent_run_id,
@@ -532,13 +539,26 @@ def run_train(
                     if due(step, trainer.test_freq, last):
                         s.log_validation(tracker, step=step)
                     if due(step, trainer.save_freq, last):
-                        s.save(step)
+                        with sigint_deferred():  # Ctrl-C stops the run after this checkpoint, not inside it
+                            s.save(step)
                     if collapsed:
                         s.stop_collapsed(tracker, step)
                         break
-            return s.finish(tracker)
+            return s.finish(tracker, metrics)
+    except KeyboardInterrupt as exc:  # the tracker has marked the run KILLED on its way out
+        if dist.is_main:
+            s.ckpt.clean_stale()  # a checkpoint write the interrupt cut short
+        raise TrainingInterrupted(s.run_dir, step, s.ckpt.latest()) from exc
     finally:
         s.close()
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C during :func:`run_train`: the run directory, the step it was in, its newest checkpoint (or None)."""
+
+    def __init__(self, run_dir: Path, step: int, checkpoint: Path | None) -> None:
+        super().__init__(f"interrupted in step {step} of {run_dir}")
+        self.run_dir, self.step, self.checkpoint = run_dir, step, checkpoint
 
 
 def sample_rows(batch: RolloutBatch, limit: int = 16) -> list[dict[str, Any]]:

@@ -490,20 +490,24 @@ def summary_markdown(report: AblationReport) -> str:
 
 
 def summary_metrics(report: AblationReport) -> dict[str, float]:
-    """Per-variant results as metrics of the parent run, keyed ``<position>_<short name>/...``
-    (``3_SoftPunish/avg_at_4``, ``5_grpo.ch.ds/delta``: MLflow keys allow no ``+``)."""
+    """Per-variant results as metrics of the parent run, keyed ``variants/<position>_<short name>.<stat>``
+    (``variants/3_SoftPunish.avg_at_4``, ``variants/5_grpo.ch.ds.delta``: MLflow keys allow no ``+``).
+
+    One ``/``, under one prefix: MLflow's chart view makes a section of each key's part before its
+    last ``/``, so per-variant prefixes (``0_GRPO/avg_at_4``) gave one section of one-bar charts per
+    variant; these all fall in one ``variants`` section."""
     from dapo_cli.ablate.plan import short_variant
 
     out: dict[str, float] = {}
     for row in report.rows:
-        key = f"{row.position}_{re.sub(r'[^A-Za-z0-9_.-]', '.', short_variant(row.name)).strip('.')}"
-        out[f"{key}/avg_at_{report.k}"] = row.mean
-        out[f"{key}/ci95_seeds"] = row.seed_half
-        out[f"{key}/samples"] = row.samples
+        key = f"variants/{row.position}_{re.sub(r'[^A-Za-z0-9_.-]', '.', short_variant(row.name)).strip('.')}"
+        out[f"{key}.avg_at_{report.k}"] = row.mean
+        out[f"{key}.ci95_seeds"] = row.seed_half
+        out[f"{key}.samples"] = row.samples
         if row.delta is not None:
-            out[f"{key}/delta"] = row.delta.diff
-            out[f"{key}/delta_ci_low"] = row.delta.ci_low
-            out[f"{key}/delta_ci_high"] = row.delta.ci_high
+            out[f"{key}.delta"] = row.delta.diff
+            out[f"{key}.delta_ci_low"] = row.delta.ci_low
+            out[f"{key}.delta_ci_high"] = row.delta.ci_high
     return {k: v for k, v in out.items() if v is not None and math.isfinite(v)}
 
 

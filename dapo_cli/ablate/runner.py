@@ -61,6 +61,7 @@ from dapo_cli.ablate.report import (
 )
 from dapo_cli.config import dump_yaml, flatten
 from dapo_cli.errors import COLLAPSED, UserError
+from dapo_cli.progress import format_duration
 from dapo_cli.tracking import EXTRA_TAGS_ENV, PARENT_RUN_ENV, start_run
 
 TrainFn = Callable[..., dict[str, Any]]
@@ -237,6 +238,33 @@ def run_child(argv: Sequence[str], extra_env: Mapping[str, str], *, log_path: Pa
 # ---------------------------------------------------------------- running
 
 
+class AblationClock:
+    """Overall progress across an ablation's children: how many are done, elapsed time, and an ETA
+    from the mean wall time of the children trained so far (skipped ones count as done at once)."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self.done, self.trained, self.trained_s = total, 0, 0, 0.0
+        self.t0 = time.perf_counter()
+
+    def skipped(self) -> None:
+        self.done += 1
+
+    def finished(self, seconds: float) -> None:
+        self.done += 1
+        self.trained += 1
+        self.trained_s += seconds
+
+    def eta_s(self) -> float | None:
+        if self.done >= self.total:
+            return 0.0
+        return self.trained_s / self.trained * (self.total - self.done) if self.trained else None
+
+    def line(self) -> str:
+        """``ablation: 2/6 children done, 4:10 elapsed, ETA 8:20``."""
+        elapsed = time.perf_counter() - self.t0
+        return f"ablation: {self.done}/{self.total} children done, {format_duration(elapsed)} elapsed, ETA {format_duration(self.eta_s())}"
+
+
 @dataclass
 class ChildOutcome:
     child: Child
@@ -331,16 +359,19 @@ def run_ablation(
     with _parent_run(client, plan, command=command, launcher="local") as (tracker, runs):
         parent_id = tracker.run_id
         children = plan.children()
+        clock = AblationClock(len(children))
         for i, child in enumerate(children, start=1):
             action, stale, cfg = _prepare_child(client, plan, child, runs)
             where = f"[{i}/{len(children)}] {child.variant.name} seed {child.seed}"
             if stale:
                 log(f"{where}: superseding {len(stale)} earlier run(s) that never reached a checkpoint")
             if action == "skip":
-                log(f"{where}: finished earlier, skipped")
+                clock.skipped()
+                log(f"{where}: finished earlier, skipped; {clock.line()}")
                 outcomes.append(ChildOutcome(child, action, stale))
                 continue
-            log(f"{where}: {'resuming from its checkpoint' if action == 'resume' else 'training'} ({child.run_name})")
+            log(f"{where}: {'resuming from its checkpoint' if action == 'resume' else 'training'} ({child.run_name}); {clock.line()}")
+            t0 = time.perf_counter()
             if nproc == 1:
                 assert train is not None
                 summary = train(
@@ -354,9 +385,20 @@ def run_ablation(
             else:
                 summary = _spawn_child(spawn, plan, child, config_path, sets, parent_id, resume=action == "resume",
                                        quiet=quiet, log=log)
+            clock.finished(time.perf_counter() - t0)
             outcomes.append(ChildOutcome(child, action, stale, summary))
+            log(f"{where}: done in {format_duration(time.perf_counter() - t0)}{child_result(summary)}; {clock.line()}")
         report, files = _write_report(client, tracker, plan, html=html)
     return AblationOutcome(parent_id, outcomes, report, files)
+
+
+def child_result(summary: dict[str, Any] | None) -> str:
+    """``, held-out 0.312 → 0.455, run dir runs/...`` from a child's summary (empty without one)."""
+    if not summary:
+        return ""
+    base, final = summary.get("base_val"), summary.get("final_val")
+    acc = f", held-out {base:.3f} → {final:.3f}" if base is not None and final is not None else ""
+    return f"{acc}, run dir {summary.get('run_dir', '?')}"
 
 
 def _spawn_child(

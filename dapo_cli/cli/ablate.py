@@ -1,6 +1,7 @@
 """`dapo ablate`: the DAPO ladder or a technique grid as MLflow parent/child runs, resumable, reported.
 
 The work happens in :mod:`dapo_cli.ablate`; this module parses, prints the plan and the table.
+Without CONFIG it runs the embedded ``experiments/tiny-ladder.yaml`` (built for ablations).
 """
 
 from __future__ import annotations
@@ -14,8 +15,17 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from dapo_cli.cli.common import SetOption, console, err_console
+from dapo_cli.cli.common import Panel, SetOption, console, err_console
 from dapo_cli.errors import UserError
+
+EXAMPLES = [
+    ("dapo ablate --ladder", "The paper's ladder (naive GRPO → DAPO) on the embedded experiments/tiny-ladder.yaml; resumable."),
+    ("dapo ablate --ladder --dry-run", "The plan and a time estimate (one timed step in a temporary folder); records nothing."),
+    ("dapo ablate --grid clip_higher,dynamic_sampling --seeds 2 --set trainer.total_steps=20",
+     "A 2×2 factorial of two techniques, two seeds each, 20 steps per child."),
+    ("dapo ablate experiments/tiny.yaml --ladder --launcher print",
+     "One dapo train command per child (for a scheduler), nested under one MLflow parent run."),
+]
 
 if TYPE_CHECKING:
     from dapo_cli.ablate.plan import AblationPlan
@@ -57,32 +67,32 @@ def ablate(
         list[str] | None,
         typer.Argument(
             metavar="[CONFIG] [TECHNIQUES]",
-            help="Experiment YAML (default: the embedded tiny experiment); after --grid, the techniques to vary "
-            "(comma-separated, default all five).",
+            help="Experiment YAML (default: the embedded experiments/tiny-ladder.yaml, not the single-run tiny.yaml); "
+            "after --grid, the techniques to vary (comma-separated, default all five).",
             show_default=False,
         ),
     ] = None,
-    ladder: Annotated[bool, typer.Option("--ladder", help="The paper's cumulative ladder (naive GRPO → DAPO), 6 variants.")] = False,
-    grid: Annotated[bool, typer.Option("--grid", help="The full factorial of the technique toggles (all five: 32 variants).")] = False,
-    only: Annotated[list[str] | None, typer.Option("--only", help="Run only this variant (repeatable).")] = None,
-    skip: Annotated[list[str] | None, typer.Option("--skip", help="Leave out this variant (repeatable).")] = None,
-    seeds: Annotated[int | None, typer.Option("--seeds", help="Seeds per variant: trainer.seed + 0..N-1 (default ablate.seeds).")] = None,
+    ladder: Annotated[bool, typer.Option("--ladder", help="The paper's cumulative ladder (naive GRPO → DAPO), 6 variants.", rich_help_panel=Panel.TECHNIQUES)] = False,
+    grid: Annotated[bool, typer.Option("--grid", help="The full factorial of the technique toggles (all five: 32 variants).", rich_help_panel=Panel.TECHNIQUES)] = False,
+    only: Annotated[list[str] | None, typer.Option("--only", help="Run only this variant (repeatable).", show_default="every variant", rich_help_panel=Panel.TECHNIQUES)] = None,
+    skip: Annotated[list[str] | None, typer.Option("--skip", help="Leave out this variant (repeatable).", show_default="none", rich_help_panel=Panel.TECHNIQUES)] = None,
+    seeds: Annotated[int | None, typer.Option("--seeds", help="Seeds per variant: trainer.seed + 0..N-1.", show_default="ablate.seeds of the config", rich_help_panel=Panel.RUN)] = None,
     sets: SetOption = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan and a time estimate, train nothing.")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan and a time estimate, train nothing.", rich_help_panel=Panel.RUN)] = False,
     calibrate: Annotated[
-        bool, typer.Option("--calibrate/--no-calibrate", help="With --dry-run: time one RL step to estimate the total.")
+        bool, typer.Option("--calibrate/--no-calibrate", help="With --dry-run: time one RL step to estimate the total.", rich_help_panel=Panel.RUN)
     ] = True,
     launcher: Annotated[
         Launcher | None,
         typer.Option(
             help="local: train here, one child after another (torchrun processes when ablate.nproc > 1); "
             "print: emit one dapo train (or torchrun) command per child; slurm: submit one job per child "
-            "through submitit (ablate.slurm.*), wait, then report. Default: ablate.launcher.",
-            show_default=False,
+            "through submitit (ablate.slurm.*), wait, then report.",
+            show_default="ablate.launcher of the config", rich_help_panel=Panel.RUN,
         ),
     ] = None,
-    html: Annotated[bool, typer.Option("--html", help="Also write report.html.")] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", help="No per-step lines from the children.")] = False,
+    html: Annotated[bool, typer.Option("--html", help="Also write report.html.", rich_help_panel=Panel.OUTPUT)] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No per-step lines from the children (the overall progress stays).", rich_help_panel=Panel.OUTPUT)] = False,
 ) -> None:
     """Run the DAPO ablation ladder or a technique grid as MLflow parent/child runs, then report."""
     from dapo_cli.ablate.plan import make_plan, parse_techniques
@@ -92,6 +102,10 @@ def ablate(
         raise UserError("give exactly one of --ladder (the paper's progression) or --grid (a factorial of the toggles)")
     words = list(args or [])
     config, techniques = split_arguments(words, grid)
+    if config is None:  # the ablation experiment, not the single-run default; children get its path
+        from dapo_cli.config.load import EMBEDDED_LADDER, embedded_experiment_path
+
+        config = str(embedded_experiment_path(EMBEDDED_LADDER))
     cfg = resolve(config, sets)
     plan = make_plan(
         cfg,
@@ -142,10 +156,16 @@ def ablate(
     def log(message: str) -> None:
         err_console.print(message, highlight=False, markup=False)
 
-    if chosen == "slurm":
-        outcome = slurm_launch(plan, command=command, config_path=config, sets=sets or [], html=html, log=log)
-    else:
-        outcome = run_ablation(plan, command=command, config_path=config, sets=sets or [], quiet=quiet, html=html, log=log)
+    try:
+        if chosen == "slurm":
+            outcome = slurm_launch(plan, command=command, config_path=config, sets=sets or [], html=html, log=log)
+        else:
+            outcome = run_ablation(plan, command=command, config_path=config, sets=sets or [], quiet=quiet, html=html, log=log)
+    except KeyboardInterrupt:  # the parent (and a training child) ended KILLED; finished children are kept
+        from dapo_cli.cli.train import EXIT_INTERRUPTED
+
+        log(f"interrupted; the same command resumes the ablation (finished children are skipped): {command}")
+        raise typer.Exit(code=EXIT_INTERRUPTED) from None
     if outcome.report is not None:
         print_report(outcome.report)
     for name, path in outcome.files.items():

@@ -1,12 +1,13 @@
-"""What every command shares: consoles, the error boundary, config loading options, and the
-checks of paths and stores a command is about to write (run before anything is created)."""
+"""What every command shares: consoles, the error boundary, help layout (examples, panels),
+config loading options, and the checks of paths and stores a command is about to write (run
+before anything is created)."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -17,14 +18,70 @@ from rich.markup import escape
 from dapo_cli.errors import RunStopped, UserError
 
 console = Console()
+"""Results (run dirs, MLflow run ids, metrics, tables): stdout."""
 err_console = Console(stderr=True)
+"""Logs, progress and errors: stderr."""
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+CONTEXT_SETTINGS: dict[str, Any] = {"help_option_names": ["-h", "--help"]}
+"""Every command (and the group) takes ``-h`` as well as ``--help``."""
+
+
+class Panel:
+    """Titles of the rich help panels options are grouped in (one spelling for every command)."""
+
+    CONFIG = "Config"
+    DATA = "Data"
+    SAMPLING = "Sampling"
+    TECHNIQUES = "Techniques"
+    RUN = "Run"
+    OUTPUT = "Output"
+    TRACKING = "Tracking"
+    CLUSTER = "Cluster plan (--dry-run)"
+    ALGO = "Algorithm"
+
+
+Examples = Sequence[tuple[str, str]]
+"""``(command line, what it does)`` pairs: a command module's ``EXAMPLES``."""
+
+
+def examples_epilog(examples: Examples) -> str:
+    """The "Examples" block that ends a command's ``--help``: each command line on a line of its
+    own, what it does indented under it.
+
+    Typer's rich help keeps single line breaks of an epilog (it does not re-wrap it into one
+    paragraph) and dedents it as a docstring; commands and texts are escaped, so a ``[CONFIG]``
+    in them is printed, not read as rich markup. 2-4 examples per command.
+    """
+    if not 2 <= len(examples) <= 4:
+        raise ValueError(f"a command's help shows 2-4 examples, not {len(examples)}")
+    lines = ["[bold]Examples[/]"]
+    for command, what in examples:
+        lines += [f"[cyan]{escape(command)}[/]", f"    {escape(what)}"]
+    return "\n".join(lines)
+
+
 SetOption = Annotated[
     list[str] | None,
-    typer.Option("--set", "-s", help="Override a config value, e.g. --set trainer.lr=1e-4 (repeatable)."),
+    typer.Option("--set", "-s", help="Override a config value, e.g. --set trainer.lr=1e-4 (repeatable).",
+                 show_default="none", rich_help_panel=Panel.CONFIG),
 ]
+
+QuietOption = Annotated[
+    bool, typer.Option("--quiet", "-q", help="No progress and no per-step logs on stderr: only errors, and the results on stdout.",
+                       rich_help_panel=Panel.OUTPUT),
+]
+VerboseOption = Annotated[
+    bool, typer.Option("--verbose", "-v", help="More detail on stderr (every metric of every step).", rich_help_panel=Panel.OUTPUT),
+]
+
+
+def verbosity(quiet: bool, verbose: bool) -> int:
+    """-1 (``--quiet``), 0 or 1 (``--verbose``); both at once is a UserError."""
+    if quiet and verbose:
+        raise UserError("give one of --quiet or --verbose, not both")
+    return -1 if quiet else int(verbose)
 
 
 def print_error(message: str) -> None:

@@ -8,16 +8,23 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from dapo_cli.cli.common import SetOption, console
+from dapo_cli.cli.common import Panel, SetOption, console
 from dapo_cli.cli.options import ConfigArg, resolve
 from dapo_cli.config import dump_yaml
 from dapo_cli.config.schema import Config, is_section
+
+EXAMPLES = [
+    ("dapo config", "The embedded tiny experiment, fully resolved, as YAML."),
+    ("dapo config experiments/tiny.yaml --set trainer.lr=1e-4 > mine.yaml",
+     "A resolved copy with one change, to edit and pass to dapo train mine.yaml."),
+    ("dapo config --schema", "Every setting with its default and meaning."),
+]
 
 
 def config_command(
     config: ConfigArg = None,
     sets: SetOption = None,
-    schema: Annotated[bool, typer.Option("--schema", help="List every setting with its default and meaning.")] = False,
+    schema: Annotated[bool, typer.Option("--schema", help="List every setting with its default and meaning.", rich_help_panel=Panel.OUTPUT)] = False,
 ) -> None:
     """Show the resolved configuration (YAML) or the documented schema."""
     if schema:

@@ -1,25 +1,27 @@
 """`dapo eval`: avg@K / pass@k / maj@K of a checkpoint with the DAPO paper's protocol.
 
-Every option defaults to ``None`` and falls back to :class:`~dapo_cli.config.schema.EvalConfig`
-(AIME 2024, 32 samples, T 1.0, top-p 0.7, 20,480 new tokens, math_dapo), so the
-numbers live in one place. The work happens in :func:`dapo_cli.eval.run.run_eval`.
+Every sampling option's default is read from :class:`~dapo_cli.config.schema.EvalConfig`
+(AIME 2024, 32 samples, T 1.0, top-p 0.7, 20,480 new tokens, math_dapo), so the numbers live
+in one place and ``--help`` shows them. The work happens in :func:`dapo_cli.eval.run.run_eval`.
+Results (tables, where the files went, the MLflow run; ``--json``: one object) go to stdout,
+progress (ETA; a plain line every 10% when stderr is not a terminal) and logs to stderr.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import math
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, Task, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
-from dapo_cli.cli.common import console, err_console
+from dapo_cli.cli.common import Panel, QuietOption, VerboseOption, console, err_console, verbosity
 from dapo_cli.config.schema import EvalConfig, TrackingConfig
 from dapo_cli.errors import UserError
 
@@ -30,6 +32,17 @@ if TYPE_CHECKING:
 PER_PROBLEM_ROWS = 50
 """Longest per-problem table printed in the terminal (the full one is in summary.json and MLflow)."""
 
+DEFAULTS, TRACKING = EvalConfig(), TrackingConfig()
+"""Where every default of this command comes from."""
+
+EXAMPLES = [
+    ("dapo eval runs/dapo-tiny/dapo-s0/checkpoints/step_000060/model",
+     "The paper's protocol on a trained checkpoint: AIME 2024, avg@32, T 1.0, top-p 0.7."),
+    ("dapo eval builtin:tiny --dataset add3.val.parquet --limit 8 --avg 4 --max-tokens 64 --output out/ --json",
+     "The tiny policy on 8 problems made by dapo prepare-data --synthetic: results as JSON, files in out/ (reruns resume)."),
+    ("dapo eval --compare out_a/ out_b/", "Paired bootstrap over problems: A − B with its 95% interval."),
+]
+
 
 def _choices(name: str) -> tuple[str, ...]:
     return next(f.metadata["choices"] for f in dataclasses.fields(EvalConfig) if f.name == name)
@@ -38,57 +51,55 @@ def _choices(name: str) -> tuple[str, ...]:
 Engine = Enum("Engine", {c: c for c in _choices("engine")}, type=str)  # type: ignore[misc]
 
 
-class SamplesPerSecond(ProgressColumn):
-    """Completed samples per second of this session (resumed samples not counted)."""
-
-    def render(self, task: Task) -> Text:
-        speed = task.speed
-        return Text("? samples/s" if speed is None else f"{speed:.2f} samples/s", style="progress.data.speed")
-
-
-class RichProgress:
-    """A :class:`~dapo_cli.eval.run.ProgressSink` drawing a rich bar on stderr."""
-
-    def __init__(self, progress: Progress) -> None:
-        self.progress = progress
-        self.task: int | None = None
-
-    def start(self, total: int, completed: int) -> None:
-        self.task = self.progress.add_task("sampling", total=total, completed=completed)
-
-    def advance(self, samples: int) -> None:
-        if self.task is not None:
-            self.progress.advance(self.task, samples)
-
-
 def eval_command(
     checkpoint: Annotated[
         str | None,
-        typer.Argument(help="A save_pretrained dir, a checkpoint dir containing model/, or builtin:tiny."),
+        typer.Argument(help="A save_pretrained dir, a checkpoint dir containing model/, or builtin:tiny.", show_default=False),
     ] = None,
-    dataset: Annotated[str | None, typer.Option(help="Registered name (aime24, ...) or a parquet/JSONL path.")] = None,
-    avg: Annotated[int | None, typer.Option("--avg", help="Samples per distinct problem (K of avg@K).")] = None,
-    pass_k: Annotated[list[int] | None, typer.Option("--pass-k", help="k of pass@k (repeatable; each <= K).")] = None,
-    temperature: Annotated[float | None, typer.Option(help="Sampling temperature.")] = None,
-    top_p: Annotated[float | None, typer.Option(help="Nucleus sampling.")] = None,
-    max_tokens: Annotated[int | None, typer.Option(help="Maximum new tokens per response.")] = None,
-    engine: Annotated[Engine | None, typer.Option(help="Rollout engine.")] = None,
-    batch_size: Annotated[int | None, typer.Option(help="Sequences per generate call (0: one problem's K).")] = None,
-    seed: Annotated[int | None, typer.Option(help="Sampling seed.")] = None,
-    verifier: Annotated[str | None, typer.Option(help="Answer checker (math_dapo, strict_box, math_equiv).")] = None,
+    dataset: Annotated[str, typer.Option(help="Registered name (aime24, ...) or a parquet/JSONL path.", rich_help_panel=Panel.DATA)] = DEFAULTS.dataset,
+    limit: Annotated[int | None, typer.Option(help="Evaluate only the first N problems.", show_default="all problems", rich_help_panel=Panel.DATA)] = None,
+    verifier: Annotated[str, typer.Option(help="Answer checker (math_dapo, strict_box, math_equiv).", rich_help_panel=Panel.DATA)] = DEFAULTS.verifier,
+    avg: Annotated[int, typer.Option("--avg", help="Samples per distinct problem (K of avg@K).", rich_help_panel=Panel.SAMPLING)] = DEFAULTS.avg_k,
+    pass_k: Annotated[
+        list[int] | None,
+        typer.Option("--pass-k", help="k of pass@k (repeatable; each <= K).", rich_help_panel=Panel.SAMPLING,
+                     show_default=", ".join(map(str, DEFAULTS.pass_k)) + ", those <= K"),
+    ] = None,
+    temperature: Annotated[float, typer.Option(help="Sampling temperature.", rich_help_panel=Panel.SAMPLING)] = DEFAULTS.temperature,
+    top_p: Annotated[float, typer.Option(help="Nucleus sampling.", rich_help_panel=Panel.SAMPLING)] = DEFAULTS.top_p,
+    max_tokens: Annotated[int, typer.Option(help="Maximum new tokens per response.", rich_help_panel=Panel.SAMPLING)] = DEFAULTS.max_tokens,
+    seed: Annotated[int, typer.Option(help="Sampling seed.", rich_help_panel=Panel.SAMPLING)] = DEFAULTS.seed,
+    engine: Annotated[Engine, typer.Option(help="Rollout engine (fast: the CPU sampler; vllm: GPU).", rich_help_panel=Panel.RUN)] = Engine(DEFAULTS.engine),
+    batch_size: Annotated[int, typer.Option(help="Sequences per generate call (0: one problem's K).", rich_help_panel=Panel.RUN)] = DEFAULTS.batch_size,
     output: Annotated[
-        Path | None, typer.Option(help="Write generations.parquet + summary.json here; reruns resume.")
+        Path | None,
+        typer.Option(help="Write generations.parquet + summary.json here; reruns resume.", rich_help_panel=Panel.OUTPUT,
+                     show_default="none: files only in MLflow"),
     ] = None,
-    limit: Annotated[int | None, typer.Option(help="Evaluate only the first N problems.")] = None,
-    tracking_uri: Annotated[str | None, typer.Option(help="MLflow store (default $MLFLOW_TRACKING_URI or sqlite:///mlflow.db).")] = None,
-    experiment: Annotated[str | None, typer.Option(help="MLflow experiment name.")] = None,
-    no_track: Annotated[bool, typer.Option("--no-track", help="Do not record an MLflow run.")] = False,
+    table_rows: Annotated[
+        int, typer.Option(help="Most samples in the MLflow generations table (0: none).", rich_help_panel=Panel.OUTPUT)
+    ] = DEFAULTS.table_rows,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the results as one JSON object on stdout.", rich_help_panel=Panel.OUTPUT)] = False,
+    quiet: QuietOption = False,
+    verbose: VerboseOption = False,
+    tracking_uri: Annotated[
+        str | None,
+        typer.Option(help="MLflow store.", show_default="$MLFLOW_TRACKING_URI, else sqlite:///mlflow.db", rich_help_panel=Panel.TRACKING),
+    ] = None,
+    experiment: Annotated[
+        str | None,
+        typer.Option(help="MLflow experiment name.", show_default=f"the checkpoint's training run's, else {TRACKING.experiment}",
+                     rich_help_panel=Panel.TRACKING),
+    ] = None,
+    no_track: Annotated[bool, typer.Option("--no-track", help="Do not record an MLflow run.", rich_help_panel=Panel.TRACKING)] = False,
     compare: Annotated[
         tuple[str, str] | None,
-        typer.Option(help="Paired comparison of two results (result dirs or generations parquets) instead."),
+        typer.Option(help="Paired comparison of two results (result dirs or generations parquets) instead.",
+                     show_default="none", rich_help_panel=Panel.OUTPUT),
     ] = None,
 ) -> None:
     """Evaluate avg@K / pass@k / maj@K of a checkpoint (DAPO protocol: AIME 2024, avg@32)."""
+    level = verbosity(quiet, verbose)
     if compare is not None:
         from dapo_cli.eval.compare import compare_results
 
@@ -97,33 +108,55 @@ def eval_command(
     if checkpoint is None:
         raise UserError("give a CHECKPOINT to evaluate (or --compare A B)")
     from dapo_cli.eval.run import EvalOptions, run_eval
+    from dapo_cli.progress import CountProgress
 
-    defaults, tracking = EvalConfig(), TrackingConfig()
-    k = defaults.avg_k if avg is None else avg
     opts = EvalOptions(
         checkpoint=checkpoint,
-        dataset=defaults.dataset if dataset is None else dataset,
-        k=k,
+        dataset=dataset,
+        k=avg,
         # default pass@k values above K are dropped; explicit ones are checked (and rejected) by run_eval
-        pass_k=tuple(sorted(set(pass_k))) if pass_k else tuple(j for j in defaults.pass_k if j <= k),
-        temperature=defaults.temperature if temperature is None else temperature,
-        top_p=defaults.top_p if top_p is None else top_p,
-        max_tokens=defaults.max_tokens if max_tokens is None else max_tokens,
-        verifier=defaults.verifier if verifier is None else verifier,
-        engine=defaults.engine if engine is None else engine.value,
-        batch_size=defaults.batch_size if batch_size is None else batch_size,
-        seed=defaults.seed if seed is None else seed,
+        pass_k=tuple(sorted(set(pass_k))) if pass_k else tuple(j for j in DEFAULTS.pass_k if j <= avg),
+        temperature=temperature,
+        top_p=top_p,
+        max_tokens=max_tokens,
+        verifier=verifier,
+        engine=engine.value,
+        batch_size=batch_size,
+        seed=seed,
         output=output,
         limit=limit,
-        tracking_backend="null" if no_track else tracking.backend,
-        tracking_uri=tracking.tracking_uri if tracking_uri is None else tracking_uri,
-        experiment=tracking.experiment if experiment is None else experiment,
+        tracking_backend="null" if no_track else TRACKING.backend,
+        tracking_uri=TRACKING.tracking_uri if tracking_uri is None else tracking_uri,
+        experiment=experiment,  # None: the training run's experiment, else TRACKING's (eval/links.py)
+        table_rows=table_rows,
     )
     check_options(opts)
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), SamplesPerSecond(), TimeElapsedColumn())
-    with Progress(*columns, console=err_console) as bar, removing_new_output(opts.output):
-        report = run_eval(opts, progress=RichProgress(bar), log=lambda m: err_console.print(m, highlight=False, markup=False))
-    print_report(report, opts.k)
+
+    def log(message: str) -> None:
+        if level >= 0:
+            err_console.print(message, highlight=False, markup=False, soft_wrap=True)
+
+    progress = CountProgress("sampling", unit="samples", enabled=level >= 0, console=err_console, every=0 if level > 0 else 0.1)
+    with progress, removing_new_output(opts.output):
+        report = run_eval(opts, progress=progress, log=log)
+    if as_json:
+        typer.echo(json.dumps(report_json(report), sort_keys=True, default=str))
+    else:
+        print_report(report, opts.k)
+
+
+def report_json(report: EvalReport) -> dict[str, Any]:
+    """``--json``: the metrics, the settings, where the files went and the MLflow run, as one object
+    (a non-finite metric is null)."""
+    metrics = {k: (v if math.isfinite(v) else None) for k, v in report.result.metrics.items()}
+    return {
+        "metrics": metrics,
+        "settings": report.settings,
+        "layout": report.layout,
+        "resumed_problems": report.resumed_problems,
+        "outputs": {name: str(path) for name, path in report.outputs.items()},
+        "mlflow_run_id": report.run_id or None,
+    }
 
 
 def check_options(opts: EvalOptions) -> None:

@@ -8,17 +8,26 @@ from typing import Annotated
 
 import typer
 
-from dapo_cli.cli.common import SetOption, console
+from dapo_cli.cli.common import Panel, SetOption, console
 from dapo_cli.cli.options import ConfigArg, resolve
+
+EXAMPLES = [
+    ("dapo init-model", "Build the tiny policy of experiments/tiny.yaml into the builtin:tiny cache (once; minutes on 2 cores)."),
+    ("dapo init-model experiments/tiny-ladder.yaml", "The ladder's warm-start (task arith-medium), ready before dapo ablate."),
+    ("dapo init-model -o models/tiny --force --set model.tiny.sft_steps=300",
+     "A shorter warm-start written to models/tiny (use it with --set model.path=models/tiny)."),
+]
 
 
 def init_model(
     config: ConfigArg = None,
     sets: SetOption = None,
     output: Annotated[
-        str | None, typer.Option("--output", "-o", help="Write the model here instead of the builtin:tiny cache.")
+        str | None,
+        typer.Option("--output", "-o", help="Write the model here instead of the builtin:tiny cache.",
+                     show_default="the cache: $DAPO_CACHE, else ~/.cache/dapo", rich_help_panel=Panel.OUTPUT),
     ] = None,
-    force: Annotated[bool, typer.Option("--force", help="Rebuild even if the model already exists.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Rebuild even if the model already exists.", rich_help_panel=Panel.OUTPUT)] = False,
 ) -> None:
     """Build the tiny character-level policy with its supervised warm-start (deterministic; minutes on 2 cores).
 

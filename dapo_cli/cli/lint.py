@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 
 from dapo_cli.cli import train as _train
-from dapo_cli.cli.common import SetOption
+from dapo_cli.cli.common import Panel, SetOption
 from dapo_cli.cli.options import ConfigArg, resolve
 from dapo_cli.config import lint as rules
 
@@ -25,12 +25,11 @@ TokenLevelLossToggle = _TRAIN_OPTIONS["token_level_loss"]
 OverlongShapingToggle = _TRAIN_OPTIONS["overlong_shaping"]
 OverlongFilteringToggle = _TRAIN_OPTIONS["overlong_filtering"]
 
-EPILOG = (
-    "Examples:\n\n"
-    "dapo lint experiments/dapo-qwen2.5-32b.yaml   (the paper's setup: no findings, exit 0)\n\n"
-    "dapo lint experiments/tiny.yaml --strict   (exit 1: the tiny experiment has warnings)\n\n"
-    "dapo lint experiments/dapo-qwen2.5-7b.yaml --no-dynamic-sampling --set trainer.lr=1e-4 --json   (two warnings, as JSON)"
-)
+EXAMPLES = [
+    ("dapo lint experiments/dapo-qwen2.5-32b.yaml", "The paper's setup: no findings, exit 0."),
+    ("dapo lint experiments/tiny.yaml --strict", "Exit 1: the tiny experiment has warnings."),
+    ("dapo lint experiments/dapo-qwen2.5-7b.yaml --no-dynamic-sampling --set trainer.lr=1e-4 --json", "Two warnings, as JSON."),
+]
 
 
 def lint(
@@ -41,8 +40,8 @@ def lint(
     token_level_loss: TokenLevelLossToggle = None,
     overlong_shaping: OverlongShapingToggle = None,
     overlong_filtering: OverlongFilteringToggle = None,
-    strict: Annotated[bool, typer.Option("--strict", help="Exit 1 on any finding, warnings included (for CI).")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the findings as a JSON list instead of lines.")] = False,
+    strict: Annotated[bool, typer.Option("--strict", help="Exit 1 on any finding, warnings included (for CI).", rich_help_panel=Panel.OUTPUT)] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the findings as a JSON list instead of lines.", rich_help_panel=Panel.OUTPUT)] = False,
 ) -> None:
     """Check a config against the DAPO paper and known pitfalls: one line per finding.
 

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich import box
 from rich.table import Table
 from rich.text import Text
 
-from dapo_cli.cli.common import console
+from dapo_cli.cli.common import Panel, console
 from dapo_cli.data.convert import CONVERSIONS, DROP_REASONS
+from dapo_cli.data.layouts import FieldOptions
 from dapo_cli.data.prepare import (
     DEFAULT_EXPERIMENT,
     DEFAULT_SYNTHETIC_N,
@@ -20,11 +23,45 @@ from dapo_cli.data.prepare import (
 )
 from dapo_cli.errors import UserError
 
+EXAMPLES = [
+    ("dapo prepare-data ../shared/data/raw-gaokao2023en.jsonl -o gaokao.parquet",
+     "Raw problems with \\boxed{} answers → DAPO parquet with integer targets, a manifest and an MLflow run."),
+    ("dapo prepare-data --synthetic add-3digit --n 2000 --val-fraction 0.1 -o add3.parquet",
+     "2,000 synthetic problems (the tiny model's task); 10% of them to add3.val.parquet."),
+    ("dapo prepare-data ../shared/data/aime-2024.parquet --repeat 32 -o aime32.parquet --no-track",
+     "Each AIME problem 32 times (the avg@32 layout), recorded nowhere."),
+    ("dapo prepare-data olympiad/ --problem-field question --context-field context --answer-field final_answer -o olympiad.parquet",
+     "A save_to_disk folder (its train split), fields named instead of detected: context prepended, answers from a list."),
+]
+
 
 def prepare_data(
     inputs: Annotated[
         list[Path] | None,
-        typer.Argument(help="Raw parquet/JSONL files (problem/question + answer or \\boxed{} solution), or prepared DAPO parquet."),
+        typer.Argument(
+            help="Raw parquet/JSONL/JSON/.arrow files or Hugging Face save_to_disk folders (fields detected: "
+            "problem/question/prompt/input/query + answer or a worked solution), or prepared DAPO parquet."
+        ),
+    ] = None,
+    problem_field: Annotated[
+        str | None,
+        typer.Option("--problem-field", help="Read problems from this field (a string or chat messages) instead of detecting it.",
+                     rich_help_panel=Panel.DATA),
+    ] = None,
+    answer_field: Annotated[
+        str | None,
+        typer.Option("--answer-field", help="Read answers from this field (text, number or one-element list); "
+                     "with --solution-field, it is tried first. Replaces answer detection.", rich_help_panel=Panel.DATA),
+    ] = None,
+    solution_field: Annotated[
+        str | None,
+        typer.Option("--solution-field", help="Read the final answer of the worked solution in this field "
+                     "(\\boxed{}, '#### N', 'The answer is N'). Replaces answer detection.", rich_help_panel=Panel.DATA),
+    ] = None,
+    context_field: Annotated[
+        list[str] | None,
+        typer.Option("--context-field", help="Prepend this field (a context or preamble) to each problem (repeatable, in order).",
+                     rich_help_panel=Panel.DATA),
     ] = None,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Output parquet (required).")] = None,
     synthetic: Annotated[
@@ -61,9 +98,6 @@ def prepare_data(
     """Turn raw math problems into DAPO parquet with integer answers (like DAPO-Math-17K)."""
     if output is None:
         raise UserError("missing -o/--output: where to write the parquet file")
-    for path in inputs or ():
-        if path.is_dir():
-            raise UserError(f"input {path} is a directory; give parquet or JSONL files (e.g. {path}/*.parquet)")
     if not no_track:
         from dapo_cli.cli.common import check_tracking_uri
 
@@ -81,12 +115,15 @@ def prepare_data(
         repeat=repeat,
         limit=limit,
         keep_duplicates=keep_duplicates,
+        fields=FieldOptions(problem_field, answer_field, solution_field, tuple(context_field or ())),
         track=not no_track,
         tracking_uri=tracking_uri,
         experiment=experiment,
     )
     result = run_prepare(options)
-    console.print(summary_table(result))
+    for line in detection_lines(result):
+        console.print(line, highlight=False, markup=False, soft_wrap=True)
+    console.print(summary_table(result, console.width))
     if result.dropped:
         console.print(drop_table(result))
     console.print(dedup_line(result), highlight=False, markup=False, soft_wrap=True)
@@ -97,17 +134,75 @@ def prepare_data(
         console.print(f"MLflow run: {result.run_id} (experiment {experiment})", highlight=False, markup=False)
 
 
-def summary_table(result: PrepareResult) -> Table:
-    """Rows read, kept per conversion and dropped per input (rows, not problems)."""
-    table = Table(title=Text("prepare-data"))
-    table.add_column("input", overflow="fold")
-    table.add_column("layout", overflow="fold")
-    for column in ("read", *CONVERSIONS, "kept", "dropped"):
-        table.add_column(column, justify="right")
-    for report in result.files:
+def _printable(text: str) -> str:
+    """File and field names are untrusted: control characters (a newline in a name) shown as ``?``."""
+    return "".join(c if c.isprintable() else "?" for c in text)
+
+
+def short_names(paths: list[str]) -> list[str]:
+    """Each input's file (or folder) name without its directories; the last two parts where names collide."""
+    names = [Path(p).name or p for p in paths]
+    repeated = Counter(names)
+    return [_printable(str(Path(*Path(p).parts[-2:])) if repeated[n] > 1 else n) for p, n in zip(paths, names, strict=True)]
+
+
+def middle_ellipsis(text: str, width: int) -> str:
+    """``text`` in at most ``width`` characters, its middle replaced by ``…`` (the extension stays visible)."""
+    if len(text) <= width:
+        return text
+    head = (width - 1) // 2
+    return text[:head] + "…" + text[len(text) - (width - 1 - head) :]
+
+
+def detection_lines(result: PrepareResult) -> list[str]:
+    """One line per input file: what was detected (format, split, rows, fields), rows per problem, answers found."""
+    lines = []
+    for name, report in zip(short_names([r.path for r in result.files]), result.files, strict=True):
+        if report.kind == "synthetic":
+            continue
+        line = f"{name}: {_printable(report.detected)}; {report.layout}"
+        if report.answer_sources:
+            found = ", ".join(f"{source} {n}" for source, n in sorted(report.answer_sources.items(), key=lambda kv: -kv[1]))
+            line += f"; answers found: {_printable(found)}"
+        lines.append(line)
+    return lines
+
+
+SHORT_HEADERS = {"integer": "int", "expression": "expr", "fraction": "frac"}
+"""Column headers of the summary table that are abbreviated to keep it within 80 columns."""
+
+MIN_NAME_WIDTH = 12
+"""Narrowest the input column is squeezed to (names are abbreviated, never wrapped)."""
+
+
+def summary_table(result: PrepareResult, width: int = 80) -> Table:
+    """Rows read, kept per conversion and dropped per input (rows, not problems), within ``width`` columns.
+
+    Names are never broken across lines: shown without directories, and when the table
+    would still be wider than ``width``, shortened in the middle (``raw-gao…023en.jsonl``).
+    """
+    names = short_names([r.path for r in result.files])
+    table = _summary_table(result, names)
+    excess = console.measure(table, options=console.options.update(max_width=1 << 16)).maximum - width
+    if excess > 0:
+        longest = max(len(n) for n in names)
+        names = [middle_ellipsis(n, max(MIN_NAME_WIDTH, longest - excess)) for n in names]
+        table = _summary_table(result, names)
+    return table
+
+
+def _summary_table(result: PrepareResult, names: list[str]) -> Table:
+    legend = f"{'/'.join(SHORT_HEADERS.values())}: {'/'.join(SHORT_HEADERS)}"
+    table = Table(
+        title=Text("prepare-data"), caption=Text(legend),
+        box=box.SIMPLE_HEAD, padding=(0, 0, 0, 1), show_edge=False, pad_edge=False,
+    )  # fmt: skip
+    table.add_column("input", no_wrap=True, overflow="ellipsis")
+    for column in ("read", *(SHORT_HEADERS.get(c, c) for c in CONVERSIONS), "kept", "dropped"):
+        table.add_column(column, justify="right", no_wrap=True)
+    for name, report in zip(names, result.files, strict=True):
         table.add_row(
-            Text(Path(report.path).name),
-            Text(report.layout),
+            Text(name),
             str(report.rows_read),
             *(str(report.kept[c]) for c in CONVERSIONS),
             str(sum(report.kept.values())),
@@ -115,7 +210,7 @@ def summary_table(result: PrepareResult) -> Table:
         )
     kept = result.kept
     table.add_row(
-        "total", "", str(result.rows_read), *(str(kept[c]) for c in CONVERSIONS), str(sum(kept.values())), str(sum(result.dropped.values()))
+        "total", str(result.rows_read), *(str(kept[c]) for c in CONVERSIONS), str(sum(kept.values())), str(sum(result.dropped.values()))
     )
     return table
 

@@ -6,6 +6,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+from rich import box
+from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
@@ -70,7 +72,26 @@ SHORT_HEADS = {
     "truncated %": "trunc %",
     "kept groups %": "kept %",
 }
-"""Terminal headers (report.md spells them out)."""
+"""Terminal headers of a wide terminal (report.md spells them out)."""
+
+NARROW_HEADS = {
+    "rung": ("#", "rung"),
+    "paper row": ("row", "the paper's Table 1 row"),
+    "paper AIME24 avg@32": ("ppr", "the paper's AIME24 avg@32 (Table 1, Qwen2.5-32B)"),
+    "95% CI seeds (t)": ("±t", "95% CI over seeds (Student t)"),
+    "95% CI problems": ("±p", "95% CI over problems (±1.96 × val stderr)"),
+    "Δ %": ("Δ", "paired Δ in points"),
+    "Δ 95% CI (paired)": ("ΔCI", "its 95% CI (paired bootstrap over problems)"),
+    "P(Δ>0)": ("P>0", "share of resamples with Δ > 0"),
+    "truncated %": ("tr%", "truncated responses %"),
+    "kept groups %": ("kp%", "kept groups %"),
+    "samples": ("smp", "generated samples per seed"),
+    "seeds": ("n", "seeds"),
+}
+"""Abbreviated headers (and their legend lines) for terminals too narrow for :data:`SHORT_HEADS`."""
+
+TEXT_COLUMNS = ("variant", "paper row")
+"""Columns of names: they wrap; numbers never do."""
 
 
 def terminal_columns(rows: list[dict[str, str]], *, ladder: bool) -> list[str]:
@@ -83,32 +104,72 @@ def terminal_columns(rows: list[dict[str, str]], *, ladder: bool) -> list[str]:
     return [h for h in rows[0] if h not in drop and any(r[h] != "—" for r in rows)]
 
 
-def print_report(result: AblationReport) -> None:
-    """The report's table in the terminal, plus what is still missing."""
+def wide_width(rows: list[dict[str, str]], heads: list[str]) -> int:
+    """Columns the bordered table with :data:`SHORT_HEADS` needs for every cell on one line."""
+    cells = sum(max(len(SHORT_HEADS.get(h, h)), *(len(r[h]) for r in rows)) for h in heads)
+    return cells + 3 * len(heads) + 1  # "│ " + cell + " " per column, and the closing "│"
+
+
+def results_table(rows: list[dict[str, str]], heads: list[str], *, width: int) -> tuple[Table, list[str]]:
+    """The table for a terminal ``width`` columns wide, and the legend of its abbreviated headers.
+
+    Wide enough: a bordered table with :data:`SHORT_HEADS` and no legend. Narrower: no
+    vertical borders, one space between columns, the :data:`NARROW_HEADS` abbreviations (their
+    meanings listed below the table); numeric cells are never cut or wrapped, names wrap.
+    """
+    if width >= wide_width(rows, heads):
+        table = Table()
+        for head in heads:
+            short = SHORT_HEADS.get(head, head)
+            if head in TEXT_COLUMNS:
+                table.add_column(short, overflow="fold", min_width=14)
+            else:
+                table.add_column(short, justify="right", min_width=max(len(r[head]) for r in rows))
+        legend: list[str] = []
+    else:
+        table = Table(box=box.SIMPLE_HEAD, show_edge=False, padding=0, pad_edge=False)
+        legend = []
+        for head in heads:
+            short, meaning = NARROW_HEADS.get(head, (head.replace(" %", ""), ""))
+            if head in TEXT_COLUMNS:
+                table.add_column(short, overflow="fold", ratio=1, min_width=4)
+            else:
+                widest = max(len(short), *(len(r[head]) for r in rows))
+                table.add_column(short, justify="right", no_wrap=True, min_width=widest, max_width=widest)
+            if meaning:
+                legend.append(f"{short} = {meaning}")
+            elif head.startswith("avg@"):
+                legend.append(f"{short} = final held-out {short}")
+    for row in rows:
+        table.add_row(*(Text(row[h]) for h in heads))
+    return table, legend
+
+
+def print_report(result: AblationReport, out: Console | None = None) -> None:
+    """The report's table in the terminal (``out``: the command's console), plus what is still missing.
+
+    Fits the terminal: at 80 columns every column is there, under abbreviated headers explained
+    in a legend below; a wider terminal gets the bordered table with longer headers.
+    """
     from dapo_cli.ablate.report import table_rows
 
+    out = out or console
     rows = table_rows(result)
     title = f"{result.name} · {result.mode} · parent run {result.parent_run_id}"
     if not rows:
-        console.print(Text(f"{title}: no finished child run yet"))
+        out.print(Text(f"{title}: no finished child run yet"))
     else:
-        table = Table(title=Text(title))
         heads = terminal_columns(rows, ladder=result.mode == "ladder")
-        for head in heads:
-            short = SHORT_HEADS.get(head, head)
-            if head in ("variant", "paper row"):
-                table.add_column(short, overflow="fold", min_width=14)  # long names fold; numbers never do
-            else:
-                widest = max(len(r[head]) for r in rows)
-                table.add_column(short, justify="right", min_width=widest)
-        for row in rows:
-            table.add_row(*(Text(row[h]) for h in heads))
-        console.print(table)
-        console.print(
+        table, legend = results_table(rows, heads, width=out.width)
+        table.title = Text(title)
+        out.print(table)
+        if legend:
+            out.print(Text("; ".join(legend) + "; numbers in % (points)."))
+        out.print(
             "CI seeds: Student t over seeds; CI problems: normal (±1.96 × val stderr); Δ: paired bootstrap over problems "
             + ("to the previous rung" if result.mode == "ladder" else "to the first variant"),
             highlight=False,
             markup=False,
         )
     if result.missing:
-        console.print(f"not finished: {', '.join(result.missing)}", highlight=False, markup=False)
+        out.print(f"not finished: {', '.join(result.missing)}", highlight=False, markup=False)

@@ -1,21 +1,51 @@
-"""`dapo train`: the DAPO RL loop on a config, each technique switchable from the command line."""
+"""`dapo train`: the DAPO RL loop on a config, each technique switchable from the command line.
+
+Results (run dir, checkpoint, MLflow run id, final metrics; with ``--json`` one JSON object) go
+to stdout; progress and per-step lines to stderr (``--quiet``: none, ``--verbose``: every metric).
+Ctrl-C exits 130 and prints the command that resumes the run.
+"""
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import shlex
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-from dapo_cli.cli.common import SetOption
+from dapo_cli.cli.common import Panel, QuietOption, SetOption, VerboseOption, console, err_console, verbosity
 from dapo_cli.cli.options import ConfigArg, resolve
 from dapo_cli.tracking import PARENT_RUN_ENV
 
+EXAMPLES = [
+    ("dapo train", "Train the tiny policy with full DAPO on CPU (the embedded experiments/tiny.yaml)."),
+    ("dapo train --no-dynamic-sampling --set trainer.total_steps=10 --json",
+     "Ten steps without dynamic sampling; the run's results as one JSON object on stdout."),
+    ("dapo train --resume", "Continue the last run (and its MLflow run) from its newest checkpoint."),
+    ("dapo train experiments/dapo-qwen2.5-32b.yaml --dry-run --world-size 128",
+     "The cluster plan of the paper's setup: batch arithmetic and per-GPU memory (no GPU needed)."),
+]
+
+EXIT_INTERRUPTED = 130
+"""Exit code after Ctrl-C (128 + SIGINT), as shells report it."""
+
 
 def _toggle(name: str, what: str) -> object:
-    return typer.Option(f"--{name}/--no-{name}", help=f"{what} (default: as in the config).", show_default=False)
+    return typer.Option(f"--{name}/--no-{name}", help=f"{what}.", show_default="as in the config",
+                        rich_help_panel=Panel.TECHNIQUES)
+
+
+def _plan_option(flag: str, help_text: str, default: str) -> object:
+    return typer.Option(flag, help=f"With --dry-run: {help_text}.", show_default=default, rich_help_panel=Panel.CLUSTER)
+
+
+def _plan_defaults() -> tuple[int, float]:
+    from dapo_cli.plan import DEFAULT_GPU_GIB, DEFAULT_GPUS_PER_NODE
+
+    return DEFAULT_GPUS_PER_NODE, DEFAULT_GPU_GIB
 
 
 def train(
@@ -26,16 +56,18 @@ def train(
     token_level_loss: Annotated[bool | None, _toggle("token-level-loss", "token-mean vs seq-mean-token-mean aggregation")] = None,
     overlong_shaping: Annotated[bool | None, _toggle("overlong-shaping", "Soft overlong punishment (Eq. 13)")] = None,
     overlong_filtering: Annotated[bool | None, _toggle("overlong-filtering", "Drop truncated responses from the loss")] = None,
-    resume: Annotated[bool, typer.Option("--resume", help="Continue the run (and its MLflow run) from its last checkpoint.")] = False,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the cluster plan: batch arithmetic, world-size checks, per-GPU memory per phase (loads no weights, needs no GPU).")] = False,
-    world_size: Annotated[int | None, typer.Option("--world-size", help="With --dry-run: ranks (GPUs) to plan for (default: $WORLD_SIZE, else 1).", show_default=False)] = None,
-    gpus_per_node: Annotated[int | None, typer.Option("--gpus-per-node", help="With --dry-run: GPUs per node (default 8).", show_default=False)] = None,
-    gpu_memory_gib: Annotated[float | None, typer.Option("--gpu-memory-gib", help="With --dry-run: memory of one GPU in GiB (default 80).", show_default=False)] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="With --dry-run: print the plan as JSON.")] = False,
-    as_yaml: Annotated[bool, typer.Option("--yaml", help="With --dry-run: print the resolved config as YAML instead of the plan.")] = False,
-    algo: Annotated[str | None, typer.Option("--algo", help="dapo (decoupled clip, online; the default) or direct-advantage (step-level critic, offline); overrides the config's algo.", show_default=False)] = None,
-    iterations: Annotated[int | None, typer.Option("--iterations", help="direct-advantage: iterations (each trained actor is the next reference); sets direct_advantage.iterations.", show_default=False)] = None,
-    from_phase: Annotated[str | None, typer.Option("--from-phase", help="direct-advantage: rerun the latest iteration from this phase (generate, mc_values, critic, advantages, actor, evaluate), reusing the stored earlier ones.", show_default=False)] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue the run (and its MLflow run) from its last checkpoint.", rich_help_panel=Panel.RUN)] = False,
+    quiet: QuietOption = False,
+    verbose: VerboseOption = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the results as one JSON object on stdout (with --dry-run: the plan).", rich_help_panel=Panel.OUTPUT)] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the cluster plan: batch arithmetic, world-size checks, per-GPU memory per phase (loads no weights, needs no GPU).", rich_help_panel=Panel.CLUSTER)] = False,
+    world_size: Annotated[int | None, _plan_option("--world-size", "ranks (GPUs) to plan for", "$WORLD_SIZE, else 1")] = None,
+    gpus_per_node: Annotated[int | None, _plan_option("--gpus-per-node", "GPUs per node", str(_plan_defaults()[0]))] = None,
+    gpu_memory_gib: Annotated[float | None, _plan_option("--gpu-memory-gib", "memory of one GPU in GiB", f"{_plan_defaults()[1]:g}")] = None,
+    as_yaml: Annotated[bool, typer.Option("--yaml", help="With --dry-run: print the resolved config as YAML instead of the plan.", rich_help_panel=Panel.CLUSTER)] = False,
+    algo: Annotated[str | None, typer.Option("--algo", help="dapo (decoupled clip, online) or direct-advantage (step-level critic, offline); overrides the config's algo.", show_default="as in the config: dapo", rich_help_panel=Panel.ALGO)] = None,
+    iterations: Annotated[int | None, typer.Option("--iterations", help="direct-advantage: iterations (each trained actor is the next reference); sets direct_advantage.iterations.", show_default="as in the config", rich_help_panel=Panel.ALGO)] = None,
+    from_phase: Annotated[str | None, typer.Option("--from-phase", help="direct-advantage: rerun the latest iteration from this phase (generate, mc_values, critic, advantages, actor, evaluate), reusing the stored earlier ones.", show_default="none: a new run", rich_help_panel=Panel.ALGO)] = None,
 ) -> None:
     """Train a policy with DAPO (or any subset of its techniques) and record the run in MLflow."""
     toggles = {"clip-higher": clip_higher, "dynamic-sampling": dynamic_sampling, "token-level-loss": token_level_loss,
@@ -57,6 +89,11 @@ def train(
                     "--json": as_json or None, "--yaml": as_yaml or None}
     if cfg.algo == "direct-advantage" or from_phase is not None:
         from dapo_cli.direct_advantage.command import train_direct_advantage
+
+        if quiet or verbose:
+            from dapo_cli.errors import UserError
+
+            raise UserError("--quiet/--verbose apply to algo dapo; algo direct-advantage prints its phases as they run")
 
         train_direct_advantage(cfg, config=config, sets=sets, resume=resume, from_phase=from_phase, dry_run=dry_run,
                                plan_options=plan_options)
@@ -84,20 +121,15 @@ def train(
         if failed:
             raise UserError(f"the settings cannot run at world size {plan.world_size}: {failed[0]}")
         return
-    used = [name for name, value in plan_options.items() if value is not None]
+    used = [name for name, value in plan_options.items() if value is not None and name != "--json"]
     if used:
         from dapo_cli.errors import UserError
 
-        raise UserError(f"{', '.join(used)} only work with --dry-run (add --dry-run, or drop them)")
+        raise UserError(f"{', '.join(used)} only {'works' if len(used) == 1 else 'work'} with --dry-run (add --dry-run, or drop "
+                        f"{'it' if len(used) == 1 else 'them'})")
+    level = verbosity(quiet, verbose)
     from dapo_cli.train import run_train
 
-    toggles = {
-        "clip-higher": clip_higher,
-        "dynamic-sampling": dynamic_sampling,
-        "token-level-loss": token_level_loss,
-        "overlong-shaping": overlong_shaping,
-        "overlong-filtering": overlong_filtering,
-    }
     # `dapo ablate` children started as processes (--launcher print/slurm, ablate.nproc > 1) get
     # DAPO_PARENT_RUN_ID, so the child's MLflow run nests under the ablation's parent run, and
     # DAPO_EXTRA_TAGS (a JSON object: its ablate.* tags).
@@ -107,18 +139,82 @@ def train(
 
     check_train(cfg, resume=resume)  # before a run dir is claimed or an MLflow run opened
     parent = os.environ.get(PARENT_RUN_ENV) or None
-    with removing_new_dirs(Path(cfg.trainer.output_dir) / cfg.tracking.experiment):
-        summary = run_train(
-            cfg,
-            resume=resume,
-            command=command_line("train", config, sets, toggles, resume=resume),
-            parent_run_id=parent,
-            extra_tags=extra_tags_from_env(),
-        )
+    try:
+        with removing_new_dirs(Path(cfg.trainer.output_dir) / cfg.tracking.experiment):
+            summary = run_train(
+                cfg,
+                resume=resume,
+                command=command_line("train", config, sets, toggles, resume=resume),
+                parent_run_id=parent,
+                extra_tags=extra_tags_from_env(),
+                quiet=level < 0,
+                verbose=level > 0,
+            )
+    except KeyboardInterrupt as exc:
+        report_interrupt(exc, command_line("train", config, sets, toggles, resume=True),
+                         command_line("train", config, sets, toggles))
+        raise typer.Exit(code=EXIT_INTERRUPTED) from None
+    print_results(summary, as_json=as_json)
     if summary.get("stopped"):  # the collapse guard: the run is recorded, but it did not train to the end
         from dapo_cli.errors import COLLAPSED, RunStopped
 
         raise RunStopped(summary["stopped"], COLLAPSED)
+
+
+def report_interrupt(exc: KeyboardInterrupt, resume_command: str, fresh_command: str) -> None:
+    """What Ctrl-C left, on stderr: the command that resumes the run, or that no checkpoint exists yet."""
+    from dapo_cli.train import TrainingInterrupted
+
+    def say(text: str) -> None:
+        err_console.print(text, highlight=False, markup=False, soft_wrap=True)
+
+    if not isinstance(exc, TrainingInterrupted):  # before the run started: nothing was claimed or recorded
+        say(f"interrupted before training started; run it again with: {fresh_command}")
+    elif exc.checkpoint is not None:
+        say(f"interrupted in step {exc.step}; the MLflow run is marked KILLED; {exc.checkpoint.name} is kept in {exc.run_dir}")
+        say(f"resume with: {resume_command}")
+    else:
+        say(f"interrupted in step {exc.step}, before the first checkpoint (trainer.save_freq); the MLflow run is marked "
+            f"KILLED; nothing to resume: start again with: {fresh_command}")
+
+
+def results(summary: dict[str, Any]) -> dict[str, Any]:
+    """The run's results as plain JSON values (a non-finite metric becomes null)."""
+
+    def clean(value: Any) -> Any:
+        if isinstance(value, float) and not math.isfinite(value):
+            return None
+        if isinstance(value, dict):
+            return {k: clean(v) for k, v in value.items()}
+        return value
+
+    return clean(dict(summary))
+
+
+def print_results(summary: dict[str, Any], *, as_json: bool) -> None:
+    """stdout: the run dir, checkpoint, MLflow run and final metrics; or one JSON object (``--json``)."""
+    data = results(summary)
+    if as_json:
+        typer.echo(json.dumps(data, sort_keys=True))
+        return
+    lines = []
+    base, final = data.get("base_val"), data.get("final_val")
+    if base is not None and final is not None:
+        lines.append(f"held-out accuracy: {base:.3f} (base) → {final:.3f} (final), {final - base:+.3f}")
+    if data.get("run_dir"):
+        lines.append(f"run dir:    {data['run_dir']}")
+    if data.get("checkpoint"):
+        lines.append(f"checkpoint: {data['checkpoint']}")
+    if data.get("mlflow_run_id"):
+        lines.append(f"MLflow run: {data['mlflow_run_id']}  (mlflow ui --backend-store-uri {data.get('tracking_uri') or ''})")
+    last = data.get("last_step_metrics") or {}
+    if last:
+        from dapo_cli.progress import SUMMARY_KEYS
+
+        shown = [f"{label} {value:.4g}" for key, label, _ in SUMMARY_KEYS if isinstance(value := last.get(key), (int, float))]
+        lines.append("last step:  " + "  ".join(shown))
+    for line in lines:
+        console.print(line, highlight=False, markup=False, soft_wrap=True)
 
 
 def command_line(

@@ -22,15 +22,19 @@ from dapo_cli.config.schema import Config, is_section
 from dapo_cli.errors import UserError
 
 EMBEDDED_EXPERIMENT = "tiny.yaml"
+"""The experiment of a command given no CONFIG (``presets/`` links it to ``experiments/``)."""
+EMBEDDED_LADDER = "tiny-ladder.yaml"
+"""The experiment of ``dapo ablate`` without CONFIG (shipped the same way)."""
 
 
 class ConfigError(UserError):
     """A config key or value the user must fix."""
 
 
-def embedded_experiment_path() -> Path:
-    """The tiny CPU experiment shipped inside the package (used when no CONFIG is given)."""
-    return Path(str(resources.files("dapo_cli") / "presets" / EMBEDDED_EXPERIMENT))
+def embedded_experiment_path(name: str = EMBEDDED_EXPERIMENT) -> Path:
+    """An experiment shipped inside the package: the tiny CPU one (used when no CONFIG is given),
+    or :data:`EMBEDDED_LADDER`."""
+    return Path(str(resources.files("dapo_cli") / "presets" / name))
 
 
 def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] = ()) -> Config:

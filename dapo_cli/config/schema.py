@@ -174,9 +174,10 @@ class EvalConfig:
     top_p: float = setting(0.7, "nucleus sampling (DAPO paper: 0.7)")
     max_tokens: int = setting(20480, "maximum new tokens per response (DAPO paper: 20480)")
     verifier: str = setting("math_dapo", "answer checker", choices=("math_dapo", "strict_box", "math_equiv"))
-    engine: str = setting("hf", "rollout engine", choices=("hf", "vllm"))
+    engine: str = setting("hf", "rollout engine (fast: the CPU sampler, hf: transformers generate, vllm: GPU)", choices=("fast", "hf", "vllm"))
     batch_size: int = setting(0, "sequences per generate call (0: all of one problem batch)")
     seed: int = setting(0, "sampling seed")
+    table_rows: int = setting(1000, "most samples in the MLflow generations table of dapo eval (0: none; AIME24 avg@32 is 960)")
 
 
 @dataclass

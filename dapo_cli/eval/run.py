@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from dapo_cli.config.schema import EvalConfig
 from dapo_cli.errors import UserError
 from dapo_cli.eval import metrics as M
 from dapo_cli.eval.limits import check_memory, sequences_per_call
@@ -439,7 +440,10 @@ class EvalOptions:
     limit: int | None = None
     tracking_backend: str = "mlflow"
     tracking_uri: str = ""
-    experiment: str = "dapo"
+    experiment: str | None = None
+    """None: the training run's experiment when the checkpoint records one (see :mod:`dapo_cli.eval.links`), else ``dapo``."""
+    table_rows: int = EvalConfig.table_rows
+    """Most samples in the MLflow generations table (0: none; see :mod:`dapo_cli.eval.table`)."""
     memory_limit_bytes: int | None = None
     """Most memory an evaluation may plan to hold (None: this machine's, see :func:`memory_limit`)."""
 
@@ -490,10 +494,11 @@ def eval_settings(opts: EvalOptions, model: str, source: Path, num_problems: int
     }
 
 
-def run_name(model: str, dataset: str, k: int) -> str:
-    """``eval-<model dir or its checkpoint>-<dataset>-avg<K>``."""
+def run_name(model: str, dataset: str, k: int, label: str = "") -> str:
+    """``eval-<label, else the model dir or its checkpoint>-<dataset>-avg<K>`` (label: the training
+    run and step, ``DAPO s0@60``, when the checkpoint names them)."""
     path = Path(model)
-    label = path.parent.name if path.name == "model" else path.name
+    label = label or (path.parent.name if path.name == "model" else path.name)
     return f"eval-{label}-{Path(dataset).stem}-avg{k}"
 
 
@@ -506,7 +511,9 @@ def run_eval(
     """Evaluate ``opts.checkpoint`` on ``opts.dataset`` (see the module docstring)."""
     from dapo_cli.config.schema import TrackingConfig
     from dapo_cli.datasets import load_dataset_rows
+    from dapo_cli.eval.links import link_runs, read_source, resolve_tracking, source_label, source_tags
     from dapo_cli.eval.problems import describe_layout, group_problems
+    from dapo_cli.eval.table import log_generations_table
     from dapo_cli.rewards import VERIFIERS
     from dapo_cli.tracking import start_run
 
@@ -516,6 +523,8 @@ def run_eval(
         raise UserError(f"unknown verifier '{opts.verifier}'; valid names: {', '.join(VERIFIERS)}")
     if opts.limit is not None and opts.limit < 1:
         raise UserError(f"--limit must be at least 1 (got {opts.limit})")
+    if opts.table_rows < 0:
+        raise UserError(f"--table-rows must be 0 or more (got {opts.table_rows})")
     check_memory(opts, 1)  # before anything loads: even one problem may not fit
     from dapo_cli.components import ROLLOUT_ENGINES, build_eval_rollout
 
@@ -534,11 +543,15 @@ def run_eval(
     batches = problem_batches(len(problems), settings["batch_problems"])
     resumed = sum(len(batches[b]) for b in checkpoint.done)
     params = SamplingParams(temperature=opts.temperature, top_p=opts.top_p, max_tokens=opts.max_tokens, seed=opts.seed)
-    tracking = TrackingConfig(backend=opts.tracking_backend, tracking_uri=opts.tracking_uri, experiment=opts.experiment)
+    source = read_source(model)  # the training run this checkpoint came from, if it records one
+    uri, experiment = resolve_tracking(opts.tracking_uri, opts.experiment, source, opts.tracking_backend)
+    tracking = TrackingConfig(backend=opts.tracking_backend, tracking_uri=uri, experiment=experiment)
     todo = len(checkpoint.done) < len(batches)
     # the model loads before the run opens: a checkpoint that fails to load leaves no MLflow run behind
     engine, format_prompt = build_eval_rollout(opts.engine, model, opts.batch_size, log) if todo else (None, None)
-    with start_run(tracking, run_name(model, opts.dataset, opts.k), tags={"dapo.command": "eval"}) as tracker:
+    tags = {"dapo.command": "eval", "dapo.checkpoint": model, **source_tags(source)}
+    name = run_name(model, opts.dataset, opts.k, source_label(source))
+    with start_run(tracking, name, tags=tags) as tracker:
         tracker.log_params(settings)
         new: list[SampleRecord] = []
         if todo:
@@ -557,6 +570,8 @@ def run_eval(
         result = summarize(problems, previous + new, k=opts.k, pass_k=opts.pass_k)
         tracker.log_metrics(M.tracking_metrics(result.metrics))
         tracker.log_table(result.per_problem, "per_problem.json")
+        log_generations_table(tracker, result.records, {p.problem_id: p.raw_problem for p in problems}, max_rows=opts.table_rows)
+        link_runs(tracker, source, f"{Path(opts.dataset).name} avg@{opts.k} = {result.metrics[f'avg@{opts.k}']:.4f}", name)
         with tempfile.TemporaryDirectory(prefix="dapo-eval-") as tmp:
             outputs = write_outputs(opts.output if opts.output is not None else Path(tmp), result, settings)
             tracker.log_artifact(outputs["generations"], "eval")

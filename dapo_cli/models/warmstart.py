@@ -37,13 +37,12 @@ from typing import Any
 
 import torch
 import transformers
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from dapo_cli.config.tiny import TINY_FORMAT_VERSION, TinyModelConfig
 from dapo_cli.data.synthetic import SyntheticExample, generate_examples, iter_examples
 from dapo_cli.fileio import write_json_atomic
+from dapo_cli.progress import CountProgress
 from dapo_cli.models.tiny import build_tiny_model_for, count_parameters, save_policy
 from dapo_cli.models.tokenizer import build_char_tokenizer, format_prompt
 from dapo_cli.rollout.base import SamplingParams
@@ -139,31 +138,19 @@ def sft_pairs(
         yield batch
 
 
-def _progress_bar(enabled: bool) -> Progress:
-    """A transient rich bar on stderr; shown only when ``enabled`` and stderr is a terminal."""
-    console = Console(stderr=True)
-    return Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TextColumn("{task.fields[info]}"),
-        console=console,
-        transient=True,
-        disable=not (enabled and console.is_terminal),
-    )
-
-
 def train_sft(
     model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, cfg: TinyModelConfig, *, progress: bool
 ) -> float:
-    """Run ``cfg.sft_steps`` AdamW steps (grad-norm clip 1.0); returns the last step's loss."""
+    """Run ``cfg.sft_steps`` AdamW steps (grad-norm clip 1.0); returns the last step's loss.
+
+    ``progress``: steps done, the loss and an ETA on stderr (a bar on a terminal, else a line every 10%).
+    """
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.sft_lr, weight_decay=0.0)
     batches = sft_pairs(tokenizer, cfg)
     model.train()
     loss_value = float("nan")
-    with _progress_bar(progress) as bar:
-        task = bar.add_task("warm-start (SFT)", total=cfg.sft_steps, info="")
+    with CountProgress("warm-start (SFT)", unit="steps", enabled=progress) as bar:
+        bar.start(cfg.sft_steps)
         for step in range(cfg.sft_steps):
             for group in optimizer.param_groups:
                 group["lr"] = sft_lr(step, cfg)
@@ -173,7 +160,7 @@ def train_sft(
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
             loss_value = loss.item()
-            bar.update(task, advance=1, info=f"loss {loss_value:.3f}")
+            bar.advance(1, info=f"loss {loss_value:.3f}")
     return loss_value
 
 

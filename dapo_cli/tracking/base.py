@@ -40,6 +40,14 @@ class Tracker(Protocol):
 
     def finish(self, status: str = "FINISHED") -> None: ...
 
+    def tag_other_run(
+        self, run_id: str, tags: Mapping[str, str], *, append: Mapping[str, str] | None = None
+    ) -> dict[str, str] | None:
+        """Set ``tags`` on another run of this store and add each ``append`` value to that run's
+        comma-separated list tag; that run's ``run_name``, ``experiment_id``, ``experiment`` and ``note``
+        (its description), or None when the store has no such run."""
+        ...
+
     def mark_orphans(self, is_alive: Any) -> list[str]:
         """Close runs of the experiment that a dead process left RUNNING (``is_alive(run)`` False); their ids."""
         ...
@@ -80,6 +88,11 @@ class NullTracker:
 
     def finish(self, status: str = "FINISHED") -> None:
         pass
+
+    def tag_other_run(
+        self, run_id: str, tags: Mapping[str, str], *, append: Mapping[str, str] | None = None
+    ) -> dict[str, str] | None:
+        return None
 
     def mark_orphans(self, is_alive: Any) -> list[str]:
         return []

@@ -26,6 +26,8 @@ DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 MAX_PARAM_CHARS = 6000
 BATCH_PARAMS = 100
 BATCH_METRICS = 1000
+MAX_LIST_TAG_CHARS = 5000
+"""Longest comma-separated list tag (``dapo.evals``) kept; MLflow allows 8000 characters per tag value."""
 
 # log_table downloads the table to append to it; its progress bar would break our step lines.
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
@@ -105,6 +107,27 @@ def get_run_or_none(client: Any, run_id: str) -> Any | None:
         return None
 
 
+def absolute_tracking_uri(uri: str) -> str:
+    """``uri`` resolved (:func:`resolve_tracking_uri`), a relative ``sqlite:///x.db`` made absolute
+    (``sqlite:////cwd/x.db``): what a file that outlives this working directory records."""
+    uri = resolve_tracking_uri(uri)
+    db = sqlite_path(uri)
+    if db is None or db.is_absolute():
+        return uri
+    query = uri.split("?", 1)[1] if "?" in uri else ""
+    return f"sqlite:///{db.resolve()}" + (f"?{query}" if query else "")
+
+
+def run_experiment_name(tracking_uri: str, run_id: str) -> str | None:
+    """Name of the experiment holding run ``run_id`` in the store, or None (no store, no such run, store unreachable)."""
+    try:
+        client = open_client(tracking_uri)
+        run = get_run_or_none(client, run_id)
+        return None if run is None else client.get_experiment(run.info.experiment_id).name
+    except Exception:  # a missing or unreachable store only costs the default experiment
+        return None
+
+
 def sqlite_artifact_location(tracking_uri: str, experiment: str) -> str | None:
     """``file://<db dir>/mlartifacts/<experiment>`` for a ``sqlite:///`` store, else None (the store's default).
 
@@ -121,15 +144,26 @@ def sqlite_artifact_location(tracking_uri: str, experiment: str) -> str | None:
     return (db.resolve().parent / "mlartifacts" / safe).as_uri()
 
 
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+MODEL_TRAINING_KIND = "custom_model_development"
+"""What dapo's experiments are: MLflow's UI then opens them in its "Model training" mode (the run
+list, its chart view and run comparison), not the GenAI mode (traces, evaluation datasets) it
+otherwise guesses for experiments without this tag."""
+
+
 def experiment_id(client: Any, name: str, artifact_location: str | None = None) -> str:
-    """Id of experiment ``name``, created (with ``artifact_location`` if given) if missing."""
+    """Id of experiment ``name``, created (with ``artifact_location`` if given) if missing; tagged
+    ``mlflow.experimentKind`` = model training unless it already has a kind."""
     exp = client.get_experiment_by_name(name)
     if exp is not None:
         if exp.lifecycle_stage == "deleted":
             client.restore_experiment(exp.experiment_id)
+        if EXPERIMENT_KIND_TAG not in (exp.tags or {}):
+            client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND)
         return exp.experiment_id
     try:
-        return client.create_experiment(name, artifact_location=artifact_location)
+        return client.create_experiment(name, artifact_location=artifact_location,
+                                        tags={EXPERIMENT_KIND_TAG: MODEL_TRAINING_KIND})
     except Exception:  # created concurrently by another process
         exp = client.get_experiment_by_name(name)
         if exp is None:
@@ -246,6 +280,30 @@ class MlflowTracker:
 
     def finish(self, status: str = "FINISHED") -> None:
         self.client.set_terminated(self.run_id, status=status)
+
+    def tag_other_run(
+        self, run_id: str, tags: Mapping[str, str], *, append: Mapping[str, str] | None = None
+    ) -> dict[str, str] | None:
+        """Set ``tags`` on run ``run_id`` of this store and add each ``append`` value to its comma-separated
+        list tag (no duplicates, newest last, the oldest dropped beyond :data:`MAX_LIST_TAG_CHARS`);
+        ``{run_name, experiment_id, experiment, note}`` of that run (``note``: its description), or
+        None when the store has no such run.
+        Two processes appending at once may lose one entry (read, then write)."""
+        from mlflow.entities import RunTag
+
+        run = get_run_or_none(self.client, run_id)
+        if run is None:
+            return None
+        items = {str(k): str(v)[:MAX_LIST_TAG_CHARS] for k, v in tags.items()}
+        for key, value in (append or {}).items():
+            values = [v for v in run.data.tags.get(key, "").split(",") if v and v != value] + [str(value)]
+            while len(values) > 1 and len(",".join(values)) > MAX_LIST_TAG_CHARS:
+                values.pop(0)
+            items[key] = ",".join(values)
+        self.client.log_batch(run_id, tags=[RunTag(k, v) for k, v in items.items()])
+        exp = self.client.get_experiment(run.info.experiment_id)
+        note = items.get("mlflow.note.content", run.data.tags.get("mlflow.note.content", ""))
+        return {"run_name": run.info.run_name or "", "experiment_id": run.info.experiment_id, "experiment": exp.name, "note": note}
 
     def mark_orphans(self, is_alive: Any) -> list[str]:
         """Runs of this experiment left RUNNING by a dead process (``is_alive(run) -> bool`` says no):

@@ -100,8 +100,8 @@ def test_ladder_killed_mid_way_then_rerun_trains_only_what_was_missing(tmp_path,
     parent = client.get_run(parents[0].info.run_id)
     assert parent.data.params["ablate.mode"] == "ladder" and parent.data.params["rollout.n"] == "2"
     shorts = ["GRPO", "OverlongFilter", "ClipHigher", "SoftPunish", "TokenLoss", "DAPO"]
-    assert {f"{i}_{n}/avg_at_2" for i, n in enumerate(shorts)} <= set(parent.data.metrics)
-    assert "1_OverlongFilter/delta" in parent.data.metrics
+    assert {f"variants/{i}_{n}.avg_at_2" for i, n in enumerate(shorts)} <= set(parent.data.metrics)
+    assert "variants/1_OverlongFilter.delta" in parent.data.metrics
     note = parent.data.tags["mlflow.note.content"]
     assert note.startswith("**Ablation ") and all(f"| {n} |" in note for n in names)
     for run in children:

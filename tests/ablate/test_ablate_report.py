@@ -124,6 +124,14 @@ def test_report_files_figures_and_parent_artifacts(store) -> None:
     assert {"report/report.md", "report/report.json", "report/curves_step"} <= logged
 
 
+def test_parent_metrics_form_one_chart_section(store) -> None:
+    client, _, _, _, outcome = store
+    keys = set(client.get_run(outcome.parent_run_id).data.metrics)
+    # MLflow's chart view: one section per key's part before its last "/"
+    assert "variants/1_OverlongFilter.avg_at_4" in keys and "variants/1_OverlongFilter.delta" in keys
+    assert {k.rsplit("/", 1)[0] for k in keys} == {"variants"}  # one section, not one per variant
+
+
 def test_report_targets_resolve_by_id_name_and_experiment(store) -> None:
     client, parent, _, plan, _ = store
     pid = parent.info.run_id

@@ -61,7 +61,7 @@ def test_exactly_one_of_ladder_or_grid(args: list[str]) -> None:
     assert "exactly one of --ladder" in one_line_error(invoke("ablate", *args))
 
 
-def test_ladder_dry_run_without_config_uses_the_embedded_experiment(in_tmp: Path) -> None:
+def test_ladder_dry_run_without_config_uses_the_embedded_ladder_experiment(in_tmp: Path) -> None:
     result = invoke("ablate", "--ladder", "--dry-run", "--no-calibrate")
     assert result.exit_code == 0, result.output
     for name, label, paper in [("grpo", "Naive GRPO", "30"), ("grpo+overlong_filtering", "+ Overlong Filtering", "36"),
@@ -71,7 +71,7 @@ def test_ladder_dry_run_without_config_uses_the_embedded_experiment(in_tmp: Path
     assert re.search(r"│ +5 │ ✓  │ ✓  │  ✓  │  ✓  │ ✓  │ \+ Dynamic Sampling", result.output)
     assert "ladder, 6 variants × 1 seeds" in result.output
     assert "6 child runs; time estimate skipped (--no-calibrate)" in result.output
-    assert "runs/dapo-tiny/dapo-tiny-ladder-" in result.output
+    assert "runs/dapo-tiny-ladder/dapo-tiny-ladder-ladder-" in result.output  # experiments/tiny-ladder.yaml's
     assert list(in_tmp.iterdir()) == []  # a dry run writes nothing
 
 

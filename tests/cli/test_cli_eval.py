@@ -21,10 +21,19 @@ needs_data = pytest.mark.skipif(not AIME.is_file(), reason=f"shared data not fou
 runner = CliRunner()
 
 
-@pytest.fixture
-def model_dir(tiny_model_dir: Path) -> Path:
-    """The untrained tiny policy from tests/conftest.py (session-wide)."""
-    return tiny_model_dir
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An untrained tiny char-level policy like tests/conftest.py's, with room for an AIME prompt
+    (~810 characters) plus the response: eval refuses prompts that overrun the context."""
+    from dapo_cli.config.tiny import TinyModelConfig
+    from dapo_cli.models import build_char_tokenizer, save_policy
+    from dapo_cli.models.tiny import build_tiny_model_for
+
+    cfg = TinyModelConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, max_position_embeddings=1024)
+    tokenizer = build_char_tokenizer()
+    out = tmp_path_factory.mktemp("tiny-model-1024")
+    save_policy(build_tiny_model_for(cfg, tokenizer), tokenizer, out)
+    return out
 
 
 def error_line(result) -> str:
@@ -67,11 +76,13 @@ def test_eval_tiny_model_on_aime_records_mlflow(model_dir: Path, tmp_path: Path)
     assert run.data.params["avg_k"] == "4" and run.data.params["max_tokens"] == "32"
     assert run.data.params["temperature"] == "1.0" and run.data.params["top_p"] == "0.7"  # EvalConfig defaults
     assert {a.path for a in client.list_artifacts(run.info.run_id, "eval")} == {
-        "eval/generations.parquet", "eval/summary.json",
+        "eval/generations.parquet", "eval/summary.json", "eval/generations.json",  # the last: the UI's table
     }
     assert "per_problem.json" in {a.path for a in client.list_artifacts(run.info.run_id)}
     artifact = client.download_artifacts(run.info.run_id, "eval/generations.parquet", str(tmp_path))
     assert pq.read_table(artifact).to_pylist() == generations
+    table = json.loads(Path(client.download_artifacts(run.info.run_id, "eval/generations.json", str(tmp_path))).read_text())
+    assert len(table["data"]) == 120 and table["columns"][:2] == ["problem_id", "sample"]  # every sample (<= 1000)
 
 
 @needs_data

@@ -60,3 +60,130 @@ def test_ablate_help_lists_its_modes_filters_and_launchers() -> None:
     for option in ("--ladder", "--grid", "--only", "--skip", "--seeds", "--set", "--dry-run", "--no-calibrate", "--launcher", "--html"):
         assert option in text, option
     assert "not built" not in text
+
+
+# ---------------------------------------------------------------- shell conventions (issue 14)
+
+import dataclasses  # noqa: E402
+import re  # noqa: E402
+import shlex  # noqa: E402
+from importlib import metadata  # noqa: E402
+
+import typer  # noqa: E402
+
+from dapo_cli.cli import COMMANDS  # noqa: E402
+from dapo_cli.cli.common import examples_epilog  # noqa: E402
+from dapo_cli.config.schema import EvalConfig  # noqa: E402
+
+NAMES = [name for name, _, _ in COMMANDS]
+EXTRA = {"COLUMNS": "400"}  # one row per option: its help and default on the option's own line
+
+
+def test_version_prints_the_installed_version() -> None:
+    result = invoke("--version")
+    assert result.exit_code == 0, result.output
+    assert result.stdout == f"dapo {metadata.version('dapo-cli')}\n"
+
+
+@pytest.mark.parametrize("command", [None, *NAMES])
+def test_dash_h_is_help(command: str | None) -> None:
+    words = [command] if command else []
+    short, long = invoke(*words, "-h"), invoke(*words, "--help")
+    assert short.exit_code == long.exit_code == 0, short.output
+    assert short.stdout == long.stdout and "Usage: dapo" in short.stdout
+
+
+def test_shell_completion_scripts() -> None:
+    result = CliRunner().invoke(app, ["--show-completion", "bash"], prog_name="dapo", env=WIDE)
+    assert result.exit_code == 0, result.output
+    assert "_DAPO_COMPLETE" in result.stdout and "complete" in result.stdout
+    top = invoke("--help").stdout
+    assert "--install-completion" in top and "--show-completion" in top
+
+
+def examples_block(text: str) -> list[str]:
+    """The lines after the help's last 'Examples' heading, stripped, blank ones dropped."""
+    lines = [line.strip() for line in text.splitlines()]
+    start = max(i for i, line in enumerate(lines) if line == "Examples")
+    return [line for line in lines[start + 1:] if line]
+
+
+@pytest.mark.parametrize(("name", "fn", "examples"), COMMANDS, ids=NAMES)
+def test_every_help_ends_with_its_examples_one_per_line(name: str, fn, examples) -> None:
+    assert 2 <= len(examples) <= 4
+    text = CliRunner().invoke(app, [name, "--help"], env=EXTRA).stdout
+    block = examples_block(text)
+    # command, then what it does, each on a line of its own: not re-wrapped into one paragraph
+    assert block == [part for command, what in examples for part in (command, what)]
+
+
+@pytest.mark.parametrize(("name", "fn", "examples"), COMMANDS, ids=NAMES)
+def test_every_example_parses_with_the_current_options(name: str, fn, examples) -> None:
+    group = typer.main.get_command(app)
+    for command, _ in examples:
+        words = shlex.split(command.split(" > ")[0])  # no shell redirection
+        assert words[:2] == ["dapo", name]
+        group.commands[name].make_context(name, words[2:])  # raises on an unknown option or a bad value
+
+
+def test_examples_epilog_wants_two_to_four_and_escapes_markup() -> None:
+    with pytest.raises(ValueError):
+        examples_epilog([("dapo x", "one")])
+    with pytest.raises(ValueError):
+        examples_epilog([("dapo x", "y")] * 5)
+    assert r"dapo \[red]x" in examples_epilog([("dapo [red]x", "a"), ("dapo b", "c")])  # printed, not a style
+
+
+PANELS = {
+    "init-model": {"Config", "Output"},
+    "train": {"Config", "Techniques", "Run", "Output", "Cluster plan (--dry-run)", "Algorithm"},
+    "eval": {"Data", "Sampling", "Run", "Output", "Tracking"},
+    "ablate": {"Techniques", "Run", "Config", "Output"},
+    "config": {"Config", "Output"},
+    "lint": {"Config", "Techniques", "Output"},
+}
+
+
+@pytest.mark.parametrize("name", list(PANELS))
+def test_options_are_grouped_in_panels(name: str) -> None:
+    text = invoke(name, "--help").stdout
+    panels = set(re.findall(r"╭─ (.+?) ─", text))
+    assert PANELS[name] <= panels, panels
+    options_panel = text.split("╭─ Options ─", 1)[1].split("╰", 1)[0] if "╭─ Options ─" in text else ""
+    assert re.findall(r"--[a-z-]+", options_panel) in ([], ["--help"])  # nothing left ungrouped
+
+
+def option_rows(text: str) -> dict[str, str]:
+    """``--flag`` → its help row (long options only; the first flag of the row)."""
+    rows = {}
+    for line in text.splitlines():
+        match = re.match(r"│ (--[a-z-]+)", line)
+        if match:
+            rows[match.group(1)] = line
+    return rows
+
+
+def test_eval_help_shows_the_schema_defaults() -> None:
+    rows = option_rows(CliRunner().invoke(app, ["eval", "--help"], env=EXTRA).stdout)
+    schema = EvalConfig()
+    for flag, field in [("--dataset", "dataset"), ("--avg", "avg_k"), ("--temperature", "temperature"), ("--top-p", "top_p"),
+                        ("--max-tokens", "max_tokens"), ("--engine", "engine"), ("--batch-size", "batch_size"),
+                        ("--seed", "seed"), ("--verifier", "verifier")]:
+        assert f"[default: {getattr(schema, field)}]" in rows[flag], (flag, rows[flag])
+    assert f"[default: ({', '.join(map(str, schema.pass_k))}, those <= K)]" in rows["--pass-k"]
+    # every option that takes a value shows a default (on/off flags are off unless given)
+    for flag, row in rows.items():
+        if "<bool>" not in row:
+            assert "[default: " in row, row
+
+
+def test_eval_accepts_every_engine_the_factory_builds() -> None:
+    from dapo_cli.components import ROLLOUT_ENGINES
+
+    choices = next(f.metadata["choices"] for f in dataclasses.fields(EvalConfig) if f.name == "engine")
+    assert set(choices) == set(ROLLOUT_ENGINES)
+    assert f"<{'|'.join(choices)}>" in option_rows(invoke("eval", "--help").stdout)["--engine"]
+
+
+def test_ablate_help_names_its_default_experiment() -> None:
+    assert "experiments/tiny-ladder.yaml" in CliRunner().invoke(app, ["ablate", "--help"], env=EXTRA).stdout

@@ -131,10 +131,12 @@ def test_help_documents_exit_codes_options_and_ends_with_examples() -> None:
     for option in ("--strict", "--json", "--set", "--clip-higher", "--no-dynamic-sampling", "--no-overlong-filtering"):
         assert option in text
     assert "Exit code 0 when there is no error-level finding, 1 when there is one (with --strict: 1 on any finding), 2" in text
+    from dapo_cli.cli.lint import EXAMPLES
+
     examples = [line.strip() for line in result.output.splitlines() if line.strip().startswith("dapo lint ")]
-    assert len(examples) == 3
-    assert result.output.rstrip().splitlines()[-1].strip() == examples[-1]
-    assert text.index("Examples:") > text.index("--help")
+    assert examples == [command for command, _ in EXAMPLES]
+    assert result.output.rstrip().splitlines()[-1].strip() == EXAMPLES[-1][1]  # the help ends with them
+    assert text.index("Examples") > text.index("--help")
 
 
 def test_help_examples_do_what_they_say() -> None:

@@ -144,7 +144,8 @@ CASES = [
     # ------------------------------------------------------------ usage errors (Click), any command
     case("top-unknown-command", "fly", expect="No such command 'fly'; see 'dapo --help'"),
     case("top-unknown-option", "--bogus", expect="No such option: --bogus; see 'dapo --help'"),
-    case("train-unknown-option", "train", "--bogus", expect="No such option: --bogus; see 'dapo train --help'"),
+    case("train-unknown-option", "train", "--bogus",
+         expect="No such option: --bogus (Possible options: --verbose); see 'dapo train --help'"),  # Click's guess
     case("eval-bad-choice", "eval", "{model}", "--engine", "foo", expect="Invalid value for '--engine': 'foo' is not one of"),
     case("eval-not-an-int", "eval", "{model}", "--avg", "many", expect="Invalid value for '--avg'"),
     case("report-missing-argument", "report", expect="Missing argument"),
@@ -206,7 +207,7 @@ CASES = [
     case("train-dataset-unknown-name", "train", *M, "--set", "data.val_files=[aime99]", expect="unknown dataset 'aime99'"),
     case("train-prompts-all-too-long", "train", *M, "--set", "data.max_prompt_length=1",
          expect="the training set is empty after filtering"),
-    case("train-plan-option-without-dry-run", "train", "--world-size", "2", expect="--world-size only work with --dry-run"),
+    case("train-plan-option-without-dry-run", "train", "--world-size", "2", expect="--world-size only works with --dry-run"),
     case("train-tiny-heads", "train", "--set", "model.tiny.hidden_size=30",
          expect="model.tiny.hidden_size=30 must be divisible by model.tiny.num_heads=4"),
     # ------------------------------------------------------------ eval

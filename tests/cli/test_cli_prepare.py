@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -12,6 +13,10 @@ from typer.testing import CliRunner
 
 from dapo_cli.cli import app
 from dapo_cli.fileio import sha256_file
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data"))  # hf_layout: save_to_disk folders with pyarrow
+
+from hf_layout import save_dict_to_disk
 
 DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
 needs_data = pytest.mark.skipif(not DATA.is_dir(), reason=f"shared data not found at {DATA}")
@@ -30,6 +35,7 @@ def tracking_uri(tmp_path_factory: pytest.TempPathFactory) -> str:
     [
         ("aime-2024.parquet", 30, 30, {"integer": 30}, 930),  # 30 problems × 32 copies → one row each
         ("raw-amc23.jsonl", 40, 40, {"integer": 40}, 0),
+        # line 368 "$12\\times18\\times11$" is kept as an expression: 12 * 18 * 11 = 2376
         ("raw-gaokao2023en.jsonl", 264, 264, {"integer": 196, "expression": 1, "fraction": 37, "surd": 27, "pi": 3}, 121),
         ("raw-minerva_math.jsonl", 65, 65, {"integer": 64, "pi": 1}, 207),
     ],
@@ -102,6 +108,9 @@ def test_split_repeat_and_no_track(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         (["choices.jsonl"], r"every row was dropped \(choice 2\)"),
         (["good.jsonl", "--template", "no placeholder"], "--template must contain"),
         (["good.jsonl", "--val-fraction", "2"], "--val-fraction must be in"),
+        (["good.jsonl", "--answer-field", "final"], r'good.jsonl has no field "final" \(--answer-field\); its fields: "problem", "answer"$'),
+        (["good.jsonl", "--context-field", "ctx"], r'good.jsonl has no field "ctx" \(--context-field\)'),
+        (["adir"], r"input adir is a directory but not a Hugging Face datasets folder"),
         ([], "give input files or --synthetic NAME"),
     ],
 )
@@ -114,6 +123,7 @@ def test_bad_inputs_exit_2_with_one_line_and_no_output(
     Path("empty.jsonl").write_text("")
     Path("choices.jsonl").write_text('{"problem": "Pick.", "answer": "A"}\n{"problem": "Again.", "answer": "(B)"}\n')
     Path("good.jsonl").write_text('{"problem": "1+1?", "answer": "2"}\n')
+    Path("adir").mkdir()
     result = runner.invoke(app, ["prepare-data", *args, "-o", "out.parquet", "--no-track"])
     assert result.exit_code == 2, result.output
     lines = result.stderr.strip().splitlines()
@@ -227,3 +237,106 @@ def test_keep_duplicates_flag(tmp_path: Path) -> None:
     again = runner.invoke(app, ["prepare-data", str(source), "-o", str(out), "--keep-duplicates", "--repeat", "2", "--no-track"])
     assert again.exit_code == 0, again.output  # 1–5 copies per problem: not the K-copies layout, --repeat allowed
     assert len(pq.read_table(out)) == 34
+
+
+# ---------------------------------------------------------------------------
+# layouts: the detection report, field options, datasets folders, the summary table at 80 columns
+
+
+def _table_lines(stdout: str) -> list[str]:
+    """The summary table's lines: from its title to the total row."""
+    lines = stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip() == "prepare-data")
+    end = next(i for i, line in enumerate(lines) if line.startswith("total"))
+    return lines[start : end + 1]
+
+
+@needs_data
+def test_detection_report_and_summary_table_of_the_shared_files(tmp_path: Path) -> None:
+    names = ["raw-amc23.jsonl", "raw-gaokao2023en.jsonl", "raw-minerva_math.jsonl", "aime-2024.parquet"]
+    args = ["prepare-data", *(str(DATA / n) for n in names), "-o", str(tmp_path / "all.parquet"), "--no-track"]
+    result = runner.invoke(app, args, env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert lines[:4] == [
+        (
+            'raw-amc23.jsonl: jsonl, 40 rows; problem from "problem", else "question"; answer from "answer"; '
+            "1 per problem; answers found: answer 40"
+        ),
+        (
+            'raw-gaokao2023en.jsonl: jsonl, 385 rows; problem from "question"; answer from "answer"; 1 per problem; '
+            "answers found: answer 383, none 2"  # two records have "answer": ""
+        ),
+        (
+            'raw-minerva_math.jsonl: jsonl, 272 rows; problem from "problem"; answer from the worked solution in '
+            '"solution"; 1 per problem; answers found: solution:boxed 272'
+        ),
+        "aime-2024.parquet: parquet, 960 rows; prepared DAPO rows (prompt, reward_model.ground_truth); 32 per problem",
+    ]
+    table = _table_lines(result.stdout)
+    assert all(len(line) <= 80 for line in table), "\n".join(table)
+    assert table[1].split() == ["input", "read", "int", "expr", "frac", "surd", "pi", "kept", "dropped"]
+    # whole names, one row each; gaokao: 196 + 1 (12*18*11) + 37 + 27 + 3 = 264 kept, 385 - 264 = 121 dropped
+    assert [line.split() for line in table[3:]] == [
+        ["raw-amc23.jsonl", "40", "40", "0", "0", "0", "0", "40", "0"],
+        ["raw-gaokao2023en.jsonl", "385", "196", "1", "37", "27", "3", "264", "121"],
+        ["raw-minerva_math.jsonl", "272", "64", "0", "0", "0", "1", "65", "207"],
+        ["aime-2024.parquet", "960", "30", "0", "0", "0", "0", "30", "930"],
+        ["total", "1657", "330", "1", "37", "27", "4", "399", "1258"],
+    ]
+    manifest = json.loads((tmp_path / "all.parquet.manifest.json").read_text())
+    # the manifest keeps each report as printed, without the name, rows per problem and answers found
+    assert [entry["detected"] for entry in manifest["inputs"]] == [line.split(": ", 1)[1].split("; 1 per problem")[0].split("; 32 per")[0] for line in lines[:4]]
+    assert manifest["inputs"][2]["fields"] == {
+        "problem": ["problem"], "problem_kind": "text", "context": [], "answer": [], "solution": ["solution"], "named_by_option": [],
+    }  # fmt: skip
+
+
+def test_long_names_are_shortened_in_the_middle_never_wrapped(tmp_path: Path) -> None:
+    name = "openai-gsm8k-main-train-split-rephrased-with-many-extra-words-v2.jsonl"
+    for folder, text in (("a", '{"question": "1+1?", "answer": "so 1+1=2\\n#### 2"}\n'), ("sub", '{"question": "2+2?", "answer": "#### 4"}\n')):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / name).write_text(text)  # the same name in two folders
+    result = runner.invoke(app, ["prepare-data", str(tmp_path / "a" / name), str(tmp_path / "sub" / name), "-o",
+                                 str(tmp_path / "o.parquet"), "--no-track"], env={"COLUMNS": "80"})  # fmt: skip
+    assert result.exit_code == 0, result.output
+    table = _table_lines(result.stdout)
+    assert all(len(line) <= 80 for line in table), "\n".join(table)
+    rows = [line.split()[0] for line in table[3:-1]]
+    assert all("…" in name and name.endswith(".jsonl") for name in rows) and len(rows) == 2
+    assert rows[0].startswith("a/openai-gsm8k") and rows[1].startswith("sub/openai-gsm")  # colliding names keep their folder
+    assert len(table) == 6  # title, header, rule, two rows, total: nothing wrapped
+
+
+def test_field_options_and_a_datasets_folder_are_recorded(tmp_path: Path, tracking_uri: str) -> None:
+    from mlflow import MlflowClient
+
+    # an OlympiadBench-like layout (QwenLM/Qwen2.5-Math evaluation/data/olympiadbench: context, question, final_answer
+    # as a list) saved as a DatasetDict folder with train and test splits
+    rows = [
+        {"context": "A frog jumps 3 units.", "question": "After 4 jumps, how far is it?", "final_answer": ["$12$"], "note": "x"},
+        {"context": None, "question": "What is $2^{5}$?", "final_answer": ["$32$"], "note": "y"},
+        {"context": None, "question": "Name two primes.", "final_answer": ["$2$", "$3$"], "note": "z"},
+    ]
+    folder = save_dict_to_disk({"train": rows, "test": rows[:1]}, tmp_path / "olympiad")
+    out = tmp_path / "o.parquet"
+    args = ["prepare-data", str(folder), "-o", str(out), "--tracking-uri", tracking_uri, "--context-field", "context",
+            "--answer-field", "final_answer"]  # fmt: skip
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines()[0] == (
+        'olympiad: datasets, split train of train, test, 3 rows; problem from "question"; context "context" prepended '
+        '(--context-field); answer from "final_answer" (--answer-field); 1 per problem; answers found: final_answer:list 3'
+    )
+    written = pq.read_table(out).to_pylist()
+    assert [r["extra_info"]["raw_problem"] for r in written] == ["A frog jumps 3 units.\n\nAfter 4 jumps, how far is it?", "What is $2^{5}$?"]
+    assert [r["reward_model"]["ground_truth"] for r in written] == ["12", "32"]
+    manifest = json.loads((tmp_path / "o.parquet.manifest.json").read_text())
+    [entry] = manifest["inputs"]
+    assert entry["fields"]["answer"] == ["final_answer"] and entry["fields"]["named_by_option"] == ["answer", "context"]
+    assert entry["fields"]["split"] == "train" and entry["dropped"] == {"multiple_answers": 1}
+    assert manifest["options"]["answer_field"] == "final_answer" and manifest["options"]["context_fields"] == "context"
+    run = MlflowClient(tracking_uri=tracking_uri).get_run(re.search(r"MLflow run: (\w+)", result.stdout).group(1))
+    assert run.data.params["input_0_fields"] == "problem=question context=context answer=final_answer solution=-"
+    assert run.data.params["input_0_split"] == "train" and run.data.params["answer_field"] == "final_answer"
+    assert run.data.params["solution_field"] == ""

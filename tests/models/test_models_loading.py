@@ -44,7 +44,10 @@ def test_builtin_tiny_is_built_once_into_the_fingerprinted_cache(tmp_path, capsy
     card = json.loads((path / MODEL_CARD).read_text())
     assert card["fingerprint"] == SMALL.fingerprint() and card["sft_steps"] == 3
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "building builtin:tiny" in err and str(path) in err
+    notice, *progress = err.splitlines()  # one notice, then (stderr is no terminal) plain progress lines
+    assert "building builtin:tiny" in notice and str(path) in notice
+    assert progress and all(line.startswith("warm-start (SFT): ") for line in progress)
+    assert "100% (3/3 steps)" in progress[-1]
     assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary sibling left behind
 
     def no_rebuild(*args, **kwargs):

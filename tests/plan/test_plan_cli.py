@@ -145,6 +145,8 @@ def test_unknown_model_offline_is_one_line_exit_2() -> None:
 
 
 def test_plan_options_need_dry_run() -> None:
-    result = invoke(TINY, "--world-size", "8", "--json")
+    result = invoke(TINY, "--world-size", "8", "--gpus-per-node", "4")
     assert result.exit_code == 2
-    assert result.output.startswith("error: --world-size, --json only work with --dry-run")
+    assert result.output.startswith("error: --world-size, --gpus-per-node only work with --dry-run")
+    result = invoke(TINY, "--yaml")  # --json is not here: without --dry-run it prints the run's results
+    assert result.output == "error: --yaml only works with --dry-run (add --dry-run, or drop it)\n"
