@@ -30,13 +30,6 @@ from dapo_cli.cli.common import CONTEXT_SETTINGS, examples_epilog, handles_error
 DISTRIBUTION = "dapo-cli"
 """The package name ``dapo --version`` reads the version of."""
 
-REPORT_EXAMPLES = [
-    ("dapo report dapo-tiny-ladder", "The newest ablation of the MLflow experiment dapo-tiny-ladder: table, curves, report.md."),
-    ("dapo report PARENT_RUN_ID --html --attach", "One ablation by its parent run id; also report.html, logged to the parent run."),
-]
-"""`dapo report`'s examples (kept here: cli/report.py is maintained separately)."""
-
-
 class DapoGroup(TyperGroup):
     """The ``dapo`` group: a usage error in it or in a command prints one ``error:`` line, exit 2."""
 
@@ -89,7 +82,7 @@ COMMANDS = [
     ("train", _train.train, _train.EXAMPLES),
     ("eval", _eval.eval_command, _eval.EXAMPLES),
     ("ablate", _ablate.ablate, _ablate.EXAMPLES),
-    ("report", _report.report, REPORT_EXAMPLES),
+    ("report", _report.report, _report.EXAMPLES),
     ("config", _config.config_command, _config.EXAMPLES),
     ("lint", _lint.lint, _lint.EXAMPLES),
 ]

@@ -63,37 +63,38 @@ def prepare_data(
         typer.Option("--context-field", help="Prepend this field (a context or preamble) to each problem (repeatable, in order).",
                      rich_help_panel=Panel.DATA),
     ] = None,
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="Output parquet (required).")] = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Output parquet (required).", rich_help_panel=Panel.OUTPUT)] = None,
     synthetic: Annotated[
-        str | None, typer.Option("--synthetic", help="Generate a synthetic integer-answer task instead of reading files.")
+        str | None, typer.Option("--synthetic", help="Generate a synthetic integer-answer task instead of reading files.", rich_help_panel=Panel.DATA)
     ] = None,
-    n: Annotated[int, typer.Option("--n", help="Problems to generate with --synthetic.")] = DEFAULT_SYNTHETIC_N,
+    n: Annotated[int, typer.Option("--n", help="Problems to generate with --synthetic.", rich_help_panel=Panel.DATA)] = DEFAULT_SYNTHETIC_N,
     template: Annotated[
-        str | None, typer.Option("--template", help="Prompt template containing {problem} (default: the DAPO instruction).")
+        str | None, typer.Option("--template", help="Prompt template containing {problem} (default: the DAPO instruction).", rich_help_panel=Panel.DATA)
     ] = None,
     data_source: Annotated[
-        str | None, typer.Option("--data-source", help="data_source column (default: math_dapo; prepared rows keep theirs).")
+        str | None, typer.Option("--data-source", help="data_source column (default: math_dapo; prepared rows keep theirs).", rich_help_panel=Panel.DATA)
     ] = None,
     val_fraction: Annotated[
-        float, typer.Option("--val-fraction", help="Fraction of problems written to <out stem>.val.parquet.")
+        float, typer.Option("--val-fraction", help="Fraction of problems written to <out stem>.val.parquet.", rich_help_panel=Panel.OUTPUT)
     ] = 0.0,
-    val_output: Annotated[Path | None, typer.Option("--val-output", help="Where the validation split goes.")] = None,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of the train/val split and of --synthetic.")] = 0,
-    repeat: Annotated[int, typer.Option("--repeat", help="Write each problem K times (the avg@K layout).")] = 1,
-    limit: Annotated[int | None, typer.Option("--limit", help="Keep at most N problems (in input order).")] = None,
+    val_output: Annotated[Path | None, typer.Option("--val-output", help="Where the validation split goes.", rich_help_panel=Panel.OUTPUT)] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the train/val split and of --synthetic.", rich_help_panel=Panel.DATA)] = 0,
+    repeat: Annotated[int, typer.Option("--repeat", help="Write each problem K times (the avg@K layout).", rich_help_panel=Panel.OUTPUT)] = 1,
+    limit: Annotated[int | None, typer.Option("--limit", help="Keep at most N problems (in input order).", rich_help_panel=Panel.DATA)] = None,
     keep_duplicates: Annotated[
         bool,
         typer.Option(
             "--keep-duplicates",
             help="Write every valid row as read. Default: one row per distinct problem (same text and answer), "
             "the first; problems whose text has two answers are dropped.",
+            rich_help_panel=Panel.OUTPUT,
         ),
     ] = False,
-    no_track: Annotated[bool, typer.Option("--no-track", help="Do not record the run in MLflow.")] = False,
+    no_track: Annotated[bool, typer.Option("--no-track", help="Do not record the run in MLflow.", rich_help_panel=Panel.TRACKING)] = False,
     tracking_uri: Annotated[
-        str, typer.Option("--tracking-uri", help="MLflow store (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db).")
+        str, typer.Option("--tracking-uri", help="MLflow store (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db).", rich_help_panel=Panel.TRACKING)
     ] = "",
-    experiment: Annotated[str, typer.Option("--experiment", help="MLflow experiment.")] = DEFAULT_EXPERIMENT,
+    experiment: Annotated[str, typer.Option("--experiment", help="MLflow experiment.", rich_help_panel=Panel.TRACKING)] = DEFAULT_EXPERIMENT,
 ) -> None:
     """Turn raw math problems into DAPO parquet with integer answers (like DAPO-Math-17K)."""
     if output is None:

@@ -11,10 +11,15 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from dapo_cli.cli.common import console
+from dapo_cli.cli.common import Panel, console
 
 if TYPE_CHECKING:
     from dapo_cli.ablate.report import AblationReport
+
+EXAMPLES = [
+    ("dapo report dapo-tiny-ladder", "The newest ablation of the MLflow experiment dapo-tiny-ladder: table, curves, report.md."),
+    ("dapo report PARENT_RUN_ID --html --attach", "One ablation by its parent run id; also report.html, logged to the parent run."),
+]
 
 
 def report(
@@ -22,13 +27,16 @@ def report(
         str, typer.Argument(help="Ablation parent run id, ablation name, or MLflow experiment (its newest ablation).")
     ],
     tracking_uri: Annotated[
-        str | None, typer.Option(help="MLflow store (default $MLFLOW_TRACKING_URI or sqlite:///mlflow.db).")
+        str | None, typer.Option(help="MLflow store.", show_default="$MLFLOW_TRACKING_URI, else sqlite:///mlflow.db",
+                                  rich_help_panel=Panel.TRACKING)
     ] = None,
     output: Annotated[
-        Path | None, typer.Option("--output", "-o", help="Report folder (default: the ablation's report dir).")
+        Path | None, typer.Option("--output", "-o", help="Report folder.", show_default="the ablation's report dir",
+                                  rich_help_panel=Panel.OUTPUT)
     ] = None,
-    html: Annotated[bool, typer.Option("--html", help="Also write report.html.")] = False,
-    attach: Annotated[bool, typer.Option("--attach", help="Log the report files to the parent run as artifacts.")] = False,
+    html: Annotated[bool, typer.Option("--html", help="Also write report.html.", rich_help_panel=Panel.OUTPUT)] = False,
+    attach: Annotated[bool, typer.Option("--attach", help="Log the report files to the parent run as artifacts.",
+                                                     rich_help_panel=Panel.TRACKING)] = False,
 ) -> None:
     """Report an ablation from MLflow: avg@K per variant with CIs, paired Δ, curves, report.md."""
     from dapo_cli.ablate.report import build_report, mlflow_client, resolve_parent, write_report

@@ -141,6 +141,8 @@ PANELS = {
     "ablate": {"Techniques", "Run", "Config", "Output"},
     "config": {"Config", "Output"},
     "lint": {"Config", "Techniques", "Output"},
+    "prepare-data": {"Data", "Output", "Tracking"},
+    "report": {"Output", "Tracking"},
 }
 
 
