@@ -3,12 +3,17 @@
 #   make test   set up .venv and run the test suite
 #   make bench  the benchmarks/ tables (minutes)
 #   make gpu-check  on a CUDA machine: vLLM vs HF, 3 steps on vLLM rollouts
+#   make venv-tf4   .venv-tf4: transformers 4.57 beside constraints.txt's torch (make test builds it
+#                   once, ~1 min; tests/models/test_models_compat_tf4.py loads checkpoints there)
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-dev
 
-.PHONY: demo test bench gpu-check setup clean
+TF4       := .venv-tf4
+TF4_STAMP := $(TF4)/.installed-tf4
+
+.PHONY: demo test bench gpu-check setup clean venv-tf4
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -27,8 +32,16 @@ demo: $(STAMP)
 	@echo
 	@echo "Look at the run:  $(VENV)/bin/mlflow ui --backend-store-uri sqlite:///mlflow.db"
 
-test: $(STAMP)
+test: $(STAMP) $(TF4_STAMP)
 	$(PY) -m pytest
+
+# transformers 4.57 in a venv of its own, to check that dapo's checkpoints load there unchanged.
+$(TF4_STAMP): constraints.txt
+	$(PYTHON) -m venv $(TF4)
+	$(TF4)/bin/python -m pip install --quiet --disable-pip-version-check -c constraints.txt torch 'transformers>=4.57,<4.58'
+	touch $(TF4_STAMP)
+
+venv-tf4: $(TF4_STAMP)
 
 # Measurements (minutes; never part of `make test`): tables printed side by side from one run.
 bench: $(STAMP)
@@ -50,4 +63,4 @@ gpu-check:
 	.venv-gpu/bin/python benchmarks/gpu_check.py
 
 clean:
-	rm -rf $(VENV) .venv-gpu .venv-trl runs mlflow.db mlruns mlartifacts .pytest_cache
+	rm -rf $(VENV) .venv-gpu .venv-trl $(TF4) runs mlflow.db mlruns mlartifacts .pytest_cache

@@ -4,10 +4,16 @@ The registry is data: ``datasets/registry.yaml`` (shipped in the package as
 ``dapo_cli/presets/datasets.yaml``). A name resolves to a local file, first found of:
 
 1. ``$DAPO_DATA_DIR/<filename>`` when ``DAPO_DATA_DIR`` is set;
-2. ``$DAPO_CACHE/datasets/<filename>`` (``~/.cache/dapo/datasets/`` by default);
-3. a download from the public Hugging Face hub into that cache (entries with a
-   ``repo_id`` only), which fails with a one-line :class:`UserError` saying which
-   file to place where when the machine is offline or the hub unreachable.
+2. for entries with a ``repo_id``: the file in the standard Hugging Face cache
+   (``HF_HUB_CACHE``, else ``$HF_HOME/hub``, else ``~/.cache/huggingface/hub``), found
+   with huggingface_hub's ``try_to_load_from_cache`` -- whatever ``hf_hub_download``
+   put there, or a copy in the documented ``datasets--org--name/snapshots/<sha>/`` layout;
+3. ``$DAPO_CACHE/datasets/<filename>`` (``~/.cache/dapo/datasets/`` by default), the
+   place for files without a hub copy;
+4. a download with ``hf_hub_download`` into the Hugging Face cache (entries with a
+   ``repo_id`` only, and not with ``HF_HUB_OFFLINE`` set), which fails with a one-line
+   :class:`UserError` saying which file to place where when the machine is offline or
+   the hub unreachable.
 
 A known ``sha256`` is verified every time a file is resolved (found locally or
 downloaded); a mismatch is a :class:`UserError`. When a registered name is loaded, the
@@ -23,7 +29,6 @@ the ``dapo prepare-data`` library.
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -36,7 +41,7 @@ import yaml
 
 from dapo_cli.data.schema import read_dapo_rows
 from dapo_cli.errors import UserError
-from dapo_cli.fileio import atomic_path, sha256_file
+from dapo_cli.fileio import sha256_file
 
 REGISTRY_RESOURCE = "datasets.yaml"
 FORMATS = ("dapo", "raw")
@@ -106,19 +111,29 @@ def get_dataset_entry(name: str) -> DatasetEntry:
 
 
 def cache_dir() -> Path:
-    """Where downloaded datasets live: ``$DAPO_CACHE/datasets`` or ``~/.cache/dapo/datasets``."""
+    """Where files without a hub copy may be placed: ``$DAPO_CACHE/datasets`` or ``~/.cache/dapo/datasets``."""
     root = os.environ.get("DAPO_CACHE")
     return (Path(root) if root else Path.home() / ".cache" / "dapo") / "datasets"
 
 
 def candidate_paths(entry: DatasetEntry) -> list[Path]:
-    """Local places checked for ``entry``'s file, in order."""
+    """Folders checked for ``entry``'s file by name, in order (the hub cache is looked up after them)."""
     paths = []
     data_dir = os.environ.get("DAPO_DATA_DIR")
     if data_dir:
         paths.append(Path(data_dir) / entry.filename)
     paths.append(cache_dir() / entry.filename)
     return paths
+
+
+def places(entry: DatasetEntry) -> str:
+    """Where a user can put the file by hand, for error messages."""
+    where = [str(p) for p in candidate_paths(entry)]
+    if entry.repo_id is not None:
+        from dapo_cli.models.hub import hub_cache_dir
+
+        where.append(f"the Hugging Face cache ({hub_cache_dir()}, as hf_hub_download would)")
+    return ", or ".join(where)
 
 
 def verify_sha256(path: Path, entry: DatasetEntry) -> Path:
@@ -133,47 +148,53 @@ def verify_sha256(path: Path, entry: DatasetEntry) -> Path:
     return path
 
 
-def download(entry: DatasetEntry, target: Path) -> Path:
-    """Fetch ``entry`` from the Hugging Face hub to ``target`` (atomically, sha256 checked)."""
-    where = ", or ".join(str(p) for p in candidate_paths(entry))
+def hub_cached(entry: DatasetEntry) -> Path | None:
+    """``entry``'s file in the standard Hugging Face cache (``HF_HOME`` / ``HF_HUB_CACHE``), or None."""
+    if entry.repo_id is None or entry.path_in_repo is None:
+        return None
+    from dapo_cli.models.hub import cached_file
+
+    return cached_file(entry.repo_id, entry.path_in_repo, repo_type="dataset")
+
+
+def download(entry: DatasetEntry) -> Path:
+    """Fetch ``entry`` from the Hugging Face hub into its cache (``hf_hub_download``; sha256 checked)."""
     if entry.repo_id is None or entry.path_in_repo is None:
         raise UserError(
             f"dataset '{entry.name}' is not cached and has no hub copy: download {entry.source_url} "
-            f"and place it at {where} (or pass its path)"
+            f"and place it at {places(entry)} (or pass its path)"
         )
     from huggingface_hub import hf_hub_download
 
-    from dapo_cli.models.loading import hub_offline, hub_reachable
+    from dapo_cli.models.hub import first_line, hub_cache_dir, why_not_online
 
-    if hub_offline() or not hub_reachable():  # fail in seconds, not after the hub client's retries
+    why = why_not_online()  # fail in seconds, not after the hub client's retries
+    if why is not None:
         raise UserError(
-            f"dataset '{entry.name}' is not cached and the hub cannot be reached (offline); "
-            f"place {entry.filename} from {entry.source_url} at {where} (or pass its path)"
+            f"dataset '{entry.name}' is not cached and {why}; "
+            f"place {entry.filename} from {entry.source_url} at {places(entry)} (or pass its path)"
         )
-    with tempfile.TemporaryDirectory(prefix="dapo-download-") as tmp:
-        try:
-            fetched = Path(
-                hf_hub_download(entry.repo_id, entry.path_in_repo, repo_type="dataset", cache_dir=tmp)
-            )
-        except Exception as exc:  # any failure of the network call: offline, DNS, HTTP, hub errors
-            reason = (str(exc).split(". ")[0].splitlines() or [type(exc).__name__])[0]
-            raise UserError(
-                f"cannot download dataset '{entry.name}' from the hub ({type(exc).__name__}: {reason}); "
-                f"place {entry.filename} from {entry.source_url} at {where} (or pass its path)"
-            ) from None
-        verify_sha256(fetched, entry)
-        with atomic_path(target) as part:
-            shutil.copyfile(fetched, part)
-    return target
+    try:
+        fetched = Path(
+            hf_hub_download(entry.repo_id, entry.path_in_repo, repo_type="dataset", cache_dir=hub_cache_dir())
+        )
+    except Exception as exc:  # noqa: BLE001 -- any failure of the network call: offline, DNS, HTTP, hub errors
+        raise UserError(
+            f"cannot download dataset '{entry.name}' from the hub ({type(exc).__name__}: {first_line(exc)}); "
+            f"place {entry.filename} from {entry.source_url} at {places(entry)} (or pass its path)"
+        ) from None
+    return verify_sha256(fetched, entry)
 
 
 def resolve_dataset(name: str) -> Path:
-    """The local file of registered dataset ``name`` (found, or downloaded when online)."""
+    """The local file of registered dataset ``name``: ``$DAPO_DATA_DIR``, the Hugging Face cache,
+    dapo's cache, else downloaded into the Hugging Face cache when online (sha256 checked every time)."""
     entry = get_dataset_entry(name)
-    for path in candidate_paths(entry):
-        if path.is_file():
+    data_dir, dapo_cache = (candidate_paths(entry)[:-1], candidate_paths(entry)[-1])
+    for path in (*data_dir, hub_cached(entry), dapo_cache):
+        if path is not None and path.is_file():
             return verify_sha256(path, entry)
-    return download(entry, cache_dir() / entry.filename)
+    return download(entry)
 
 
 def resolve_dataset_path(spec: str) -> Path:

@@ -32,7 +32,7 @@ from dapo_cli.checkpoint import (
 )
 from dapo_cli.config import Config, dump_yaml, flatten, technique_state, to_dict
 from dapo_cli.config.techniques import variant_name
-from dapo_cli.data.loader import PromptStream, build_prompts, dataset_manifest, load_rows
+from dapo_cli.data.loader import PromptStream, build_prompts, dataset_manifest, dropped_note, keep_fitting, load_rows
 from dapo_cli.engine.dist import Collective, SingleProcess, shutdown_process_group
 from dapo_cli.errors import NON_FINITE, RunStopped, UserError
 from dapo_cli.fileio import write_text_atomic
@@ -271,7 +271,7 @@ class TrainingSession:
             dist=dist,
             claim=held[0] if held else claim,
         )
-        for note in claim.notes:
+        for note in (*claim.notes, *manifest["notes"]):
             session.reporter.note(note)
         if state is not None and latest is not None:
             session.restore(state, latest)
@@ -491,15 +491,24 @@ def load_run_data(cfg: Config, tokenizer: Any, world_size: int) -> tuple[PromptS
         for i, rows in enumerate(val_rows_by_spec)
         for p in group_problems(rows)
     ]
+    val_total = len(val_problems)
+    val_problems, val_prompts, val_dropped = keep_fitting(
+        val_problems, [fmt(p.messages) for p in val_problems], count, cfg.data.max_prompt_length
+    )
     manifest = {
         "train": dataset_manifest(cfg.data.train_files, [len(r) for r in train_rows_by_spec], cfg.data.synthetic_train_size),
         "val": dataset_manifest(cfg.data.val_files, [len(r) for r in val_rows_by_spec], cfg.data.synthetic_val_size),
         "train_prompts": len(train_prompts),
         "train_prompts_dropped_too_long": dropped,
         "val_problems": len(val_problems),
+        "val_problems_dropped_too_long": val_dropped,
         "world_size": world_size,
+        "notes": [note for note in (
+            dropped_note("training prompts", dropped, len(train_prompts) + dropped, cfg.data.max_prompt_length),
+            dropped_note("validation problems", val_dropped, val_total, cfg.data.max_prompt_length),
+        ) if note],
     }
-    return stream, val_problems, [fmt(p.messages) for p in val_problems], manifest
+    return stream, val_problems, val_prompts, manifest
 
 
 def dataset_digest(entry: dict[str, Any]) -> str:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import huggingface_hub
 import pytest
+from fixtures.hub_cache import populate
 
 from dapo_cli import datasets as D
 from dapo_cli.data.schema import make_row, write_dapo_parquet
@@ -22,6 +22,7 @@ needs_data = pytest.mark.skipif(not AIME.is_file(), reason=f"shared data not fou
 @pytest.fixture(autouse=True)
 def isolated_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DAPO_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-hub"))  # never the machine's own cache
     monkeypatch.delenv("DAPO_DATA_DIR", raising=False)
 
 
@@ -65,7 +66,7 @@ def test_checksum_mismatch_is_a_user_error(tmp_path: Path, monkeypatch: pytest.M
 def hub_online(monkeypatch: pytest.MonkeyPatch) -> None:
     """Pretend the hub answers (tests never touch the network: hf_hub_download is faked too)."""
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.setattr("dapo_cli.models.loading.hub_reachable", lambda timeout_s=3.0: True)
+    monkeypatch.setattr("dapo_cli.models.hub.hub_reachable", lambda timeout_s=3.0: True)
 
 
 def test_offline_machine_fails_fast_saying_what_to_place_where(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -73,8 +74,38 @@ def test_offline_machine_fails_fast_saying_what_to_place_where(monkeypatch: pyte
     with pytest.raises(UserError) as info:
         D.resolve_dataset("aime24")
     message = str(info.value)
-    assert "is not cached and the hub cannot be reached (offline)" in message
+    assert "is not cached and HF_HUB_OFFLINE is set" in message
     assert "place aime-2024.parquet" in message and str(tmp_path / "cache" / "datasets" / "aime-2024.parquet") in message
+    assert f"the Hugging Face cache ({tmp_path / 'hf-hub'}" in message
+
+
+@needs_data
+@pytest.mark.parametrize("variable", ["HF_HUB_CACHE", "HF_HOME"])
+def test_aime24_resolves_offline_from_the_standard_hub_cache(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, variable: str
+) -> None:
+    """What hf_hub_download finds, dapo finds: HF_HUB_CACHE, or HF_HOME/hub, in the documented layout."""
+    cache = tmp_path / "hf-home" / "hub" if variable == "HF_HOME" else tmp_path / "hf-hub"
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.setenv(variable, str(cache.parent if variable == "HF_HOME" else cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    snapshot = populate(cache, "BytedTsinghua-SIA/AIME-2024", {"data/aime-2024.parquet": AIME}, repo_type="dataset")
+    assert D.resolve_dataset("aime24") == snapshot / "data" / "aime-2024.parquet"
+    assert len(D.load_dataset_rows("aime24").rows) == 960
+    # the same answer as the hub client's own offline lookup
+    found = huggingface_hub.hf_hub_download(
+        "BytedTsinghua-SIA/AIME-2024", "data/aime-2024.parquet", repo_type="dataset", cache_dir=cache, local_files_only=True
+    )
+    assert Path(found) == snapshot / "data" / "aime-2024.parquet"
+
+
+def test_a_hub_cached_file_with_another_checksum_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.parquet"
+    bad.write_bytes(b"not the file")
+    populate(tmp_path / "hf-hub", "BytedTsinghua-SIA/AIME-2024", {"data/aime-2024.parquet": bad}, repo_type="dataset")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(UserError, match="does not match the registered 'aime24' file"):
+        D.resolve_dataset("aime24")
 
 
 def test_download_failure_is_a_user_error(monkeypatch: pytest.MonkeyPatch, hub_online: None) -> None:
@@ -87,18 +118,16 @@ def test_download_failure_is_a_user_error(monkeypatch: pytest.MonkeyPatch, hub_o
 
 
 @needs_data
-def test_download_lands_in_the_cache_once(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, hub_online: None) -> None:
+def test_download_lands_in_the_hub_cache_once(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, hub_online: None) -> None:
     calls = []
 
-    def fake_download(repo_id: str, filename: str, *, repo_type: str, cache_dir: str) -> str:
+    def fake_download(repo_id: str, filename: str, *, repo_type: str, cache_dir: Path) -> str:
         calls.append((repo_id, filename, repo_type))
-        target = Path(cache_dir) / "x.parquet"
-        shutil.copyfile(AIME, target)
-        return str(target)
+        return str(populate(Path(cache_dir), repo_id, {filename: AIME}, repo_type=repo_type) / filename)
 
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download)
     path = D.resolve_dataset("aime24")
-    assert path == tmp_path / "cache" / "datasets" / "aime-2024.parquet"
+    assert path.is_relative_to(tmp_path / "hf-hub")  # the hub's own cache, not a private copy
     assert sha256_file(path) == sha256_file(AIME)
     assert D.resolve_dataset("aime24") == path  # second time from the cache, no download
     assert calls == [("BytedTsinghua-SIA/AIME-2024", "data/aime-2024.parquet", "dataset")]

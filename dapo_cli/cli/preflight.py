@@ -23,6 +23,7 @@ def check_train(cfg: Config, *, resume: bool = False) -> None:
     check_output_dir(cfg)
     check_dtype(cfg)
     check_model(cfg, resume=resume)
+    check_context(cfg)
     check_datasets(cfg)
     if cfg.tracking.backend != "null":
         check_tracking_uri(cfg.tracking.tracking_uri, create=True, what="tracking.tracking_uri")
@@ -73,6 +74,19 @@ def check_model(cfg: Config, *, resume: bool) -> None:
         check_model_dir(path)
     elif not is_hub_id(spec):
         raise UserError(f"model.path={spec}: model directory not found (give a folder written by save_pretrained, a hub id or builtin:tiny)")
+
+
+def check_context(cfg: Config) -> None:
+    """Prompt and response limits fit the model's context (``max_position_embeddings`` from its
+    ``config.json``, ``model.tiny`` for ``builtin:tiny``; a hub id not cached yet is checked when it
+    generates). Training drops prompts over ``data.max_prompt_length``, so this bounds every sequence."""
+    from dapo_cli.models.context import check_budget, context_of_spec
+
+    context, where = context_of_spec(cfg.model.path, cfg.model.tiny.max_position_embeddings)
+    prompt = {"data.max_prompt_length": cfg.data.max_prompt_length}
+    check_budget({**prompt, "rollout.max_response_length": cfg.rollout.max_response_length}, context, where)
+    if cfg.data.val_files and cfg.validation.max_tokens > 0:
+        check_budget({**prompt, "validation.max_tokens": cfg.validation.max_tokens}, context, where)
 
 
 def check_datasets(cfg: Config) -> None:

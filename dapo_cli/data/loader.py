@@ -9,6 +9,11 @@ A dataset spec is one of:
   them) or raw (converted on the fly);
 * a registered dataset name (``aime24``, ``amc23``, ...) from ``datasets/registry.yaml``.
 
+Prompts longer than ``data.max_prompt_length`` tokens once templated are dropped, training
+and validation alike, counted in the run's dataset manifest and reported on stderr
+(:func:`keep_fitting`, :func:`dropped_note`); the preflight has already checked that
+``max_prompt_length`` plus the response limit fits the model's context.
+
 Everything but ``synthetic:NAME`` goes through :func:`dapo_cli.datasets.load_dataset_rows`,
 so training and ``dapo eval`` accept the same specs.
 """
@@ -19,11 +24,12 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from dapo_cli.errors import UserError
 
 SYNTHETIC_PREFIX = "synthetic:"
+T = TypeVar("T")
 SYNTHETIC_DATA_SEED = 0
 """Generation seed of synthetic datasets: the data are part of the experiment, not of the run seed."""
 
@@ -55,17 +61,33 @@ def build_prompts(
     max_prompt_length: int,
 ) -> tuple[list[Prompt], int]:
     """Template every row; drop prompts over ``max_prompt_length`` tokens. Returns (prompts, dropped)."""
-    prompts: list[Prompt] = []
-    dropped = 0
+    prompts = []
     for i, row in enumerate(rows):
-        text = format_prompt(row["prompt"])
-        if count_tokens(text) > max_prompt_length:
-            dropped += 1
-            continue
         extra = row.get("extra_info") or {}
-        pid = str(extra.get("index", i))
-        prompts.append(Prompt(text=text, ground_truth=str(row["reward_model"]["ground_truth"]), problem_id=pid))
-    return prompts, dropped
+        truth, pid = str(row["reward_model"]["ground_truth"]), str(extra.get("index", i))
+        prompts.append(Prompt(text=format_prompt(row["prompt"]), ground_truth=truth, problem_id=pid))
+    kept, _, dropped = keep_fitting(prompts, [p.text for p in prompts], count_tokens, max_prompt_length)
+    return kept, dropped
+
+
+def keep_fitting(
+    items: Sequence[T], texts: Sequence[str], count_tokens: Callable[[str], int], max_prompt_length: int
+) -> tuple[list[T], list[str], int]:
+    """The items whose templated prompt ``texts[i]`` has at most ``max_prompt_length`` tokens, their
+    texts, and how many were dropped (verl's ``filter_overlong_prompts``: a longer prompt is left out
+    of the run rather than cut, since cutting it would lose the question or the answer format)."""
+    keep = [i for i, text in enumerate(texts) if count_tokens(text) <= max_prompt_length]
+    return [items[i] for i in keep], [texts[i] for i in keep], len(texts) - len(keep)
+
+
+def dropped_note(what: str, dropped: int, total: int, max_prompt_length: int) -> str | None:
+    """The line a run prints when it left prompts out (None when it left none)."""
+    if not dropped:
+        return None
+    return (
+        f"dropped {dropped} of {total} {what} longer than data.max_prompt_length={max_prompt_length} tokens "
+        "(raise it, within the model's context, to keep them)"
+    )
 
 
 def dataset_manifest(specs: Sequence[str], rows_per_spec: Sequence[int], synthetic_size: int) -> list[dict[str, Any]]:

@@ -3,7 +3,9 @@
 ``resolve_model(spec, tiny)`` -> path (builds ``builtin:tiny`` once, cached by the
 config fingerprint); ``load_policy(path)`` -> ``(model, tokenizer)`` for any
 ``save_pretrained`` folder or hub id; ``format_prompt(tokenizer, messages)``
-renders a DAPO prompt for generation.
+renders a DAPO prompt for generation. ``hub`` resolves hub ids through the standard
+Hugging Face cache, ``context`` checks lengths against ``max_position_embeddings``,
+``compat`` makes saved folders readable by transformers 4.57.
 """
 
 from dapo_cli.models.loading import BUILTIN_MODELS, default_cache_dir, load_policy, resolve_model

@@ -3,8 +3,12 @@
 ``resolve_model`` turns a model spec into a path (building and caching the tiny
 policy on first use); ``load_policy`` loads a path or hub id into a causal LM and
 a left-padding tokenizer. Everything works offline for local folders; a hub id
-needs network access (or the local Hugging Face cache) and otherwise fails with
-a one-line :class:`UserError` that says to give a local directory.
+resolves to its snapshot in the standard Hugging Face cache (``HF_HOME`` /
+``HF_HUB_CACHE``; :mod:`dapo_cli.models.hub`), downloaded into it only when it is
+missing and the hub is reachable (and ``HF_HUB_OFFLINE`` unset), and otherwise
+fails with a one-line :class:`UserError` that says to give a local directory. Either
+way the folder is loaded the same way, so a cached hub model and a local copy of it
+behave alike.
 """
 
 from __future__ import annotations
@@ -14,11 +18,9 @@ import json
 import logging
 import os
 import re
-import socket
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import urlparse
 
 import torch
 from transformers import (
@@ -32,6 +34,8 @@ from transformers import (
 from dapo_cli.config.tiny import TinyModelConfig
 from dapo_cli.errors import UserError
 from dapo_cli.fileio import atomic_dir, safetensors_problem
+from dapo_cli.models.hub import first_line as _first_line
+from dapo_cli.models.hub import hub_offline, hub_reachable, is_hub_id, model_snapshot  # noqa: F401 (re-exported)
 from dapo_cli.models.tiny import quiet_hf_progress
 from dapo_cli.models.tokenizer import format_prompt
 from dapo_cli.models.warmstart import MODEL_CARD, warm_start
@@ -48,9 +52,6 @@ GENERIC_TOKENIZER_CLASSES = frozenset({"PreTrainedTokenizerFast", "TokenizersBac
 byte-level Qwen2 tokenizer that drops spaces and newlines), so such folders -- all
 tiny-policy folders and their checkpoints -- are loaded with
 ``PreTrainedTokenizerFast`` directly."""
-
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
-
 
 def default_cache_dir() -> Path:
     """Where built-in models are cached: ``$DAPO_CACHE`` if set, else ``~/.cache/dapo``."""
@@ -88,31 +89,6 @@ def resolve_model(spec: str, tiny: TinyModelConfig, cache_dir: Path | None = Non
     return Path(spec).expanduser()
 
 
-def is_hub_id(spec: str) -> bool:
-    """True for ``name`` or ``owner/name`` specs (letters, digits, ``_ . -``), not for paths like ``./x``."""
-    return bool(_HUB_ID.match(spec))
-
-
-def hub_offline() -> bool:
-    """True when ``HF_HUB_OFFLINE`` is set to a true value (1/true/yes/on)."""
-    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
-
-
-def hub_reachable(timeout_s: float = 3.0) -> bool:
-    """Whether a TCP connection to the hub endpoint (``$HF_ENDPOINT``) opens within ``timeout_s``.
-
-    Checked first so an offline machine fails in seconds instead of after the
-    hub client's retries (~30 s).
-    """
-    url = urlparse(os.environ.get("HF_ENDPOINT", "") or "https://huggingface.co")
-    port = url.port or (443 if url.scheme == "https" else 80)
-    try:
-        with socket.create_connection((url.hostname or "", port), timeout=timeout_s):
-            return True
-    except OSError:
-        return False
-
-
 def load_policy(
     path: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
@@ -123,31 +99,30 @@ def load_policy(
     invalid folder, and for a hub id that cannot be fetched (offline, unreachable,
     unknown) unless it is in the local Hugging Face cache.
     """
+    model, tokenizer = _load_local(local_model_dir(path), dtype)
+    return model.to(device), _for_generation(tokenizer)
+
+
+def local_model_dir(path: str | Path) -> Path:
+    """The folder ``path`` names: itself when it exists, else the hub cache's snapshot of a hub id
+    (downloaded into the cache when online; see :mod:`dapo_cli.models.hub`)."""
     spec = str(path)
     local = Path(path).expanduser()
     if local.exists():
-        model, tokenizer = _load_local(local, dtype)
-    elif is_hub_id(spec):
-        model, tokenizer = _load_hub(spec, dtype)
-    else:
-        raise UserError(f"model directory not found: {spec} (give a folder written by save_pretrained)")
-    return model.to(device), _for_generation(tokenizer)
+        return local
+    if is_hub_id(spec):
+        return model_snapshot(spec)
+    raise UserError(f"model directory not found: {spec} (give a folder written by save_pretrained)")
 
 
 def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
     """The tokenizer of a local folder or cached hub id, set up as :func:`load_policy` sets it up."""
-    spec = str(path)
-    local = Path(path).expanduser()
+    local = local_model_dir(path)
     try:
         with quiet_hf_progress():
-            if local.is_dir():
-                tokenizer = _tokenizer_class(local).from_pretrained(local)
-            elif is_hub_id(spec):
-                tokenizer = AutoTokenizer.from_pretrained(spec, local_files_only=hub_offline() or not hub_reachable())
-            else:
-                raise UserError(f"model directory not found: {spec} (give a folder written by save_pretrained)")
+            tokenizer = _tokenizer_class(local).from_pretrained(local)
     except (OSError, ValueError, KeyError, UnicodeDecodeError) as exc:
-        raise UserError(f"cannot load the tokenizer of {spec}: {_first_line(exc)}") from None
+        raise UserError(f"cannot load the tokenizer of {path}: {_first_line(exc)}") from None
     return _for_generation(tokenizer)
 
 
@@ -287,31 +262,3 @@ def _tokenizer_class(path: Path) -> type[PreTrainedTokenizerBase]:
         if declared in GENERIC_TOKENIZER_CLASSES:
             return PreTrainedTokenizerFast
     return AutoTokenizer
-
-
-def _load_hub(spec: str, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    online = not hub_offline() and hub_reachable()
-    try:
-        with quiet_hf_progress():
-            tokenizer = AutoTokenizer.from_pretrained(spec, local_files_only=not online)
-            model = AutoModelForCausalLM.from_pretrained(spec, dtype=dtype, local_files_only=not online)
-    except torch.cuda.OutOfMemoryError:
-        raise
-    except load_errors() as exc:
-        why = (
-            "HF_HUB_OFFLINE is set"
-            if hub_offline()
-            else "the Hugging Face hub cannot be reached"
-            if not online
-            else _first_line(exc)
-        )
-        raise UserError(
-            f"cannot load model '{spec}': {why} and it is not a local directory or in the local "
-            "cache; give a local directory (a save_pretrained folder) or builtin:tiny"
-        ) from None
-    return model, tokenizer
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

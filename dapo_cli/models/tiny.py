@@ -149,8 +149,12 @@ def save_policy(
 ) -> None:
     """``save_pretrained`` the model (safetensors) and tokenizer into ``out_dir``, quietly.
 
-    ``state_dict`` replaces the module's own tensors (a ZeRO-3 module holds only shards).
+    ``state_dict`` replaces the module's own tensors (a ZeRO-3 module holds only shards). The folder
+    is then made readable by transformers 4.5x too (:func:`dapo_cli.models.compat.make_portable`).
     """
+    from dapo_cli.models.compat import make_portable
+
     with quiet_hf_progress():
         model.save_pretrained(out_dir, state_dict=state_dict)
         tokenizer.save_pretrained(out_dir)
+    make_portable(out_dir)

@@ -46,6 +46,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from dapo_cli.models.native import NativeLlama
+from dapo_cli.models.context import check_fits
 from dapo_cli.rollout.base import Rollouts, SamplingParams, WeightSource
 from dapo_cli.rollout.hf import check_engine_arguments, copy_exported_weights, eos_token_ids
 
@@ -314,6 +315,7 @@ class FastRolloutEngine:
         ids, mask = enc["input_ids"], enc["attention_mask"].bool()  # [P, S]
         if not bool(mask.any(-1).all()):
             raise ValueError("a prompt tokenised to no tokens; the fast engine needs at least one prompt token")
+        check_fits(int(mask.sum(-1).max()), params.max_tokens, self.model)
         seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, ()).item())
         keys = row_keys(seed, prompts, n)
         total = len(prompts) * n

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 import torch
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList, PreTrainedModel, PreTrainedTokenizerBase
 
+from dapo_cli.models.context import check_fits
 from dapo_cli.rollout.base import Rollouts, SamplingParams, WeightSource
 
 NEUTRAL_PROCESSORS: dict[str, float | int] = {
@@ -190,6 +191,7 @@ class HFRolloutEngine:
         enc = self.tokenizer(
             list(prompts), padding=True, padding_side="left", add_special_tokens=False, return_tensors="pt"
         )
+        check_fits(int(enc["attention_mask"].sum(-1).max()), params.max_tokens, self.model)
         prompt_ids = enc["input_ids"].repeat_interleave(n, dim=0)  # [N, S]
         prompt_mask = enc["attention_mask"].bool().repeat_interleave(n, dim=0)  # [N, S]
         gen_config = generation_config(params, pad_id, eos_ids)

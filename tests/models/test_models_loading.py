@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from fixtures.hub_cache import populate
 from transformers import PreTrainedTokenizerFast
 
+import dapo_cli.models.hub as hub
 import dapo_cli.models.loading as loading
 from dapo_cli.config.tiny import TinyModelConfig
 from dapo_cli.errors import UserError
@@ -176,7 +178,33 @@ def test_an_intact_folder_has_no_problem(saved: Path) -> None:
     loading.check_model_dir(saved)
 
 
-def test_hub_id_offline_raises_user_error(monkeypatch):
+@pytest.fixture
+def hub_cache(tmp_path, monkeypatch) -> Path:
+    """An empty hub cache of the test's own, offline."""
+    cache = tmp_path / "hf-hub"
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return cache
+
+
+def test_a_hub_id_loads_offline_from_the_standard_cache(hub_cache, saved, monkeypatch):
+    """HF_HUB_OFFLINE=1 and a cache in the documented layout: the id loads like the folder it holds."""
+    files = {p.name: p for p in saved.iterdir()}
+    snapshot = populate(hub_cache, "dapo-test/tiny-policy", files)
+    assert loading.local_model_dir("dapo-test/tiny-policy") == snapshot
+    model, tokenizer = load_policy("dapo-test/tiny-policy")
+    reference, _ = load_policy(saved)
+    assert isinstance(tokenizer, PreTrainedTokenizerFast) and tokenizer.padding_side == "left"
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), reference.state_dict().values()))
+    assert loading.load_tokenizer("dapo-test/tiny-policy")(TEXT)["input_ids"] == tokenizer(TEXT)["input_ids"]
+    # and through HF_HOME (HF_HOME/hub) when HF_HUB_CACHE is unset
+    monkeypatch.delenv("HF_HUB_CACHE")
+    monkeypatch.setenv("HF_HOME", str(hub_cache.parent / "home"))
+    populate(hub_cache.parent / "home" / "hub", "dapo-test/other", files)
+    assert loading.local_model_dir("dapo-test/other").is_relative_to(hub_cache.parent / "home" / "hub")
+
+
+def test_hub_id_offline_raises_user_error(monkeypatch, hub_cache):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     expected = r"cannot load model 'dapo-test/absent-model': HF_HUB_OFFLINE is set.*give a local directory"
     with pytest.raises(UserError, match=expected):
@@ -185,7 +213,7 @@ def test_hub_id_offline_raises_user_error(monkeypatch):
 
 def test_hub_id_unreachable_raises_user_error_without_waiting(monkeypatch):
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.setattr(loading, "hub_reachable", lambda timeout_s=3.0: False)
+    monkeypatch.setattr("dapo_cli.models.hub.hub_reachable", lambda timeout_s=3.0: False)
     expected = r"cannot load model 'dapo-test/absent-model': the Hugging Face hub cannot be reached"
     with pytest.raises(UserError, match=expected):
         load_policy("dapo-test/absent-model")
@@ -193,7 +221,7 @@ def test_hub_id_unreachable_raises_user_error_without_waiting(monkeypatch):
 
 def test_hub_reachable_is_false_for_a_closed_port(monkeypatch):
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # discard port: nothing listens
-    assert loading.hub_reachable(timeout_s=1.0) is False
+    assert hub.hub_reachable(timeout_s=1.0) is False
 
 
 @pytest.mark.parametrize(
