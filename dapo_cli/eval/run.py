@@ -527,6 +527,7 @@ def run_eval(
         raise UserError(f"--table-rows must be 0 or more (got {opts.table_rows})")
     check_memory(opts, 1)  # before anything loads: even one problem may not fit
     from dapo_cli.components import ROLLOUT_ENGINES, build_eval_rollout
+    from dapo_cli.models.context import check_prompts_fit
 
     if opts.engine not in ROLLOUT_ENGINES:
         raise UserError(f"unknown engine '{opts.engine}'; valid names: {', '.join(ROLLOUT_ENGINES)}")
@@ -549,6 +550,8 @@ def run_eval(
     todo = len(checkpoint.done) < len(batches)
     # the model loads before the run opens: a checkpoint that fails to load leaves no MLflow run behind
     engine, format_prompt = build_eval_rollout(opts.engine, model, opts.batch_size, log) if todo else (None, None)
+    prompts = [format_prompt(p.messages) for p in problems] if todo else []
+    check_prompts_fit(engine, prompts, opts.max_tokens)  # a prompt over the context fails here, with no run opened
     tags = {"dapo.command": "eval", "dapo.checkpoint": model, **source_tags(source)}
     name = run_name(model, opts.dataset, opts.k, source_label(source))
     with start_run(tracking, name, tags=tags) as tracker:
@@ -562,7 +565,7 @@ def run_eval(
 
             sink.start(len(problems) * opts.k, resumed * opts.k)
             new = generate_records(
-                engine, problems, [format_prompt(p.messages) for p in problems], k=opts.k, params=params,
+                engine, problems, prompts, k=opts.k, params=params,
                 verifier=opts.verifier, batch_problems=settings["batch_problems"],
                 skip_batches=frozenset(checkpoint.done), on_batch=on_batch,
                 max_sequences=sequences_per_call(opts.k, opts.batch_size),

@@ -6,8 +6,10 @@ what comes out is garbage. So the length budget is checked before anything is ge
 * ``dapo train``: ``data.max_prompt_length + rollout.max_response_length`` (and the validation
   limit) against the model's context, in the preflight, from ``config.json`` alone
   (:func:`context_of_spec`; no weights loaded);
+* ``dapo eval``: every prompt of the dataset, tokenised once the model is loaded and before an
+  MLflow run is opened or anything generated (:func:`check_prompts_fit`);
 * every ``generate`` call of the local rollout engines: the longest tokenised prompt plus
-  ``max_tokens`` (:func:`check_fits`), which is what catches ``dapo eval`` on a long dataset.
+  ``max_tokens`` (:func:`check_fits`).
 """
 
 from __future__ import annotations
@@ -91,3 +93,13 @@ def check_fits(prompt_tokens: int, max_tokens: int, model: Any) -> None:
         f"a prompt of {prompt_tokens} tokens + max_tokens {max_tokens} = {prompt_tokens + max_tokens} exceeds the "
         f"model's context of {context} positions (max_position_embeddings); {fix}"
     )
+
+
+def check_prompts_fit(engine: Any, prompts: list[str], max_tokens: int) -> None:
+    """:func:`check_fits` for the longest of ``prompts`` as ``engine`` (a local rollout engine with
+    ``tokenizer`` and ``model``) will tokenise them; engines without both (vLLM) check themselves."""
+    tokenizer, model = getattr(engine, "tokenizer", None), getattr(engine, "model", None)
+    if tokenizer is None or model is None or not prompts:
+        return
+    longest = max(len(ids) for ids in tokenizer(list(prompts), add_special_tokens=False)["input_ids"])
+    check_fits(longest, max_tokens, model)

@@ -46,6 +46,23 @@ def error_line(result) -> str:
 
 
 @needs_data
+def test_eval_refuses_prompts_over_the_context_before_a_run_is_opened(model_dir: Path, tmp_path: Path) -> None:
+    # AIME prompts are ~810 characters (one token each for the char tokenizer) + 300 new tokens
+    # > the fixture's 1024 positions: refused before anything generates, and no MLflow run is left
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    result = runner.invoke(app, ["eval", str(model_dir), "--dataset", str(AIME), "--avg", "2", "--max-tokens", "300",
+                                 "--tracking-uri", uri, "--experiment", "too-long", "--output", str(tmp_path / "out")])
+    assert result.exit_code == 2, result.output
+    [line] = [x for x in result.stderr.splitlines() if x.startswith("error: ")]  # after the "loading ..." log line
+    assert "Traceback" not in result.stderr
+    assert "exceeds the model's context of 1024 positions" in line and "lower max_tokens to at most" in line
+    assert MlflowClient(tracking_uri=uri).get_experiment_by_name("too-long") is None
+    assert not (tmp_path / "out" / "generations.parquet").exists()
+
+
+@needs_data
 def test_eval_tiny_model_on_aime_records_mlflow(model_dir: Path, tmp_path: Path) -> None:
     from mlflow import MlflowClient
 
