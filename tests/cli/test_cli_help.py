@@ -189,3 +189,19 @@ def test_eval_accepts_every_engine_the_factory_builds() -> None:
 
 def test_ablate_help_names_its_default_experiment() -> None:
     assert "experiments/tiny-ladder.yaml" in CliRunner().invoke(app, ["ablate", "--help"], env=EXTRA).stdout
+
+
+def test_every_option_that_takes_a_value_shows_its_default() -> None:
+    # Typer's convention: on/off flags show none; every option taking a value states what it is when
+    # not given (a value, or in words such as "as in the config"), or that it is required.
+    import click
+
+    group = typer.main.get_command(app)
+    for name, command in group.commands.items():
+        ctx = click.Context(command, info_name=name)
+        for param in command.params:
+            if not isinstance(param, click.Option) or param.is_flag or param.name == "help":
+                continue
+            record = param.get_help_record(ctx)
+            text = record[1] if record else ""
+            assert "default:" in text or "required" in text, f"dapo {name} {param.opts[0]}: no default shown"
