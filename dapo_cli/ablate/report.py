@@ -56,6 +56,8 @@ CURVE_METRICS = (
     "actor/clipfrac_low",
     "train/kept_group_frac",
     "overlong/truncated_frac",
+    "overlong/truncated_with_answer_frac",
+    "response_length/group_std_mean",
 )
 SAMPLES_METRIC = "train/samples_generated"
 SHARE_METRICS = {"truncated": "overlong/truncated_frac", "kept_groups": "train/kept_group_frac"}

@@ -130,3 +130,31 @@ def test_score_and_shape_uses_the_configured_verifier():
     assert not batch.acc.any()
     score_and_shape(batch, make_cfg())
     assert batch.acc.any()
+
+
+def test_step_metrics_report_the_length_spread_and_what_truncation_cuts():
+    from dapo_cli.train import step_metrics
+
+    # p0 (K=0): lengths 2, 4, 6, 8 (sample j: 2j + 2), none truncated;
+    # p1 (K=1): samples 0 and 1 truncated at 10 tokens (sample 0's text already holds "1", sample 1's
+    #           does not), samples 2 and 3 of length 4: group lengths 10, 10, 4, 4.
+    def script(prompt: str, j: int) -> tuple[str, int, bool]:
+        k = int(prompt[1:])
+        if k == 0:
+            return ("Answer: 0", 2 * j + 2, False)
+        if j < 2:
+            return ("1 + 0 = 1, then 1 1 1" if j == 0 else "loop loop loop", 10, True)
+        return ("Answer: 1", 4, False)
+
+    cfg = apply_techniques(make_cfg(), dynamic_sampling=False)
+    collected, _ = collect(cfg, script)
+    metrics = step_metrics(collected, None, cfg)  # from what was generated, not the trained batch
+    # group p0: mean 5, population std sqrt(((3)²+1²+1²+3²)/4) = sqrt(5), cv sqrt(5)/5
+    # group p1: mean 7, std 3, cv 3/7                         → means over the two groups
+    assert metrics["response_length/group_std_mean"] == pytest.approx((5 ** 0.5 + 3) / 2, abs=1e-9)
+    assert metrics["response_length/group_cv_mean"] == pytest.approx((5 ** 0.5 / 5 + 3 / 7) / 2, abs=1e-9)
+    # 2 truncated responses, 1 of them holds its ground truth "1" as a whole number
+    assert metrics["overlong/truncated_frac"] == pytest.approx(2 / 8)
+    assert metrics["overlong/truncated_with_answer_frac"] == pytest.approx(1 / 2)
+    collected, _ = collect(cfg)  # nothing truncated: the share is not defined, so not logged
+    assert "overlong/truncated_with_answer_frac" not in step_metrics(collected, None, cfg)
