@@ -4,9 +4,11 @@
   gives every response the same weight, so a long response's tokens count less. The spread is
   reported as the mean over groups of the within-group standard deviation of response lengths
   and of its coefficient of variation (std / mean).
-* Overlong filtering and the soft punishment are meant for runaway generations, not for cutting
-  off good solutions: the share of truncated responses whose text already contains the correct
-  answer tells which of the two a length limit is doing (high: the limit cuts correct work).
+* Overlong filtering and the soft punishment are meant for runaway generations (in the paper's
+  regime a truncated response is mostly a repetition loop), not for cutting off good solutions.
+  Two shares of the truncated responses tell which a length limit is doing: those that end in a
+  loop (:func:`ends_in_loop`: runaway text) and those whose text already holds the correct answer
+  (:func:`contains_answer`). Truncated responses that are neither were cut in unfinished work.
 
 Pure functions on tensors and strings; the trainer gathers their inputs over all ranks first, so
 the values do not depend on the world size or the micro-batching.
@@ -49,3 +51,31 @@ def contains_answer(texts: Sequence[str], ground_truths: Sequence[str]) -> torch
         pattern = rf"(?<![\w.]){re.escape(truth)}(?![\w]|\.\d)" if truth else None
         found.append(bool(pattern and re.search(pattern, text)))
     return torch.tensor(found, dtype=torch.bool)
+
+
+MAX_LOOP_PERIOD = 64
+"""Longest repeated span (characters) :func:`ends_in_loop` looks for; bounds its work per text."""
+
+
+def ends_in_loop(text: str, *, repeats: int = 3, min_chars: int = 16, max_period: int = MAX_LOOP_PERIOD) -> bool:
+    """True when ``text`` ends in at least ``repeats`` copies, and at least ``min_chars`` characters,
+    of one span of 1..``max_period`` characters (``"... 1 1 1 1 1 1 1 1"``, ``"carry 1, " * 3``), the
+    way a degenerate generation runs into its limit. ``min_chars`` keeps short repeats that are
+    ordinary text (an answer ``1000``, ``"..."``) out.
+
+    Work is bounded by about ``max_period * (repeats * max_period + min_chars)`` character
+    comparisons whatever the length of ``text``.
+    """
+    for period in range(1, max_period + 1):
+        copies = max(repeats, -(-min_chars // period))
+        if period * copies > len(text):
+            break
+        tail = text[-period * copies:]
+        if tail == tail[:period] * copies:
+            return True
+    return False
+
+
+def loops(texts: Sequence[str]) -> torch.Tensor:
+    """``[N]`` bool: :func:`ends_in_loop` of each text."""
+    return torch.tensor([ends_in_loop(t) for t in texts], dtype=torch.bool)

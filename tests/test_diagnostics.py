@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dapo_cli.diagnostics import contains_answer, group_length_spread
+import time
+
+from dapo_cli.diagnostics import MAX_LOOP_PERIOD, contains_answer, ends_in_loop, group_length_spread, loops
 
 
 def test_group_length_spread_by_hand() -> None:
@@ -35,3 +37,26 @@ def test_contains_answer_matches_whole_numbers_only() -> None:
     assert contains_answer(texts, truths).tolist() == [True, False, False, False, True, False, False]
     with pytest.raises(ValueError):
         contains_answer(["a"], [])
+
+
+def test_ends_in_loop_finds_a_repeated_tail_and_nothing_else() -> None:
+    assert ends_in_loop("What is 2+2? " + "4 " * 8)       # period 2, 16 characters
+    assert ends_in_loop("carry 1, carry 1, carry 1, ")    # period 9, 3 copies (27 characters)
+    assert not ends_in_loop("What is 2+2? 4 4 4 4")       # 3 copies of " 4" but only 8 characters
+    assert not ends_in_loop("10 x 100 = 1000")            # "000" is a number, not a loop
+    assert not ends_in_loop("7 + 5 = 12, write 2 carry 1; 1 + 3 + 1 = 5; Answer: 52")
+    assert not ends_in_loop("abcdefgh" * 2 + "abcdefg")   # the loop must reach the end
+    span = "".join(chr(0x4E00 + i) for i in range(MAX_LOOP_PERIOD + 1))  # distinct characters: no shorter period
+    assert not ends_in_loop("start " + span * 3)            # spans longer than the bound are not looked for
+    assert ends_in_loop("start " + span[1:] * 3)
+    assert loops(["ab" * 8, "ab" * 7]).tolist() == [True, False]
+
+
+def test_ends_in_loop_is_bounded_on_long_texts() -> None:
+    import random
+
+    rng = random.Random(0)
+    text = "".join(rng.choice("0123456789 +=") for _ in range(1_000_000))  # 1 MB without a periodic tail
+    t0 = time.perf_counter()
+    assert not ends_in_loop(text)
+    assert time.perf_counter() - t0 < 0.5

@@ -57,6 +57,7 @@ CURVE_METRICS = (
     "train/kept_group_frac",
     "overlong/truncated_frac",
     "overlong/truncated_with_answer_frac",
+    "overlong/truncated_looping_frac",
     "response_length/group_std_mean",
 )
 SAMPLES_METRIC = "train/samples_generated"

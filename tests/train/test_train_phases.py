@@ -143,7 +143,7 @@ def test_step_metrics_report_the_length_spread_and_what_truncation_cuts():
         if k == 0:
             return ("Answer: 0", 2 * j + 2, False)
         if j < 2:
-            return ("1 + 0 = 1, then 1 1 1" if j == 0 else "loop loop loop", 10, True)
+            return ("1 + 0 = 1, then" + " 1" * 8 if j == 0 else "loop " * 4, 10, True)
         return ("Answer: 1", 4, False)
 
     cfg = apply_techniques(make_cfg(), dynamic_sampling=False)
@@ -153,8 +153,9 @@ def test_step_metrics_report_the_length_spread_and_what_truncation_cuts():
     # group p1: mean 7, std 3, cv 3/7                         → means over the two groups
     assert metrics["response_length/group_std_mean"] == pytest.approx((5 ** 0.5 + 3) / 2, abs=1e-9)
     assert metrics["response_length/group_cv_mean"] == pytest.approx((5 ** 0.5 / 5 + 3 / 7) / 2, abs=1e-9)
-    # 2 truncated responses, 1 of them holds its ground truth "1" as a whole number
+    # 2 truncated responses: both end in a loop (" 1" x 8, "loop " x 4); one holds its ground truth "1"
     assert metrics["overlong/truncated_frac"] == pytest.approx(2 / 8)
     assert metrics["overlong/truncated_with_answer_frac"] == pytest.approx(1 / 2)
+    assert metrics["overlong/truncated_looping_frac"] == pytest.approx(1.0)
     collected, _ = collect(cfg)  # nothing truncated: the share is not defined, so not logged
     assert "overlong/truncated_with_answer_frac" not in step_metrics(collected, None, cfg)
