@@ -103,3 +103,17 @@ def thread_env(threads: int) -> dict[str, str]:
     env.update({"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "PYTHONWARNINGS": "ignore",
                 "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
     return env
+
+
+def run_dapo_in_process(words: Sequence[str]) -> None:
+    """``dapo WORDS`` in this process (so a benchmark's patches see it); a failing exit is raised."""
+    import sys
+
+    from dapo_cli.cli import main
+
+    sys.argv = ["dapo", *words]
+    try:
+        main()
+    except SystemExit as exc:
+        if exc.code not in (0, None):
+            raise

@@ -45,6 +45,7 @@ from common import (
     count_parameters,
     machine,
     median,
+    run_dapo_in_process,
     table,
     thread_env,
 )
@@ -139,14 +140,7 @@ def dapo_worker(spec: dict) -> None:
 
     progress.StepReporter.step_done = step_done
     train.score_and_shape = timed_score
-    from dapo_cli.cli import main
-
-    sys.argv = ["dapo", *spec["words"]]
-    try:
-        main()
-    except SystemExit as exc:
-        if exc.code not in (0, None):
-            raise
+    run_dapo_in_process(spec["words"])
     Path(spec["out"]).write_text(json.dumps({"step_ends": ends, "scoring": scoring}))
 
 

@@ -39,7 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import build_policy_dir, machine, median, table, thread_env
+from common import build_policy_dir, machine, median, run_dapo_in_process, table, thread_env
 from rl_step_vs_trl import dapo_words
 
 SKIP = 4
@@ -83,14 +83,7 @@ def worker(spec: dict) -> None:
 
     progress.StepReporter.step_done = step_done
     train.open_tracker = open_timed
-    from dapo_cli.cli import main
-
-    sys.argv = ["dapo", *spec["words"]]
-    try:
-        main()
-    except SystemExit as exc:
-        if exc.code not in (0, None):
-            raise
+    run_dapo_in_process(spec["words"])
     Path(spec["out"]).write_text(json.dumps({"ends": ends, "calls": calls}))
 
 
