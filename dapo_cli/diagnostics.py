@@ -9,6 +9,9 @@
   Two shares of the truncated responses tell which a length limit is doing: those that end in a
   loop (:func:`ends_in_loop`: runaway text) and those whose text already holds the correct answer
   (:func:`contains_answer`). Truncated responses that are neither were cut in unfinished work.
+  A third share, :func:`on_correct_path`, says whether that unfinished work was going the right
+  way: the truncated text, its repeated lines collapsed, begins a response of the same group
+  that reached the right answer.
 
 Pure functions on tensors and strings; the trainer gathers their inputs over all ranks first, so
 the values do not depend on the world size or the micro-batching.
@@ -79,3 +82,41 @@ def ends_in_loop(text: str, *, repeats: int = 3, min_chars: int = 16, max_period
 def loops(texts: Sequence[str]) -> torch.Tensor:
     """``[N]`` bool: :func:`ends_in_loop` of each text."""
     return torch.tensor([ends_in_loop(t) for t in texts], dtype=torch.bool)
+
+
+def collapse_repeated_lines(text: str) -> str:
+    """``text`` with every run of identical consecutive lines written once, and a trailing partial
+    line dropped when it only begins the line before it (a loop cut mid-copy):
+    ``"a=1\\na=1\\na=1\\nb=2\\nb="`` → ``"a=1\\nb=2\\n"``; ``"a=1\\na="`` → ``"a=1\\n"``."""
+    lines = text.split("\n")
+    tail = lines.pop()  # after the last newline: "" or a line cut by the limit
+    kept: list[str] = []
+    for line in lines:
+        if not kept or line != kept[-1]:
+            kept.append(line)
+    if kept and kept[-1].startswith(tail):
+        tail = ""
+    return "".join(line + "\n" for line in kept) + tail
+
+
+def on_correct_path(texts: Sequence[str], correct: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+    """``[N]`` bool: a response, its repetitions collapsed (:func:`collapse_repeated_lines`), is a
+    prefix of a correct response of the same group (its repetitions collapsed too), and is not
+    itself correct.
+
+    For a truncated response this says "it was doing the work that succeeded elsewhere in its
+    group, and ran out of room" -- e.g. a stuck ``5+7+0=12`` repeated until the limit, when a sibling
+    wrote ``5+7+0=12\\n8+4+1=13\\nAnswer: 132``. Exact prefixes suit tasks with one way of writing
+    the work (the synthetic arithmetic); on free-form reasoning the share is a lower bound, and a
+    group without a correct response has none to match. ``correct``, ``group_ids``: ``[N]``.
+    Work: one collapse per text and one prefix test per pair within a group.
+    """
+    by_group: dict[int, list[str]] = {}
+    for text, ok, g in zip(texts, correct.tolist(), group_ids.tolist(), strict=True):
+        if ok:
+            by_group.setdefault(int(g), []).append(collapse_repeated_lines(text))
+    out = []
+    for text, ok, g in zip(texts, correct.tolist(), group_ids.tolist(), strict=True):
+        mine = collapse_repeated_lines(text)
+        out.append(not ok and bool(mine) and any(ref.startswith(mine) for ref in by_group.get(int(g), ())))
+    return torch.tensor(out, dtype=torch.bool)

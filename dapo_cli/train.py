@@ -44,7 +44,7 @@ from dapo_cli.config import Config
 from dapo_cli.data.loader import Prompt, PromptStream
 from dapo_cli.engine.base import TrainingEngine
 from dapo_cli.engine.dist import Collective, SingleProcess, gather_cat, reduce_sums
-from dapo_cli.diagnostics import contains_answer, group_length_spread, loops
+from dapo_cli.diagnostics import contains_answer, group_length_spread, loops, on_correct_path
 from dapo_cli.errors import UserError
 from dapo_cli.rewards import score_batch
 from dapo_cli.rollout.base import RolloutEngine, SamplingParams
@@ -104,7 +104,7 @@ class Collected:
     """Everything this rank generated in the step."""
     metrics: dict[str, float] = field(default_factory=dict)
     generated_stats: dict[str, torch.Tensor] = field(default_factory=dict)
-    """Per-response ``lengths``, ``truncated``, ``acc``, ``scores``, ``group_ids``, ``has_answer``, ``loops`` of all ranks' generations."""
+    """Per-response ``lengths``, ``truncated``, ``acc``, ``scores``, ``group_ids``, ``has_answer``, ``loops``, ``on_path`` of all ranks' generations."""
 
 
 def collect_batch(
@@ -161,6 +161,7 @@ def collect_batch(
         "lengths": everything.lengths, "truncated": everything.truncated, "acc": everything.acc,
         "scores": everything.scores, "group_ids": everything.group_ids,
         "has_answer": contains_answer(everything.texts, everything.ground_truths), "loops": loops(everything.texts),
+        "on_path": on_correct_path(everything.texts, everything.acc.bool(), everything.group_ids),  # groups are rank-local
     })
     if assembler is not None:
         metrics = assembler.metrics()
@@ -393,6 +394,7 @@ def step_metrics(collected: Collected, batch: RolloutBatch | None, cfg: Config, 
     if truncated.any():  # what the length limit cuts: runaway text, or work that already holds the answer
         out["overlong/truncated_with_answer_frac"] = float(gen["has_answer"][truncated].float().mean())
         out["overlong/truncated_looping_frac"] = float(gen["loops"][truncated].float().mean())
+        out["overlong/truncated_on_correct_path_frac"] = float(gen["on_path"][truncated].float().mean())
     if batch is not None:
         mask = batch.loss_mask.float()
         s = reduce_sums(dist, {

@@ -7,7 +7,15 @@ import torch
 
 import time
 
-from dapo_cli.diagnostics import MAX_LOOP_PERIOD, contains_answer, ends_in_loop, group_length_spread, loops
+from dapo_cli.diagnostics import (
+    MAX_LOOP_PERIOD,
+    collapse_repeated_lines,
+    contains_answer,
+    ends_in_loop,
+    group_length_spread,
+    loops,
+    on_correct_path,
+)
 
 
 def test_group_length_spread_by_hand() -> None:
@@ -60,3 +68,26 @@ def test_ends_in_loop_is_bounded_on_long_texts() -> None:
     t0 = time.perf_counter()
     assert not ends_in_loop(text)
     assert time.perf_counter() - t0 < 0.5
+
+
+def test_collapse_repeated_lines() -> None:
+    assert collapse_repeated_lines("a=1\na=1\na=1\nb=2\nc") == "a=1\nb=2\nc"          # "c" begins a new line
+    assert collapse_repeated_lines("a=1\nb=2\nb=2\nb=") == "a=1\nb=2\n"            # cut inside a copy of "b=2"
+    assert collapse_repeated_lines("a=1\na=1\n") == "a=1\n"
+    assert collapse_repeated_lines("a=1\nb=2\na=1") == "a=1\nb=2\na=1"              # not consecutive: kept
+    assert collapse_repeated_lines("") == ""
+
+
+def test_on_correct_path_matches_the_work_of_a_correct_sibling() -> None:
+    right = "5+7+0=12\n8+4+1=13\nAnswer: 132"
+    texts = [
+        right,                                          # correct itself: not "on a path", it arrived
+        "5+7+0=12\n5+7+0=12\n5+7+0=12\n5+7+",          # stuck on the first column: on the path
+        "5+7+0=12\n8+4+1=13\n8+4+1=13\n8+4",            # stuck on the second: on the path
+        "5+7+0=13\n5+7+0=13\n5+7+0=13\n",              # a wrong column: off the path
+        "5+7+0=12\n5+7+0=12\n5+7+",                     # the same loop in a group with no correct answer
+        "",                                             # nothing written: no path
+    ]
+    correct = torch.tensor([True, False, False, False, False, False])
+    groups = torch.tensor([0, 0, 0, 0, 1, 0])
+    assert on_correct_path(texts, correct, groups).tolist() == [False, True, True, False, False, False]

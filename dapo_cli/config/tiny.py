@@ -46,6 +46,16 @@ class TinyModelConfig:
     sft_direct_frac: float = setting(
         0.5, "share of examples answered 'Answer: N' directly instead of worked (lowers base accuracy)"
     )
+    sft_loop_frac: float = setting(
+        0.0, "share of worked examples with a working line repeated (dapo_cli.data.synthetic.looped_solution): "
+        "a policy that sometimes loops, so truncation marks runaway text"
+    )
+    sft_loop_continue: float = setting(
+        0.75, "chance that a looped line is repeated once more (geometric; 0.75: 3 extra copies on average)"
+    )
+    sft_loop_max_chars: int = setting(
+        96, "longest looped solution in the warm-start (copies stop there); above the RL response limit, so loops run into it"
+    )
     seed: int = setting(0, "seeds the weights, the training stream and the accuracy measurement")
     eval_problems: int = setting(200, "held-out val problems for the base accuracy stored in dapo_model.json")
     eval_max_tokens: int = setting(64, "response limit (tokens) when measuring the base accuracy")

@@ -136,6 +136,10 @@ def validate(cfg: Config) -> None:
     require(tiny.rope_theta > 0.0, f"model.tiny.rope_theta={tiny.rope_theta} must be > 0")
     require(tiny.sft_lr > 0.0, f"model.tiny.sft_lr={tiny.sft_lr} must be > 0")
     require(0.0 <= tiny.sft_direct_frac <= 1.0, f"model.tiny.sft_direct_frac={tiny.sft_direct_frac} must be in [0, 1]")
+    require(0.0 <= tiny.sft_loop_frac <= 1.0, f"model.tiny.sft_loop_frac={tiny.sft_loop_frac} must be in [0, 1]")
+    require(0.0 <= tiny.sft_loop_continue < 1.0,
+            f"model.tiny.sft_loop_continue={tiny.sft_loop_continue} must be in [0, 1) (1 would never end a loop)")
+    require(tiny.sft_loop_max_chars >= 1, f"model.tiny.sft_loop_max_chars={tiny.sft_loop_max_chars} must be >= 1")
     engine = cfg.engine
     require(
         engine.zero_stage in (0, 1, 2, 3),

@@ -182,6 +182,33 @@ def _sample_medium(rng: random.Random) -> Draw:
     return make(rng, 3)
 
 
+def looped_solution(solution: str, rng: random.Random, continue_prob: float, *, max_chars: int | None = None) -> str:
+    """``solution`` with one working line repeated: the degenerate repetition of a stuck generation.
+
+    A working line (any line but the final ``Answer:`` one) is chosen uniformly and written
+    ``1 + R`` times in a row, ``R ~ Geometric`` with ``P(R >= r) = continue_prob ** r``, so
+    ``E[R] = q / (1 - q)`` extra copies (q = ``continue_prob``; 0.75 → 3 copies on average, 16%
+    of loops with 6 or more). The work then goes on unchanged, so a loop is right when it ends
+    -- but a long one runs past a response limit that every plain solution fits:
+    ``"5+7+0=12\n8+4+1=13\nAnswer: 132"`` → ``"5+7+0=12\n5+7+0=12\n5+7+0=12\n8+4+1=13\nAnswer: 132"``.
+    A solution without a working line (a direct answer) is returned unchanged. ``max_chars``
+    stops the copies before the text would grow past it (the draw of ``R`` is unchanged), which
+    bounds the length of a warm-start batch.
+    """
+    if not 0.0 <= continue_prob < 1.0:
+        raise ValueError(f"continue_prob must be in [0, 1), got {continue_prob}")
+    lines = solution.split("\n")
+    if len(lines) < 2:
+        return solution
+    i = rng.randrange(len(lines) - 1)
+    extra = 0
+    while rng.random() < continue_prob:
+        extra += 1
+    if max_chars is not None:
+        extra = max(0, min(extra, (max_chars - len(solution)) // (len(lines[i]) + 1)))
+    return "\n".join(lines[: i + 1] + [lines[i]] * extra + lines[i + 1 :])
+
+
 SYNTHETIC_TASKS: dict[str, SyntheticTask] = {
     t.name: t
     for t in (

@@ -9,7 +9,10 @@ tokens only,
           \\log \\pi_\\theta(y_{i,t} \\mid x_i, y_{i,<t}),
 
 where ``x_i`` is the templated problem and ``y_i`` its solution plus ``<eos>``:
-a worked one, or with probability ``sft_direct_frac`` just ``Answer: N``. The
+a worked one, or with probability ``sft_direct_frac`` just ``Answer: N``; with
+``sft_loop_frac`` > 0 that share of the worked ones repeats a working line
+(:func:`~dapo_cli.data.synthetic.looped_solution`), so the policy learns to loop
+sometimes and long loops run into the RL response limit. The
 mixture leaves the policy hesitating between the two styles, which RL then
 resolves: measured with the defaults (add-3digit, 600 steps, half direct), about
 half the T=1 samples answer directly and are almost always wrong (4-7%), the
@@ -40,7 +43,7 @@ import transformers
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from dapo_cli.config.tiny import TINY_FORMAT_VERSION, TinyModelConfig
-from dapo_cli.data.synthetic import SyntheticExample, generate_examples, iter_examples
+from dapo_cli.data.synthetic import SyntheticExample, generate_examples, iter_examples, looped_solution
 from dapo_cli.fileio import write_json_atomic
 from dapo_cli.progress import CountProgress
 from dapo_cli.models.tiny import build_tiny_model_for, count_parameters, save_policy
@@ -133,7 +136,12 @@ def sft_pairs(
         batch = []
         for _ in range(cfg.sft_batch_size):
             ex = next(examples)
-            response = ex.direct_solution if style.random() < cfg.sft_direct_frac else ex.solution
+            if style.random() < cfg.sft_direct_frac:
+                response = ex.direct_solution
+            elif cfg.sft_loop_frac > 0 and style.random() < cfg.sft_loop_frac:  # no draw when off: old builds unchanged
+                response = looped_solution(ex.solution, style, cfg.sft_loop_continue, max_chars=cfg.sft_loop_max_chars)
+            else:
+                response = ex.solution
             batch.append((prompt_text(tokenizer, ex.problem), response))
         yield batch
 

@@ -104,6 +104,8 @@ INVALID: list[tuple[dict[str, object], str]] = [
     ({"model__tiny__hidden_size": 0}, "model.tiny.hidden_size=0 must be >= 1"),
     ({"model__tiny__hidden_size": 30}, "model.tiny.hidden_size=30 must be divisible by model.tiny.num_heads=4"),
     ({"model__tiny__sft_direct_frac": 1.5}, "model.tiny.sft_direct_frac=1.5 must be in [0, 1]"),
+    ({"model__tiny__sft_loop_frac": -0.1}, "model.tiny.sft_loop_frac=-0.1 must be in [0, 1]"),
+    ({"model__tiny__sft_loop_continue": 1.0}, "model.tiny.sft_loop_continue=1.0 must be in [0, 1) (1 would never end a loop)"),
 ]
 
 

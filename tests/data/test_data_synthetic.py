@@ -173,3 +173,27 @@ def test_generate_rows_match_the_dapo_schema_and_round_trip(tmp_path):
         }
     write_dapo_parquet(rows, tmp_path / "val.parquet")
     assert read_dapo_rows(tmp_path / "val.parquet") == rows
+
+
+def test_looped_solution_repeats_one_working_line_a_geometric_number_of_times():
+    import random
+
+    from dapo_cli.data.synthetic import looped_solution
+
+    solution = "5+7+0=12\n8+4+1=13\nAnswer: 132"
+    rng = random.Random(0)
+    extra = []
+    for _ in range(4000):
+        out = looped_solution(solution, rng, 0.75).split("\n")
+        assert out[-1] == "Answer: 132" and out.count("Answer: 132") == 1  # the answer line is never repeated
+        assert [line for i, line in enumerate(out) if i == 0 or line != out[i - 1]] == solution.split("\n")
+        extra.append(len(out) - 3)
+    # R ~ Geometric: P(R >= r) = 0.75^r, E[R] = 0.75 / 0.25 = 3 (sd of R = sqrt(0.75)/0.25 ≈ 3.5; of the mean ≈ 0.055)
+    assert abs(sum(extra) / len(extra) - 3.0) < 0.25
+    assert abs(sum(e >= 1 for e in extra) / len(extra) - 0.75) < 0.03
+    assert looped_solution("Answer: 7", rng, 0.75) == "Answer: 7"  # a direct answer has no working line
+    assert looped_solution(solution, rng, 0.0) == solution
+    capped = [looped_solution(solution, rng, 0.95, max_chars=40) for _ in range(200)]
+    assert max(len(c) for c in capped) <= 40 and max(len(c) for c in capped) > 40 - 9  # copies of 8+1 characters
+    with pytest.raises(ValueError):
+        looped_solution(solution, rng, 1.0)

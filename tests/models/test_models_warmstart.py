@@ -72,6 +72,22 @@ def test_sft_pairs_mix_direct_and_worked_answers_deterministically():
     assert sum(r.startswith("Answer: ") for _, r in next(sft_pairs(tok, TinyModelConfig(sft_direct_frac=0.0)))) == 0
 
 
+def test_sft_pairs_loop_a_share_of_the_worked_answers_and_keep_old_builds_unchanged():
+    from dapo_cli.diagnostics import collapse_repeated_lines
+
+    tok = build_char_tokenizer()
+    plain = TinyModelConfig(sft_batch_size=400, sft_direct_frac=0.25)
+    assert next(sft_pairs(tok, plain)) == next(sft_pairs(tok, TinyModelConfig(sft_batch_size=400, sft_direct_frac=0.25, sft_loop_continue=0.5)))
+    looped = next(sft_pairs(tok, TinyModelConfig(sft_batch_size=400, sft_direct_frac=0.25, sft_loop_frac=0.5, sft_loop_continue=0.8)))
+    worked = [r for _, r in looped if not r.startswith("Answer: ")]
+    repeats = [r for r in worked if collapse_repeated_lines(r) != r]
+    # a worked answer loops with p 0.5 × P(R >= 1) = 0.5 × 0.8 = 0.4 of ~300: binomial sd ~8.5
+    assert 0.3 * len(worked) <= len(repeats) <= 0.5 * len(worked)
+    # a loop only repeats lines: collapsed, it is a plain worked solution ending in its answer
+    assert all(collapse_repeated_lines(r).split("\n")[-1].startswith("Answer: ") for r in repeats)
+    assert max(len(r) for r in repeats) > 64 >= max(len(collapse_repeated_lines(r)) for r in repeats)
+
+
 @pytest.mark.parametrize(
     ("response", "correct"),
     [

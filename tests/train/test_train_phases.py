@@ -157,5 +157,7 @@ def test_step_metrics_report_the_length_spread_and_what_truncation_cuts():
     assert metrics["overlong/truncated_frac"] == pytest.approx(2 / 8)
     assert metrics["overlong/truncated_with_answer_frac"] == pytest.approx(1 / 2)
     assert metrics["overlong/truncated_looping_frac"] == pytest.approx(1.0)
+    # neither loop begins p1's correct "Answer: 1" (the work of its correct siblings)
+    assert metrics["overlong/truncated_on_correct_path_frac"] == pytest.approx(0.0)
     collected, _ = collect(cfg)  # nothing truncated: the share is not defined, so not logged
     assert "overlong/truncated_with_answer_frac" not in step_metrics(collected, None, cfg)
