@@ -20,7 +20,10 @@ Launchers (``ablate.launcher``; ``ablate.nproc`` processes per child):
 
 * ``local``: with ``nproc == 1`` each child trains in this process (``run_train``); with
   ``nproc > 1`` each runs as ``python -m torch.distributed.run --standalone --nproc_per_node N
-  -m dapo_cli train ...`` (:func:`child_argv`), one after the other, its output streamed;
+  -m dapo_cli train ...`` (:func:`child_argv`), one after the other, its output streamed.
+  With ``ablate.jobs > 1`` (``--jobs N``) every child is decided first, then up to N run at
+  once, each as its own ``dapo train`` (or torchrun) process whose output goes to
+  ``<ablation>/logs/<child>.log`` (:mod:`dapo_cli.ablate.pool`);
 * ``print``: creates (or finds) the same parent and prints one ``dapo train`` (or ``torchrun``)
   command per child instead of running it;
 * ``slurm``: submits one job per child through submitit (:mod:`dapo_cli.ablate.slurm`),
@@ -69,7 +72,6 @@ TrainFn = Callable[..., dict[str, Any]]
 
 SpawnFn = Callable[..., int]
 """``run_child(argv, extra_env, *, log_path) -> exit code``: run one child process to its end."""
-
 
 
 def _run_train() -> TrainFn:
@@ -240,10 +242,12 @@ def run_child(argv: Sequence[str], extra_env: Mapping[str, str], *, log_path: Pa
 
 class AblationClock:
     """Overall progress across an ablation's children: how many are done, elapsed time, and an ETA
-    from the mean wall time of the children trained so far (skipped ones count as done at once)."""
+    from the mean wall time of the children trained so far (skipped ones count as done at once);
+    with ``jobs`` children at once: remaining × mean child time / min(jobs, remaining)."""
 
-    def __init__(self, total: int) -> None:
+    def __init__(self, total: int, jobs: int = 1) -> None:
         self.total, self.done, self.trained, self.trained_s = total, 0, 0, 0.0
+        self.jobs = max(1, jobs)
         self.t0 = time.perf_counter()
 
     def skipped(self) -> None:
@@ -257,7 +261,8 @@ class AblationClock:
     def eta_s(self) -> float | None:
         if self.done >= self.total:
             return 0.0
-        return self.trained_s / self.trained * (self.total - self.done) if self.trained else None
+        left = self.total - self.done
+        return self.trained_s / self.trained * left / min(self.jobs, left) if self.trained else None
 
     def line(self) -> str:
         """``ablation: 2/6 children done, 4:10 elapsed, ETA 8:20``."""
@@ -272,6 +277,10 @@ class ChildOutcome:
     """skip / resume / fresh (trained here) or, with the print launcher, the printed command."""
     superseded: list[str]
     summary: dict[str, Any] | None = None
+    where: str = ""
+    """``[i/n] variant seed S``, how log lines name the child."""
+    cfg: Any = dataclasses.field(default=None, repr=False)
+    """The child's resolved config (:meth:`AblationPlan.child_config`)."""
 
 
 @dataclass
@@ -310,13 +319,36 @@ def _parent_run(client: Any, plan: AblationPlan, *, command: str, launcher: str)
         yield tracker, child_runs(client, parent) if parent is not None else []
 
 
-def _prepare_child(client: Any, plan: AblationPlan, child: Child, runs: Sequence[Any]) -> tuple[str, list[str], Any]:
-    """Decide what to do for ``child`` and tag its superseded runs; returns (action, superseded, child config)."""
+def _decide_child(client: Any, plan: AblationPlan, runs: Sequence[Any], i: int, child: Child, *,
+                  log: Callable[[str], None] = _noop, clock: AblationClock | None = None) -> ChildOutcome:
+    """Decide what to do for the ``i``-th child (:func:`decide`), tag its superseded runs and log both
+    (a skip is counted on ``clock``); the outcome carries the child's config."""
     cfg = plan.child_config(child)
     action, stale = decide(prior_runs(runs, child), has_checkpoint(cfg))
     for run_id in stale:
         client.set_tag(run_id, SUPERSEDED_TAG, "true")
-    return action, stale, cfg
+    where = f"[{i}/{len(plan.children())}] {child.variant.name} seed {child.seed}"
+    if stale:
+        log(f"{where}: superseding {len(stale)} earlier run(s) that never reached a checkpoint")
+    if action == "skip":
+        if clock is not None:
+            clock.skipped()
+        log(f"{where}: finished earlier, skipped" + (f"; {clock.line()}" if clock is not None else ""))
+    return ChildOutcome(child, action, stale, where=where, cfg=cfg)
+
+
+def start_line(o: ChildOutcome, clock: AblationClock, how: str = "") -> str:
+    """``[2/6] grpo seed 0: training (abl/grpo-s0)<how>; ablation: ...``: a child starts."""
+    what = "resuming from its checkpoint" if o.action == "resume" else "training"
+    return f"{o.where}: {what} ({o.child.run_name}){how}; {clock.line()}"
+
+
+def child_done(o: ChildOutcome, summary: dict[str, Any] | None, seconds: float, clock: AblationClock,
+               log: Callable[[str], None]) -> None:
+    """Record a child that trained to its end: its summary on the outcome, the clock, one line."""
+    o.summary = summary
+    clock.finished(seconds)
+    log(f"{o.where}: done in {format_duration(seconds)}{child_result(summary)}; {clock.line()}")
 
 
 def _write_report(client: Any, tracker: Any, plan: AblationPlan, *, html: bool) -> tuple[AblationReport, dict[str, Path]]:
@@ -339,55 +371,49 @@ def run_ablation(
     sets: Sequence[str] = (),
     train: TrainFn | None = None,
     spawn: SpawnFn | None = None,
+    popen: Callable[..., Any] | None = None,
+    poll_s: float = 0.2,
     quiet: bool = False,
     html: bool = False,
     log: Callable[[str], None] = _noop,
 ) -> AblationOutcome:
-    """Train every missing child here, one after the other, then write the report (also logged to the parent).
+    """Train every missing child, then write the report (also logged to the parent).
 
-    With ``ablate.nproc == 1`` a child is a ``train(...)`` call in this process; with more, a
-    torchrun process (:func:`child_argv`, run by ``spawn``, default :func:`run_child`) whose
-    failure stops the ablation with a UserError naming the child and its exit code.
+    ``ablate.jobs == 1``: one after the other, with ``ablate.nproc == 1`` as ``train(...)`` calls
+    here, else as torchrun processes (:func:`child_argv`, run by ``spawn``, default :func:`run_child`)
+    whose failure stops the ablation with a UserError naming the child and its exit code.
+    ``ablate.jobs > 1``: every child decided first, then up to that many at once as processes
+    started by ``popen`` (:func:`dapo_cli.ablate.pool.train_in_parallel`).
     """
     _require_mlflow(plan)
-    nproc = plan.base.ablate.nproc
-    if nproc == 1:
+    nproc, jobs = plan.base.ablate.nproc, plan.base.ablate.jobs
+    if nproc == 1 and jobs == 1:
         train = train or _run_train()
     spawn = spawn or run_child
     client = mlflow_client(plan.base.tracking.tracking_uri, create=True)
-    outcomes: list[ChildOutcome] = []
     with _parent_run(client, plan, command=command, launcher="local") as (tracker, runs):
         parent_id = tracker.run_id
-        children = plan.children()
-        clock = AblationClock(len(children))
-        for i, child in enumerate(children, start=1):
-            action, stale, cfg = _prepare_child(client, plan, child, runs)
-            where = f"[{i}/{len(children)}] {child.variant.name} seed {child.seed}"
-            if stale:
-                log(f"{where}: superseding {len(stale)} earlier run(s) that never reached a checkpoint")
-            if action == "skip":
-                clock.skipped()
-                log(f"{where}: finished earlier, skipped; {clock.line()}")
-                outcomes.append(ChildOutcome(child, action, stale))
+        clock = AblationClock(len(plan.children()), jobs=jobs)
+        outcomes: list[ChildOutcome] = []
+        for i, child in enumerate(plan.children(), start=1):
+            o = _decide_child(client, plan, runs, i, child, log=log, clock=clock)
+            outcomes.append(o)
+            if o.action == "skip" or jobs > 1:
                 continue
-            log(f"{where}: {'resuming from its checkpoint' if action == 'resume' else 'training'} ({child.run_name}); {clock.line()}")
-            t0 = time.perf_counter()
+            log(start_line(o, clock))
+            t0, resume = time.perf_counter(), o.action == "resume"
             if nproc == 1:
                 assert train is not None
-                summary = train(
-                    cfg,
-                    resume=action == "resume",
-                    command=shlex.join(train_words(plan, child, config_path, sets)),
-                    parent_run_id=parent_id,
-                    extra_tags=child_tags(plan, child, parent_id),
-                    quiet=quiet,
-                )
+                summary = train(o.cfg, resume=resume, command=shlex.join(train_words(plan, child, config_path, sets)),
+                                parent_run_id=parent_id, extra_tags=child_tags(plan, child, parent_id), quiet=quiet)
             else:
-                summary = _spawn_child(spawn, plan, child, config_path, sets, parent_id, resume=action == "resume",
-                                       quiet=quiet, log=log)
-            clock.finished(time.perf_counter() - t0)
-            outcomes.append(ChildOutcome(child, action, stale, summary))
-            log(f"{where}: done in {format_duration(time.perf_counter() - t0)}{child_result(summary)}; {clock.line()}")
+                summary = _spawn_child(spawn, plan, child, config_path, sets, parent_id, resume=resume, quiet=quiet, log=log)
+            child_done(o, summary, time.perf_counter() - t0, clock, log)
+        if jobs > 1:
+            from dapo_cli.ablate.pool import train_in_parallel
+
+            train_in_parallel(plan, [o for o in outcomes if o.action != "skip"], config_path=config_path,
+                              sets=sets, parent_id=parent_id, clock=clock, log=log, popen=popen, poll_s=poll_s)
         report, files = _write_report(client, tracker, plan, html=html)
     return AblationOutcome(parent_id, outcomes, report, files)
 
@@ -407,14 +433,29 @@ def _spawn_child(
 ) -> dict[str, Any] | None:
     """Run one child as a torchrun process; its ``summary.json`` when it wrote one, a UserError when it failed."""
     argv = child_argv(plan, child, config_path, sets, resume=resume, executable=True)
-    log_path = ablation_dir(plan) / "logs" / f"{child.run_name.rsplit('/', 1)[-1]}.log" if quiet else None
+    log_path = child_log_path(plan, child) if quiet else None
     log(f"  {shlex.join(child_argv(plan, child, config_path, sets, resume=resume))}" + (f"  (output: {log_path})" if log_path else ""))
     code = spawn(argv, child_env(parent_id, child_tags(plan, child, parent_id)), log_path=log_path)
-    if code == COLLAPSED:  # stopped by the collapse guard: recorded and finished, like an in-process child
-        log(f"  {child.run_name}: stopped by the collapse guard (exit {COLLAPSED}); see its dapo.stopped tag")
-    elif code != 0:
+    if not exited_finished(code, child, log):
         where = f" (output: {log_path})" if log_path else ""
         raise UserError(f"child {child.run_name} failed with exit code {code}{where}; rerun the same command to resume it")
+    return read_summary(plan, child)
+
+
+def child_log_path(plan: AblationPlan, child: Child) -> Path:
+    """``<ablation>/logs/<variant>-s<seed>.log``: where a child process's output goes when not streamed."""
+    return ablation_dir(plan) / "logs" / f"{child.run_name.rsplit('/', 1)[-1]}.log"
+
+
+def exited_finished(code: int, child: Child, log: Callable[[str], None]) -> bool:
+    """A child's exit code means its run finished: 0, or :data:`COLLAPSED` (the collapse guard; logged)."""
+    if code == COLLAPSED:
+        log(f"  {child.run_name}: stopped by the collapse guard (exit {COLLAPSED}); see its dapo.stopped tag")
+    return code in (0, COLLAPSED)
+
+
+def read_summary(plan: AblationPlan, child: Child) -> dict[str, Any] | None:
+    """The ``summary.json`` a child process wrote in its run dir (None without one)."""
     from dapo_cli.checkpoint import run_dir_for
 
     summary = run_dir_for(plan.base.trainer.output_dir, plan.base.tracking.experiment, child.run_name) / "summary.json"
@@ -456,19 +497,14 @@ def slurm_launch(
     with _parent_run(client, plan, command=command, launcher="slurm") as (tracker, runs):
         parent_id = tracker.run_id
         executor = jobs.make_executor(submitit, settings)
-        children = plan.children()
-        for i, child in enumerate(children, start=1):
-            action, stale, _ = _prepare_child(client, plan, child, runs)
-            where = f"[{i}/{len(children)}] {child.variant.name} seed {child.seed}"
-            if stale:
-                log(f"{where}: superseding {len(stale)} earlier run(s) that never reached a checkpoint")
-            outcomes.append(ChildOutcome(child, action, stale))
-            if action == "skip":
-                log(f"{where}: finished earlier, skipped")
+        for i, child in enumerate(plan.children(), start=1):
+            o = _decide_child(client, plan, runs, i, child, log=log)
+            outcomes.append(o)
+            if o.action == "skip":
                 continue
-            job = jobs.submit(executor, settings, child.run_name, argv_for(child, action == "resume"),
+            job = jobs.submit(executor, settings, child.run_name, argv_for(child, o.action == "resume"),
                               child_env(parent_id, child_tags(plan, child, parent_id)))
-            log(f"{where}: submitted job {job.job_id}{' (resuming)' if action == 'resume' else ''}")
+            log(f"{o.where}: submitted job {job.job_id}{' (resuming)' if o.action == 'resume' else ''}")
             submitted.append((child.run_name, job))
         if submitted:
             log(f"waiting for {len(submitted)} job(s); logs in {settings.folder}")
@@ -490,12 +526,12 @@ def print_launch(
     outcomes: list[ChildOutcome] = []
     with _parent_run(client, plan, command=command, launcher="print") as (tracker, runs):
         parent_id = tracker.run_id
-        for child in plan.children():
-            action, stale, _ = _prepare_child(client, plan, child, runs)
-            words = child_argv(plan, child, config_path, sets, resume=action == "resume")
+        for i, child in enumerate(plan.children(), start=1):
+            o = _decide_child(client, plan, runs, i, child)
+            words = child_argv(plan, child, config_path, sets, resume=o.action == "resume")
             line = f"{PARENT_RUN_ENV}={parent_id} {shlex.join(words)}"
-            lines.append(f"# done: {child.run_name}" if action == "skip" else line)
-            outcomes.append(ChildOutcome(child, lines[-1], stale))
+            lines.append(f"# done: {child.run_name}" if o.action == "skip" else line)
+            outcomes.append(dataclasses.replace(o, action=lines[-1]))
     return AblationOutcome(parent_id, outcomes, commands=lines)
 
 

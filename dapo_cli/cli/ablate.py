@@ -77,6 +77,15 @@ def ablate(
     only: Annotated[list[str] | None, typer.Option("--only", help="Run only this variant (repeatable).", show_default="every variant", rich_help_panel=Panel.TECHNIQUES)] = None,
     skip: Annotated[list[str] | None, typer.Option("--skip", help="Leave out this variant (repeatable).", show_default="none", rich_help_panel=Panel.TECHNIQUES)] = None,
     seeds: Annotated[int | None, typer.Option("--seeds", help="Seeds per variant: trainer.seed + 0..N-1.", show_default="ablate.seeds of the config", rich_help_panel=Panel.RUN)] = None,
+    jobs: Annotated[
+        int | None,
+        typer.Option(
+            "--jobs",
+            help="Local launcher: train up to N children at the same time, each as its own dapo train process "
+            "(output in <ablation>/logs/<child>.log); 1: one after another in this process.",
+            show_default="ablate.jobs of the config", rich_help_panel=Panel.RUN,
+        ),
+    ] = None,
     sets: SetOption = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan and a time estimate, train nothing.", rich_help_panel=Panel.RUN)] = False,
     calibrate: Annotated[
@@ -85,7 +94,8 @@ def ablate(
     launcher: Annotated[
         Launcher | None,
         typer.Option(
-            help="local: train here, one child after another (torchrun processes when ablate.nproc > 1); "
+            help="local: train here, one child after another (torchrun processes when ablate.nproc > 1; "
+            "--jobs N: up to N at once); "
             "print: emit one dapo train (or torchrun) command per child; slurm: submit one job per child "
             "through submitit (ablate.slurm.*), wait, then report.",
             show_default="ablate.launcher of the config", rich_help_panel=Panel.RUN,
@@ -106,7 +116,7 @@ def ablate(
         from dapo_cli.config.load import EMBEDDED_LADDER, embedded_experiment_path
 
         config = str(embedded_experiment_path(EMBEDDED_LADDER))
-    cfg = resolve(config, sets)
+    cfg = resolve(config, [*(sets or []), f"ablate.jobs={jobs}"] if jobs is not None else sets)  # validated: jobs >= 1
     plan = make_plan(
         cfg,
         mode="ladder" if ladder else "grid",
@@ -115,7 +125,7 @@ def ablate(
         skip=skip or [],
         seeds=cfg.ablate.seeds if seeds is None else seeds,
     )
-    command = command_line(words, ladder=ladder, only=only, skip=skip, seeds=seeds, sets=sets)
+    command = command_line(words, ladder=ladder, only=only, skip=skip, seeds=seeds, sets=sets, jobs=jobs)
     if dry_run:
         print_plan(plan)
         print_estimate(plan, calibrate)
@@ -174,15 +184,17 @@ def ablate(
 
 
 def command_line(
-    words: list[str], *, ladder: bool, only: list[str] | None, skip: list[str] | None, seeds: int | None, sets: list[str] | None
+    words: list[str], *, ladder: bool, only: list[str] | None, skip: list[str] | None, seeds: int | None, sets: list[str] | None,
+    jobs: int | None = None,
 ) -> str:
     """The command as parsed (the parent's ``dapo.command`` tag)."""
     out = ["dapo", "ablate", *words, "--ladder" if ladder else "--grid"]
     for flag, values in (("--only", only), ("--skip", skip), ("--set", sets)):
         for v in values or ():
             out += [flag, v]
-    if seeds is not None:
-        out += ["--seeds", str(seeds)]
+    for flag, value in (("--seeds", seeds), ("--jobs", jobs)):
+        if value is not None:
+            out += [flag, str(value)]
     return shlex.join(out)
 
 

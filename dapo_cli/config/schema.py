@@ -203,6 +203,10 @@ class AblateConfig:
         choices=("local", "print", "slurm"),
     )
     nproc: int = setting(1, "processes per child; > 1 launches each child with torchrun (torch DDP / DeepSpeed data parallel)")
+    jobs: int = setting(
+        1, "children trained at the same time by the local launcher, each as its own dapo train process "
+        "(output in <ablation>/logs/); 1 = one after another in this process",
+    )
     slurm: SlurmConfig = setting(SlurmConfig(), "the slurm launcher's job resources (through submitit)")
 
 

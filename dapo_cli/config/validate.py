@@ -114,6 +114,7 @@ def validate(cfg: Config) -> None:
     require(not bad, f"eval.pass_k has values < 1: {bad}")
     require(cfg.ablate.seeds >= 1, "ablate.seeds must be >= 1")
     require(cfg.ablate.nproc >= 1, f"ablate.nproc={cfg.ablate.nproc} must be >= 1 (1: each child in one process, N: torchrun with N)")
+    require(cfg.ablate.jobs >= 1, f"ablate.jobs={cfg.ablate.jobs} must be >= 1 (--jobs N: children trained at once; 1: one after another)")
     slurm = cfg.ablate.slurm
     require(slurm.nodes >= 1, f"ablate.slurm.nodes={slurm.nodes} must be >= 1")
     require(slurm.gpus_per_node >= 0, f"ablate.slurm.gpus_per_node={slurm.gpus_per_node} must be >= 0 (0: no GPUs)")

@@ -125,3 +125,36 @@ def test_ladder_killed_mid_way_then_rerun_trains_only_what_was_missing(tmp_path,
     again = CliRunner().invoke(app, ["ablate", str(config), "--ladder", "--seeds", "1", "--quiet"])
     assert again.exit_code == 0, again.output
     assert calls == []
+
+
+def test_two_children_at_once_as_processes_share_one_sqlite_store(tmp_path, tiny_model_dir, monkeypatch):
+    """`dapo ablate --jobs 2`: both children train at the same time as `dapo train` processes, each logging to
+    its own file, both writing to one SQLite store; the report lists both."""
+    monkeypatch.chdir(tmp_path)
+    config = write_config(tmp_path, tiny_model_dir)
+    only = ["grpo", "grpo+overlong_filtering"]
+    plan = make_plan(load_config(config), mode="ladder", only=only)
+    args = ["ablate", str(config), "--ladder", "--only", only[0], "--only", only[1], "--jobs", "2"]
+    result = CliRunner().invoke(app, args, env={"COLUMNS": "250"})
+    assert result.exit_code == 0, result.output
+    logs = tmp_path / "runs" / "e2e-ablate" / plan.name / "logs"
+    assert sorted(p.name for p in logs.iterdir()) == sorted(f"{v}-s0.log" for v in only)
+    lines = result.output.splitlines()
+    starts = [i for i, line in enumerate(lines) if ", output in " in line]
+    ends = [i for i, line in enumerate(lines) if ": done in " in line]
+    assert len(starts) == 2 and len(ends) == 2 and max(starts) < min(ends), result.output  # both ran at once
+    for log in logs.iterdir():
+        text = log.read_text()
+        assert "database is locked" not in text and "Traceback" not in text, text[-3000:]
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("e2e-ablate").experiment_id])
+    parent, = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert parent.info.status == "FINISHED" and len(runs) == 3
+    assert sorted((r.data.tags["ablate.variant"], r.info.status) for r in children) == [(v, "FINISHED") for v in only]
+    for run in children:  # every step recorded once
+        assert [m.step for m in client.get_metric_history(run.info.run_id, "train/samples_generated")] == [1, 2]
+        assert [m.step for m in client.get_metric_history(run.info.run_id, "val/avg_at_2")] == [0, 2]
+    report = (tmp_path / "runs" / "e2e-ablate" / plan.name / "report" / "report.md").read_text()
+    assert all(f"| {v} |" in report for v in only)

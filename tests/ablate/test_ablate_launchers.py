@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import re
+import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -257,3 +259,168 @@ def test_slurm_launcher_on_the_local_executor_waits_for_every_job_then_reports(
     assert (tmp_path / "runs" / "abl" / plan.name / "report" / "report.md").is_file()
     assert client.get_run(outcome.parent_run_id).info.status == "FINISHED"
     assert list((tmp_path / "slurm").glob("*_0_log.out"))  # submitit's logs where ablate.slurm.folder says
+
+
+# ---------------------------------------------------------------- local launcher, jobs > 1
+
+
+class FakeProc:
+    """A child process for :class:`FakePopen`: running for ``polls`` polls, then it trains with FakeTrain (as
+    ``dapo train`` would) and exits with its code. SIGINT ends it at once with 130, as Ctrl-C ends a trainer."""
+
+    def __init__(self, owner: FakePopen, argv: list[str], env: dict[str, str], stdout) -> None:
+        self.owner, self.argv, self.env, self.returncode, self.signals = owner, argv, env, None, []
+        self.name = next(a.split("=", 1)[1] for a in argv if a.startswith("trainer.run_name=")).rsplit("/", 1)[-1]
+        self.left = owner.polls.get(self.name, 3)
+        stdout.write(f"trainer output of {self.name}\n".encode())
+
+    def poll(self):
+        if self.returncode is None:
+            self.owner.on_poll(self)
+            self.left -= 1
+            if self.left <= 0:
+                self._end(self.owner.codes.get(self.name, 0))
+        return self.returncode
+
+    def wait(self):
+        while self.returncode is None:
+            self._end(self.owner.codes.get(self.name, 0))
+        return self.returncode
+
+    def send_signal(self, sig) -> None:
+        self.signals.append(sig)
+        self._end(130)
+
+    def _end(self, code: int) -> None:
+        if code == 0:
+            plan = self.owner.plan
+            child = next(c for c in plan.children() if c.run_name.endswith(f"/{self.name}"))
+            self.owner.fake(plan.child_config(child), resume="--resume" in self.argv, command="x",
+                            parent_run_id=self.env["DAPO_PARENT_RUN_ID"], extra_tags=extra_tags_from_env(self.env), quiet=False)
+        self.returncode = code
+        self.owner.running.remove(self)
+
+
+class FakePopen:
+    """Stands in for subprocess.Popen: records every start and how many children ran at once."""
+
+    def __init__(self, plan, *, codes: dict[str, int] | None = None, polls: dict[str, int] | None = None) -> None:
+        self.plan, self.codes, self.polls, self.fake = plan, codes or {}, polls or {}, FakeTrain()
+        self.started: list[FakeProc] = []
+        self.kwargs: list[dict] = []
+        self.running: list[FakeProc] = []
+        self.most = 0
+
+    def __call__(self, argv, *, env, stdout, stderr, start_new_session):
+        self.kwargs.append({"stdout": stdout.name, "stderr": stderr, "start_new_session": start_new_session})
+        proc = FakeProc(self, list(argv), env, stdout)
+        self.started.append(proc)
+        self.running.append(proc)
+        self.most = max(self.most, len(self.running))
+        return proc
+
+    def on_poll(self, proc: FakeProc) -> None:
+        pass
+
+
+@pytest.fixture()
+def no_policy_build(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fake children need no policy: resolving builtin:tiny would build it (minutes) into ~/.cache/dapo."""
+    monkeypatch.setattr("dapo_cli.models.resolve_model", lambda spec, tiny: Path("/nonexistent/tiny"))
+
+
+@pytest.mark.usefixtures("no_policy_build")
+def test_local_launcher_with_jobs_2_keeps_two_children_running_and_skips_finished_ones(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("INHERITED", "yes")
+    with pytest.raises(Died):  # in-process first (jobs 1): grpo-s0 finishes, dapo-s0 dies after its checkpoint
+        run_ablation(plan_for(tmp_path, seeds=2), command="x", config_path=None,
+                     train=FakeTrain(crash_after_checkpoint={("dapo", 0)}))
+    plan = plan_for(tmp_path, "ablate.jobs=2", seeds=2)
+    sets = sets_for(tmp_path, "ablate.jobs=2")
+    popen = FakePopen(plan, polls={"dapo-s0": 2, "grpo-s1": 6, "dapo-s1": 2})
+    lines: list[str] = []
+    outcome = run_ablation(plan, command="x", config_path=None, sets=sets, popen=popen, poll_s=0, log=lines.append,
+                           train=lambda *a, **k: pytest.fail("jobs 2 must not train in-process"),
+                           spawn=lambda *a, **k: pytest.fail("jobs 2 runs its own processes"))
+    assert [o.action for o in outcome.children] == ["skip", "resume", "fresh", "fresh"]
+    assert [p.name for p in popen.started] == ["dapo-s0", "grpo-s1", "dapo-s1"] and popen.most == 2  # the skipped one: never
+    logs = tmp_path / "runs" / "abl" / plan.name / "logs"
+    for proc, child, resume in zip(popen.started, plan.children()[1:], (True, False, False)):
+        assert proc.argv == child_argv(plan, child, None, sets, resume=resume, executable=True)
+        extra = {**child_env(outcome.parent_run_id, child_tags(plan, child, outcome.parent_run_id)), "PYTHONUNBUFFERED": "1"}
+        assert {k: proc.env.get(k) for k in extra} == extra and proc.env["INHERITED"] == "yes"  # ours + the child's
+        text = (logs / f"{proc.name}.log").read_text()
+        assert text.startswith("# ") and text.endswith(f"trainer output of {proc.name}\n")  # a header line, then its output
+    assert all(k["start_new_session"] and k["stderr"] == subprocess.STDOUT for k in popen.kwargs)
+    assert [o.summary is not None for o in outcome.children] == [False, True, True, True]
+    starts = [line for line in lines if ", output in " in line]
+    assert len(starts) == 3 and all(str(logs) in line for line in starts)
+    assert sum(": done in " in line and "ablation: " in line for line in lines) == 3
+    assert lines.index(starts[0]) > max(i for i, line in enumerate(lines) if "finished earlier, skipped" in line)
+    assert outcome.report.unfinished == [] and [r.name for r in outcome.report.rows] == ["grpo", "dapo"]
+    _, children = children_of(tmp_path, outcome.parent_run_id)
+    assert sorted(r.info.status for r in children) == ["FINISHED"] * 4
+
+
+@pytest.mark.usefixtures("no_policy_build")
+def test_a_failing_parallel_child_starts_no_new_ones_and_is_named_once_the_running_ones_end(tmp_path: Path) -> None:
+    plan = plan_for(tmp_path, "ablate.jobs=3", seeds=3)  # grpo-s0, dapo-s0, grpo-s1, dapo-s1, grpo-s2, dapo-s2
+    popen = FakePopen(plan, codes={"grpo-s0": 7, "dapo-s0": 1}, polls={"grpo-s0": 1, "dapo-s0": 4, "grpo-s1": 6})
+    lines: list[str] = []
+    logs = tmp_path / "runs" / "abl" / plan.name / "logs"
+    with pytest.raises(UserError) as caught:
+        run_ablation(plan, command="x", config_path=None, popen=popen, poll_s=0, log=lines.append)
+    assert str(caught.value) == (
+        f"2 child(ren) failed: {plan.name}/grpo-s0 (exit code 7, log {logs / 'grpo-s0.log'}); "
+        f"{plan.name}/dapo-s0 (exit code 1, log {logs / 'dapo-s0.log'}); rerun the same command to resume the ablation")
+    assert [p.name for p in popen.started] == ["grpo-s0", "dapo-s0", "grpo-s1"]  # nothing started after the first failure
+    assert all(p.returncode is not None and p.signals == [] for p in popen.started)  # the running ones ran to their end
+    assert any(line.startswith("[1/6] grpo seed 0: failed with exit code 7") for line in lines)
+    _, children = children_of(tmp_path, client_parent(tmp_path, plan.name))
+    assert [(r.data.tags["ablate.variant"], r.data.tags["ablate.seed"], r.info.status) for r in children] == [("grpo", "1", "FINISHED")]
+
+
+def client_parent(tmp: Path, name: str) -> str:
+    client = MlflowClient(f"sqlite:///{tmp / 'mlflow.db'}")
+    parent, = [r for r in client.search_runs([client.get_experiment_by_name("abl").experiment_id]) if r.info.run_name == name]
+    assert parent.info.status in ("FAILED", "KILLED")
+    return parent.info.run_id
+
+
+@pytest.mark.usefixtures("no_policy_build")
+def test_ctrl_c_during_a_parallel_ablation_interrupts_the_running_children_and_waits_for_them(tmp_path: Path) -> None:
+    plan = plan_for(tmp_path, "ablate.jobs=2", seeds=2)
+    popen = FakePopen(plan, polls={"grpo-s0": 1, "dapo-s0": 50, "grpo-s1": 50})
+    polls = []
+
+    def ctrl_c(proc: FakeProc) -> None:
+        polls.append(proc.name)
+        if len(polls) == 6:  # grpo-s0 done, dapo-s0 and grpo-s1 running
+            raise KeyboardInterrupt
+
+    popen.on_poll = ctrl_c
+    with pytest.raises(KeyboardInterrupt):
+        run_ablation(plan, command="x", config_path=None, popen=popen, poll_s=0)
+    assert [p.name for p in popen.started] == ["grpo-s0", "dapo-s0", "grpo-s1"]
+    assert [p.signals for p in popen.started] == [[], [signal.SIGINT], [signal.SIGINT]]
+    assert [p.returncode for p in popen.started] == [0, 130, 130]
+    client_parent(tmp_path, plan.name)  # the parent ended KILLED
+
+
+def test_jobs_2_resolves_a_builtin_policy_once_before_the_first_child_starts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    plan = plan_for(tmp_path, "ablate.jobs=2", seeds=2)
+    assert plan.base.model.path == "builtin:tiny"
+    order: list[str] = []
+    monkeypatch.setattr("dapo_cli.models.resolve_model", lambda spec, tiny: order.append(f"resolve {spec}") or tmp_path / "tiny")
+
+    class Recording(FakePopen):
+        def __call__(self, argv, **kwargs):
+            order.append("start")
+            return super().__call__(argv, **kwargs)
+
+    popen = Recording(plan)
+    lines: list[str] = []
+    run_ablation(plan, command="x", config_path=None, popen=popen, poll_s=0, log=lines.append)
+    assert order == ["resolve builtin:tiny"] + ["start"] * 4
+    assert any(line.startswith("policy builtin:tiny: ") for line in lines)

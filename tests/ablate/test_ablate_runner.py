@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from ablate_fakes import Died, FakeTrain  # noqa: E402
 
 from dapo_cli.ablate.plan import make_plan  # noqa: E402
-from dapo_cli.ablate.runner import PriorRun, calibrate, decide, print_launch, run_ablation  # noqa: E402
+from dapo_cli.ablate.runner import AblationClock, PriorRun, calibrate, decide, print_launch, run_ablation  # noqa: E402
 from dapo_cli.config import TECHNIQUES  # noqa: E402
 from dapo_cli.config.load import build_config  # noqa: E402
 from dapo_cli.errors import UserError  # noqa: E402
@@ -54,6 +54,24 @@ def test_decide_covers_every_branch() -> None:
     assert decide([PriorRun("d", "RUNNING", False)], has_checkpoint=True) == ("resume", [])
     assert decide([PriorRun("e", "FAILED", False), PriorRun("f", "RUNNING", False)], has_checkpoint=False) == ("fresh", ["e", "f"])
     assert decide([], has_checkpoint=False) == ("fresh", [])
+
+
+def test_the_eta_divides_the_remaining_children_among_the_jobs_running_at_once() -> None:
+    one = AblationClock(5)
+    assert one.eta_s() is None  # nothing trained yet: no mean
+    one.finished(10.0)
+    assert one.eta_s() == 40.0  # one after another: 4 left × 10 s
+    two = AblationClock(5, jobs=2)
+    two.skipped()
+    assert two.eta_s() is None
+    two.finished(10.0)
+    two.finished(20.0)
+    assert two.eta_s() == 2 * 15.0 / 2  # 2 left × mean 15 s / 2 at once
+    two.finished(15.0)
+    assert two.eta_s() == 15.0  # the last one runs alone: no faster than one child
+    two.finished(15.0)
+    assert two.eta_s() == 0.0 and two.line().startswith("ablation: 5/5 children done, ")
+    assert AblationClock(7, jobs=3).jobs == 3 and AblationClock(7, jobs=0).jobs == 1
 
 
 def test_ladder_records_one_parent_and_six_tagged_children(tmp_path: Path) -> None:

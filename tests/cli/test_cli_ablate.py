@@ -181,6 +181,16 @@ def test_a_failing_torchrun_child_is_a_one_line_error(in_tmp: Path, monkeypatch:
     assert seen and seen[0][1:7] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m"]
 
 
+def test_jobs_below_one_is_a_one_line_error_before_anything_runs(in_tmp: Path) -> None:
+    config = write_config(in_tmp)
+    expected = "error: ablate.jobs=0 must be >= 1 (--jobs N: children trained at once; 1: one after another)"
+    assert one_line_error(invoke("ablate", str(config), "--ladder", "--jobs", "0")) == expected
+    assert one_line_error(invoke("ablate", str(config), "--ladder", "--set", "ablate.jobs=0")) == expected
+    assert one_line_error(invoke("ablate", str(config), "--ladder", "--set", "ablate.jobs=3", "--jobs", "-1")).startswith(
+        "error: ablate.jobs=-1 must be >= 1")  # --jobs overrides the config
+    assert not (in_tmp / "mlflow.db").exists() and not (in_tmp / "runs").exists()
+
+
 def test_slurm_launcher_without_submitit_is_a_one_line_error(in_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "submitit", None)  # `import submitit` raises ImportError
     config = write_config(in_tmp)

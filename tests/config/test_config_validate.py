@@ -72,6 +72,7 @@ INVALID: list[tuple[dict[str, object], str]] = [
     ({"eval__pass_k": [1, 0, -2]}, "eval.pass_k has values < 1: [0, -2]"),
     ({"ablate__seeds": 0}, "ablate.seeds must be >= 1"),
     ({"ablate__nproc": 0}, "ablate.nproc=0 must be >= 1"),
+    ({"ablate__jobs": 0}, "ablate.jobs=0 must be >= 1 (--jobs N: children trained at once; 1: one after another)"),
     ({"ablate__slurm__nodes": 0}, "ablate.slurm.nodes=0 must be >= 1"),
     ({"ablate__slurm__gpus_per_node": -1}, "ablate.slurm.gpus_per_node=-1 must be >= 0"),
     ({"ablate__slurm__cpus_per_task": 0}, "ablate.slurm.cpus_per_task=0 must be >= 1"),
