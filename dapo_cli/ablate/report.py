@@ -17,9 +17,17 @@ avg@K over ``P`` held-out problems, logged as ``val/avg_at_K`` with ``val/avg_at
   ``val/per_problem_step_<step>.json`` at the final step, then
   :func:`~dapo_cli.eval.metrics.paired_bootstrap` of :math:`p_{v,i} - p_{u,i}` (percentile 95%
   interval, share of resamples > 0);
+* Δ at equal generated samples, to the same reference: each child's table at its latest
+  validation step within the budget :math:`B = \\min(\\text{samples}_u, \\text{samples}_v)` (+5% slack),
+  same bootstrap (the definition in :mod:`dapo_cli.ablate.diagnostics`; equal to Δ when the two
+  rungs generated the same samples); the steps used are shown per seed (``@50``, ``@50/50/100``);
 * shares over the training steps (mean over steps and seeds): ``overlong/truncated_frac``
   and ``train/kept_group_frac`` (kept / generated groups with dynamic sampling, the
-  informative share without it).
+  informative share without it);
+* generated samples per seed: mean over seeds of :math:`\\sum_t` ``train/samples_generated``;
+* the mechanisms table, per variant (each technique's diagnostic: entropy start → end, clip
+  fractions, truncation causes, length spread, informative groups early → late): defined in
+  :mod:`dapo_cli.ablate.diagnostics`.
 
 Curves: one PNG per metric of :data:`CURVE_METRICS`, one line per variant (mean over
 seeds), against the step and against cumulative generated samples
@@ -39,14 +47,23 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dapo_cli.ablate.diagnostics import (
+    SAMPLES_METRIC,
+    VAL_CURVE,
+    EqualSamples,
+    MechanismRow,
+    equal_samples_delta,
+    mechanism_row,
+    mechanism_table_rows,
+    mechanisms_markdown,
+    steps_text,
+)
 from dapo_cli.ablate.plan import LADDER_LABELS, LADDER_NAMES, PAPER_AIME24_AVG32
 from dapo_cli.errors import UserError
 from dapo_cli.eval.compare import compare_accuracies
 from dapo_cli.eval.metrics import PairedComparison
 from dapo_cli.fileio import atomic_path, write_json_atomic, write_text_atomic
 
-VAL_CURVE = "val/avg_at_k"
-"""The children's held-out avg@k over steps (their own k), drawn with the training curves."""
 CURVE_METRICS = (
     VAL_CURVE,
     "rollout/acc",
@@ -58,9 +75,9 @@ CURVE_METRICS = (
     "overlong/truncated_frac",
     "overlong/truncated_with_answer_frac",
     "overlong/truncated_looping_frac",
+    "overlong/truncated_on_correct_path_frac",
     "response_length/group_std_mean",
 )
-SAMPLES_METRIC = "train/samples_generated"
 SHARE_METRICS = {"truncated": "overlong/truncated_frac", "kept_groups": "train/kept_group_frac"}
 SUPERSEDED_TAG = "ablate.superseded"
 Z_95 = 1.959964
@@ -201,6 +218,17 @@ class ChildResult:
     stderr: float
     per_problem: dict[str, float]
     curves: dict[str, dict[int, float]]
+    tables: dict[int, dict[str, float]] = field(default_factory=dict)
+    """Per-problem tables of earlier validation steps, downloaded when Δ at equal samples uses them."""
+
+
+def child_table(client: Any, child: ChildResult, step: int) -> dict[str, float]:
+    """``child``'s per-problem table at validation ``step``: the final one is read already, others once each."""
+    if step == child.final_step:
+        return child.per_problem
+    if step not in child.tables:
+        child.tables[step] = per_problem_table(client, child.run_id, step)
+    return child.tables[step]
 
 
 def read_child(client: Any, run: Any) -> ChildResult | None:
@@ -247,6 +275,7 @@ class VariantRow:
     final_steps: list[int]
     delta_vs: str | None = None
     delta: PairedComparison | None = None
+    equal_samples: EqualSamples | None = None
 
 
 @dataclass
@@ -262,6 +291,7 @@ class AblationReport:
     children: list[ChildResult]
     missing: list[str] = field(default_factory=list)
     unfinished: list[str] = field(default_factory=list)
+    mechanisms: list[MechanismRow] = field(default_factory=list)
 
 
 def label_of(name: str) -> tuple[str, float | None]:
@@ -301,8 +331,9 @@ def _mean(values: Sequence[float]) -> float:
     return sum(finite) / len(finite) if finite else math.nan
 
 
-def add_deltas(rows: list[VariantRow], results: dict[str, list[ChildResult]], mode: str) -> None:
-    """Paired Δ of each row to the previous row (ladder) or to the first row (grid), over common problems."""
+def add_deltas(rows: list[VariantRow], results: dict[str, list[ChildResult]], mode: str, client: Any = None) -> None:
+    """Paired Δ of each row to the previous row (ladder) or to the first row (grid), over common problems,
+    at the final step and at equal generated samples (earlier tables read through ``client``)."""
     for i, row in enumerate(rows[1:], start=1):
         ref = rows[i - 1] if mode == "ladder" else rows[0]
         a = mean_per_problem([r.per_problem for r in results[row.name]])
@@ -310,6 +341,8 @@ def add_deltas(rows: list[VariantRow], results: dict[str, list[ChildResult]], mo
         row.delta_vs = ref.name
         if a and b and set(a) & set(b):
             row.delta = compare_accuracies(a, b).comparison
+        row.equal_samples = equal_samples_delta(results[row.name], results[ref.name], ref.name,
+                                                lambda c, s: child_table(client, c, s))
 
 
 def build_report(client: Any, parent: Any) -> AblationReport:
@@ -328,7 +361,7 @@ def build_report(client: Any, parent: Any) -> AblationReport:
     order = planned + sorted(set(results) - set(planned))
     rows = [variant_row(i, n, sorted(results[n], key=lambda r: r.seed)) for i, n in enumerate(order) if n in results]
     mode = tags.get("ablate.mode", "grid")
-    add_deltas(rows, results, mode)
+    add_deltas(rows, results, mode, client)
     ks = {r.k for rs in results.values() for r in rs}
     return AblationReport(
         parent_run_id=parent.info.run_id,
@@ -340,6 +373,7 @@ def build_report(client: Any, parent: Any) -> AblationReport:
         children=[r for n in order for r in sorted(results.get(n, []), key=lambda r: r.seed)],
         missing=[n for n in planned if n not in results],
         unfinished=unfinished,
+        mechanisms=[mechanism_row(row, results[row.name]) for row in rows],
     )
 
 
@@ -359,7 +393,8 @@ def table_rows(report: AblationReport) -> list[dict[str, str]]:
     k = report.k
     out = []
     for row in report.rows:
-        d = row.delta
+        d, eq = row.delta, row.equal_samples
+        e = eq.delta if eq is not None else None
         out.append({
             "rung": str(row.position),
             "variant": row.name,
@@ -371,6 +406,10 @@ def table_rows(report: AblationReport) -> list[dict[str, str]]:
             "Δ %": "—" if d is None else pct(d.diff, signed=True),
             "Δ 95% CI (paired)": "—" if d is None else f"[{pct(d.ci_low, signed=True)}, {pct(d.ci_high, signed=True)}]",
             "P(Δ>0)": "—" if d is None else f"{d.share_positive:.2f}",
+            "Δ equal samples %": "—" if e is None else pct(e.diff, signed=True),
+            "Δ equal samples 95% CI": "—" if e is None else f"[{pct(e.ci_low, signed=True)}, {pct(e.ci_high, signed=True)}]",
+            "equal-samples steps": "—" if eq is None else f"{steps_text(eq.steps)} vs {steps_text(eq.ref_steps)}",
+            "equal-samples budget": "—" if eq is None else f"{eq.budget:.0f}",
             "truncated %": pct(row.shares["truncated"]),
             "kept groups %": pct(row.shares["kept_groups"]),
             "samples": f"{row.samples:.0f}",
@@ -436,7 +475,11 @@ def to_markdown(report: AblationReport, plots: dict[str, list[Path]], out_dir: P
         f"- every number below is recomputed from MLflow; final avg@{report.k} = `val/avg_at_{report.k}` at each child's last step",
         "- 95% CI seeds: Student t over seeds (— for one seed); 95% CI problems: normal, ±1.96 × the children's val stderr",
         "- Δ: paired over problems (bootstrap of per-problem accuracy differences, 2000 resamples) to the "
-        + ("previous rung" if report.mode == "ladder" else "first variant"),
+        + ("previous rung" if report.mode == "ladder" else "first variant")
+        + " at the final step (equal steps)",
+        ("- Δ equal samples: the same Δ, each child taken at its latest validation step whose cumulative generated "
+         "samples are at most the budget (the smaller of the two variants' samples per seed) + 5% slack; steps "
+         "used: this variant's vs the reference's, per seed"),
         "- the paper column is the DAPO paper's Table 1 (AIME 2024 avg@32, Qwen2.5-32B), a reference, not this experiment",
         "",
     ]
@@ -445,6 +488,7 @@ def to_markdown(report: AblationReport, plots: dict[str, list[Path]], out_dir: P
         lines += ["| " + " | ".join(r[h] for h in head) + " |" for r in rows]
     else:
         lines.append("No finished child run yet.")
+    lines += mechanisms_markdown(report)
     if report.missing:
         lines += ["", f"Not finished yet: {', '.join(report.missing)}."]
     if report.unfinished:
@@ -471,6 +515,11 @@ def to_html(report: AblationReport, plots: dict[str, list[Path]], out_dir: Path)
         *("<tr>" + "".join(f"<td>{esc(r[h])}</td>" for h in head) + "</tr>" for r in rows),
         "</table>",
     ]
+    mech = mechanism_table_rows(report)
+    if mech:
+        parts += ["<h2>Mechanisms (what each technique acts on)</h2>",
+                  "<table border='1' cellspacing='0' cellpadding='3'><tr>" + "".join(f"<th>{esc(h)}</th>" for h in mech[0]) + "</tr>",
+                  *("<tr>" + "".join(f"<td>{esc(v)}</td>" for v in r.values()) + "</tr>" for r in mech), "</table>"]
     for axis in ("step", "samples"):  # images inline: the page is one self-contained file (MLflow's viewer shows it)
         parts += [f"<h2>by {axis}</h2>"] + [
             f"<img alt='{esc(p.stem)}' src='data:image/png;base64,{base64.b64encode(p.read_bytes()).decode()}'>"
@@ -511,6 +560,10 @@ def summary_metrics(report: AblationReport) -> dict[str, float]:
             out[f"{key}.delta"] = row.delta.diff
             out[f"{key}.delta_ci_low"] = row.delta.ci_low
             out[f"{key}.delta_ci_high"] = row.delta.ci_high
+        if row.equal_samples is not None and row.equal_samples.delta is not None:
+            out[f"{key}.delta_equal_samples"] = row.equal_samples.delta.diff
+            out[f"{key}.delta_equal_samples_ci_low"] = row.equal_samples.delta.ci_low
+            out[f"{key}.delta_equal_samples_ci_high"] = row.equal_samples.delta.ci_high
     return {k: v for k, v in out.items() if v is not None and math.isfinite(v)}
 
 
@@ -520,7 +573,8 @@ def write_report(report: AblationReport, out_dir: Path, *, html_too: bool = Fals
     plots = plot_curves(report, out_dir)
     files = {"markdown": out_dir / "report.md", "json": out_dir / "report.json"}
     write_text_atomic(files["markdown"], to_markdown(report, plots, out_dir))
-    write_json_atomic(files["json"], {**asdict(report), "table": table_rows(report)})
+    write_json_atomic(files["json"], {**asdict(report), "table": table_rows(report),
+                                        "mechanisms_table": mechanism_table_rows(report)})
     if html_too:
         files["html"] = out_dir / "report.html"
         write_text_atomic(files["html"], to_html(report, plots, out_dir))

@@ -79,6 +79,18 @@ SHORT_HEADS = {
     "Δ 95% CI (paired)": "Δ CI (paired)",
     "truncated %": "trunc %",
     "kept groups %": "kept %",
+    "Δ equal samples %": "Δ %",
+    "Δ equal samples 95% CI": "Δ CI (paired)",
+    "equal-samples steps": "steps (this vs ref)",
+    "equal-samples budget": "budget",
+    "entropy start→end (nats/token)": "entropy (nats/tok)",
+    "clip high %": "clip hi %",
+    "clip low %": "clip lo %",
+    "truncated on a correct path %": "trunc correct %",
+    "truncated looping %": "trunc loop %",
+    "length spread (tokens)": "len sd (tokens)",
+    "length (tokens)": "len (tokens)",
+    "informative groups % early→late": "informative % (early→late)",
 }
 """Terminal headers of a wide terminal (report.md spells them out)."""
 
@@ -95,11 +107,33 @@ NARROW_HEADS = {
     "kept groups %": ("kp%", "kept groups %"),
     "samples": ("smp", "generated samples per seed"),
     "seeds": ("n", "seeds"),
+    "Δ equal samples %": ("Δs", "paired Δ in points at equal generated samples"),
+    "Δ equal samples 95% CI": ("ΔsCI", "its 95% CI"),
+    "equal-samples steps": ("steps", "validation step used, this rung vs its reference, per seed"),
+    "equal-samples budget": ("budget", "generated samples per seed both are held to (+5% slack)"),
+    "entropy start→end (nats/token)": ("ent", "entropy, first → last 5 steps (nats/token)"),
+    "clip high %": ("cl+", "tokens clipped at the upper bound %"),
+    "clip low %": ("cl-", "tokens clipped at the lower bound %"),
+    "truncated on a correct path %": ("trP", "truncated on a correct path %"),
+    "truncated looping %": ("trL", "truncated looping %"),
+    "length spread (tokens)": ("sd", "within-group length std (tokens)"),
+    "length (tokens)": ("len", "mean response length (tokens)"),
+    "informative groups % early→late": ("inf", "informative groups %, first → last 10 steps"),
 }
 """Abbreviated headers (and their legend lines) for terminals too narrow for :data:`SHORT_HEADS`."""
 
 TEXT_COLUMNS = ("variant", "paper row")
 """Columns of names: they wrap; numbers never do."""
+
+EQUAL_SAMPLES_HEADS = ("Δ equal samples %", "Δ equal samples 95% CI", "equal-samples steps", "equal-samples budget")
+"""report.md's Δ-at-equal-samples columns: the terminal shows them in a table of their own."""
+
+FOLD_MIN = {"equal-samples steps": 30}
+"""Narrow terminal: a steps list (one step per seed) wraps beyond this many characters."""
+
+TECHNIQUE_LINE = ("each technique at work: clip-higher → entropy, clip %; overlong filtering → truncated on a "
+                  "correct path; overlong shaping → truncated looping; token-level loss → length spread, "
+                  "length; dynamic sampling → informative groups (and samples, in the table above)")
 
 
 def terminal_columns(rows: list[dict[str, str]], *, ladder: bool) -> list[str]:
@@ -108,13 +142,13 @@ def terminal_columns(rows: list[dict[str, str]], *, ladder: bool) -> list[str]:
     A ladder names its rungs by the paper's row (the variant name repeats it); columns
     that are "—" in every row (seed intervals with one seed) and the seed count go.
     """
-    drop = {"seeds", "P(Δ>0)"} | ({"variant"} if ladder else set())
+    drop = {"seeds", "P(Δ>0)", *EQUAL_SAMPLES_HEADS} | ({"variant"} if ladder else set())
     return [h for h in rows[0] if h not in drop and any(r[h] != "—" for r in rows)]
 
 
 def wide_width(rows: list[dict[str, str]], heads: list[str]) -> int:
     """Columns the bordered table with :data:`SHORT_HEADS` needs for every cell on one line."""
-    cells = sum(max(len(SHORT_HEADS.get(h, h)), *(len(r[h]) for r in rows)) for h in heads)
+    cells = sum(max(len(SHORT_HEADS.get(h, h)), 14 if h in TEXT_COLUMNS else 0, *(len(r[h]) for r in rows)) for h in heads)
     return cells + 3 * len(heads) + 1  # "│ " + cell + " " per column, and the closing "│"
 
 
@@ -141,6 +175,9 @@ def results_table(rows: list[dict[str, str]], heads: list[str], *, width: int) -
             short, meaning = NARROW_HEADS.get(head, (head.replace(" %", ""), ""))
             if head in TEXT_COLUMNS:
                 table.add_column(short, overflow="fold", ratio=1, min_width=4)
+            elif head in FOLD_MIN:
+                widest = max(len(short), *(len(r[head]) for r in rows))
+                table.add_column(short, overflow="fold", min_width=min(widest, FOLD_MIN[head]), max_width=widest)
             else:
                 widest = max(len(short), *(len(r[head]) for r in rows))
                 table.add_column(short, justify="right", no_wrap=True, min_width=widest, max_width=widest)
@@ -163,21 +200,59 @@ def print_report(result: AblationReport, out: Console | None = None) -> None:
 
     out = out or console
     rows = table_rows(result)
+    ladder = result.mode == "ladder"
     title = f"{result.name} · {result.mode} · parent run {result.parent_run_id}"
     if not rows:
         out.print(Text(f"{title}: no finished child run yet"))
     else:
-        heads = terminal_columns(rows, ladder=result.mode == "ladder")
-        table, legend = results_table(rows, heads, width=out.width)
-        table.title = Text(title)
-        out.print(table)
-        if legend:
-            out.print(Text("; ".join(legend) + "; numbers in % (points)."))
+        heads = terminal_columns(rows, ladder=ladder)
+        print_table(out, rows, heads, title, legend_end="; numbers in % (points).")
         out.print(
             "CI seeds: Student t over seeds; CI problems: normal (±1.96 × val stderr); Δ: paired bootstrap over problems "
-            + ("to the previous rung" if result.mode == "ladder" else "to the first variant"),
+            + ("to the previous rung" if ladder else "to the first variant") + ", at the final step",
             highlight=False,
             markup=False,
         )
+        print_mechanisms(result, out)
+        print_equal_samples(rows, out, ladder=ladder)
     if result.missing:
         out.print(f"not finished: {', '.join(result.missing)}", highlight=False, markup=False)
+
+
+def print_table(out: Console, rows: list[dict[str, str]], heads: list[str], title: str, *, legend_end: str = ".") -> None:
+    """One table fitted to ``out``'s width (:func:`results_table`), its title, and its legend when abbreviated."""
+    table, legend = results_table(rows, heads, width=out.width)
+    table.title = Text(title)
+    out.print(table)
+    if legend:
+        out.print(Text("; ".join(legend) + legend_end))
+
+
+def name_columns(rows: list[dict[str, str]], heads: list[str], width: int) -> list[str]:
+    """``heads`` without the name columns when the bordered table would not fit: the rung number names the row."""
+    return heads if width >= wide_width(rows, heads) else [h for h in heads if h not in TEXT_COLUMNS]
+
+
+def print_mechanisms(result: AblationReport, out: Console) -> None:
+    """The mechanisms table (its samples column is the results table's): each technique's diagnostic per rung."""
+    from dapo_cli.ablate.diagnostics import mechanism_table_rows
+
+    rows = mechanism_table_rows(result)
+    if not rows:
+        return
+    drop = {"samples"} | ({"variant"} if result.mode == "ladder" else {"paper row"})
+    heads = [h for h in rows[0] if h not in drop and (h in ("rung", "variant", "paper row") or any(r[h] != "—" for r in rows))]
+    print_table(out, rows, name_columns(rows, heads, out.width), "Mechanisms (what each technique acts on) · mean over seeds")
+    out.print(Text(TECHNIQUE_LINE + "; — : never logged."))
+
+
+def print_equal_samples(rows: list[dict[str, str]], out: Console, *, ladder: bool) -> None:
+    """Δ at equal generated samples (the rows that have a reference), in a table of its own."""
+    rows = [r for r in rows if r["equal-samples steps"] != "—"]
+    if not rows:
+        return
+    heads = ["rung", "paper row" if ladder else "variant", *EQUAL_SAMPLES_HEADS]
+    print_table(out, rows, name_columns(rows, heads, out.width),
+                "Δ at equal generated samples, " + ("to the previous rung" if ladder else "to the first variant"))
+    out.print(Text("each child at its latest validation step with at most the budget of generated samples "
+                   "(the smaller of the two rungs' samples per seed) + 5%; same paired bootstrap."))

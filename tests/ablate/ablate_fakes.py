@@ -5,7 +5,8 @@ It logs, like ``dapo_cli.train.run_train``: the run tags (``dapo.variant``, ``da
 and its stderr at step 0 and at the last step, the per-problem table of each validation, one
 step of training metrics per step, a checkpoint marker that ``CheckpointManager.latest`` accepts,
 and ``summary.json`` at the end. Accuracies come from a script: (variant, seed) -> correct
-counts per problem.
+counts per problem. With ``val_every = n`` it also validates every ``n`` steps in between, with
+the counts of ``mid_correct`` (default: the final ones), as ``trainer.test_freq`` makes the trainer do.
 """
 
 from __future__ import annotations
@@ -33,8 +34,12 @@ class FakeTrain:
         *,
         crash_before_checkpoint: set[Key] | None = None,
         crash_after_checkpoint: set[Key] | None = None,
+        val_every: int = 0,
+        mid_correct: dict[Key, list[int]] | None = None,
     ) -> None:
         self.correct = correct or {}
+        self.val_every = val_every
+        self.mid_correct = mid_correct or {}
         self.crash_before = crash_before_checkpoint or set()
         self.crash_after = crash_after_checkpoint or set()
         self.calls: list[tuple[str, int, bool]] = []
@@ -65,12 +70,14 @@ class FakeTrain:
                 if key in self.crash_before:
                     raise Died(f"{key} died before its first checkpoint")
                 self.train_step(tracker, 1, key)
+                self.mid_validate(tracker, 1, steps, key, counts, k)
                 write_complete_checkpoint(ckpt / "step_000001")
                 (ckpt / "latest").write_text("step_000001\n")
                 if key in self.crash_after:
                     raise Died(f"{key} died after its first checkpoint")
             for step in range(2, steps + 1):
                 self.train_step(tracker, step, key)
+                self.mid_validate(tracker, step, steps, key, counts, k)
             self.validate(tracker, step=steps, counts=counts, k=k)
         summary = {"run_name": cfg.trainer.run_name, "run_dir": str(run_dir), "mlflow_run_id": tracker.run_id}
         (run_dir / "summary.json").write_text(json.dumps(summary))
@@ -82,6 +89,11 @@ class FakeTrain:
         tracker.log_metrics({f"val/avg_at_{k}": sum(accs) / len(accs), f"val/avg_at_{k}_stderr": standard_error(accs)}, step=step)
         rows = [{"problem_id": str(i), "correct": c, "samples": k, "majority": "1", "ground_truth": "1"} for i, c in enumerate(counts)]
         tracker.log_table(rows, f"val/per_problem_step_{step:06d}.json")
+
+    def mid_validate(self, tracker: Any, step: int, steps: int, key: Key, counts: list[int], k: int) -> None:
+        """A validation between step 0 and the last one, every ``val_every`` steps (none by default)."""
+        if self.val_every and step % self.val_every == 0 and step < steps:
+            self.validate(tracker, step=step, counts=self.mid_correct.get(key, counts), k=k)
 
     @staticmethod
     def train_step(tracker: Any, step: int, key: Key) -> None:

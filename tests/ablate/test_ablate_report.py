@@ -15,10 +15,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from ablate_fakes import FakeTrain  # noqa: E402
 
-from dapo_cli.ablate.plan import make_plan  # noqa: E402
+from dapo_cli.ablate.plan import LADDER_NAMES, make_plan  # noqa: E402
 from dapo_cli.ablate.report import (  # noqa: E402
     CURVE_METRICS,
     build_report,
+    summary_metrics,
     cumulative,
     mean_curve,
     mean_per_problem,
@@ -195,3 +196,110 @@ def test_write_report_with_no_finished_child(tmp_path: Path, store) -> None:
     files = write_report(report, tmp_path)
     md = files["markdown"].read_text()
     assert "No finished child run yet." in md and f"Not finished yet: {A}, {B}." in md
+
+
+# ---------------------------------------------------------------- mechanisms and Δ at equal generated samples
+
+
+def test_equal_samples_delta_is_the_equal_steps_delta_when_the_rungs_generate_the_same(store) -> None:
+    client, parent, _, _, _ = store
+    report = build_report(client, parent)
+    b = report.rows[1]
+    # both rungs: 16 samples × 3 steps = 48 per seed → budget 48, every child at its final step 3
+    assert (b.equal_samples.vs, b.equal_samples.budget, b.equal_samples.steps, b.equal_samples.ref_steps) == (A, 48, [3, 3], [3, 3])
+    assert b.equal_samples.delta == b.delta and report.rows[0].equal_samples is None
+    row = table_rows(report)[1]
+    assert (row["Δ equal samples %"], row["Δ equal samples 95% CI"]) == ("+15.0", "[+5.0, +25.0]")
+    assert (row["equal-samples steps"], row["equal-samples budget"]) == ("@3 vs @3", "48")
+    metrics = summary_metrics(report)
+    assert metrics["variants/1_OverlongFilter.delta_equal_samples"] == metrics["variants/1_OverlongFilter.delta"]
+    assert "variants/1_OverlongFilter.delta_equal_samples_ci_high" in metrics
+    assert all(not c.tables for c in report.children)  # nothing but the final tables was downloaded
+
+
+def test_mechanisms_of_the_fake_children(store) -> None:
+    client, parent, _, _, _ = store
+    report = build_report(client, parent)
+    m = report.mechanisms[0]
+    # fake: entropy 1 / step over steps 1..3 (fewer than 5: both windows are all three) → (1 + 1/2 + 1/3) / 3
+    assert m.entropy_start == m.entropy_end == pytest.approx(11 / 18)
+    # clip fractions .01 / .02, truncated .1 · step (mean .2), length 10 + step (mean 12), kept .25 at every step
+    assert (m.clip_high, m.clip_low, m.truncated, m.length_mean) == (
+        pytest.approx(0.01), pytest.approx(0.02), pytest.approx(0.2), pytest.approx(12.0))
+    assert m.informative_early == m.informative_late == pytest.approx(0.25) and m.samples == 48
+    # the fake logs no truncation causes and no length spread: "—"
+    assert math.isnan(m.truncated_on_path) and math.isnan(m.truncated_looping) and math.isnan(m.length_spread)
+
+
+def test_report_files_show_the_mechanisms_and_the_equal_samples_delta(store) -> None:
+    _, _, tmp, plan, _ = store
+    out = tmp / "runs" / "abl" / plan.name / "report"
+    md = (out / "report.md").read_text()
+    assert "## Mechanisms (what each technique acts on)" in md
+    assert "| 0 | grpo (Naive GRPO) | 0.611→0.611 | 1.00 | 2.00 | 20.0 | — | — | — | 12.0 | 25.0→25.0 | 48 |" in md
+    assert "- **clip high %**: clip-higher" in md and "Δ equal samples" in md and "5% slack" in md
+    assert "| +15.0 | [+5.0, +25.0] | @3 vs @3 | 48 |" in md  # the rung-1 row's equal-samples columns
+    data = json.loads((out / "report.json").read_text())
+    assert data["mechanisms"][0]["entropy_start"] == pytest.approx(11 / 18)
+    assert data["mechanisms_table"][1]["clip low %"] == "2.00"
+    assert data["rows"][1]["equal_samples"]["steps"] == [3, 3]
+    page = (out / "report.html").read_text()
+    assert "<h2>Mechanisms (what each technique acts on)</h2>" in page and "<td>0.611→0.611</td>" in page
+    assert "<th>Δ equal samples %</th>" in page
+
+
+PLAIN, DS = LADDER_NAMES[4], LADDER_NAMES[5]  # + token-level loss (16 samples a step), DAPO (32: dynamic sampling)
+
+
+class CountingClient:
+    """An MlflowClient that records the artifacts downloaded through it."""
+
+    def __init__(self, client: MlflowClient) -> None:
+        self.client, self.downloads = client, []
+
+    def download_artifacts(self, run_id: str, path: str, dst: str) -> str:
+        self.downloads.append((run_id, path))
+        return self.client.download_artifacts(run_id, path, dst)
+
+    def __getattr__(self, name: str):
+        return getattr(self.client, name)
+
+
+@pytest.fixture(scope="module")
+def ds_store(tmp_path_factory: pytest.TempPathFactory):
+    """The last two rungs × 1 seed, 4 steps, validated at every step; returns (client, parent run)."""
+    tmp = tmp_path_factory.mktemp("report-ds")
+    cfg = build_config(None, [f"tracking.tracking_uri=sqlite:///{tmp / 'mlflow.db'}", "tracking.experiment=abl-ds",
+                              f"trainer.output_dir={tmp / 'runs'}", "trainer.total_steps=4", "validation.k=4"])
+    plan = make_plan(cfg, mode="ladder", only=[PLAIN, DS], seeds=1)
+    fake = FakeTrain({(PLAIN, 0): [2, 2, 1, 3, 2], (DS, 0): [4, 4, 4, 4, 4]}, val_every=1,
+                     mid_correct={(DS, 0): [3, 2, 1, 3, 2]})  # DS at steps 1..3
+    outcome = run_ablation(plan, command="dapo ablate --ladder", config_path=None, train=fake)
+    client = MlflowClient(f"sqlite:///{tmp / 'mlflow.db'}")
+    return client, client.get_run(outcome.parent_run_id)
+
+
+def test_dynamic_sampling_is_compared_at_the_step_with_the_plain_rungs_samples(ds_store) -> None:
+    client, parent = ds_store
+    counting = CountingClient(client)
+    report = build_report(counting, parent)
+    plain, ds = report.rows
+    assert (plain.name, ds.name, plain.samples, ds.samples) == (PLAIN, DS, 64, 128)  # 16 × 4, 32 × 4
+    # budget min(64, 128) = 64, limit 67.2; DS cumulative samples 0, 32, 64, 96, 128 at steps 0..4 → step 2
+    eq = ds.equal_samples
+    assert (eq.vs, eq.budget, eq.steps, eq.ref_steps) == (PLAIN, 64, [2], [4])
+    # equal steps: DS 1 everywhere − plain [.5, .5, .25, .75, .5] = [.5, .5, .75, .25, .5], mean .5
+    assert ds.delta.diff == pytest.approx(0.5)
+    # equal samples: DS at step 2 [.75, .5, .25, .75, .5] − plain = [.25, 0, 0, 0, 0], mean .05;
+    #   a resample holds X ~ Bin(5, .2) of the .25: P(X = 0) = .8^5 = .328 > .025 → 2.5% quantile 0;
+    #   P(X <= 2) = .942 < .975 < P(X <= 3) = .993 → 97.5% quantile 3 · .25 / 5 = .15; P(Δ > 0) = 1 − .328
+    assert eq.delta.diff == pytest.approx(0.05)
+    assert (eq.delta.ci_low, eq.delta.ci_high) == (pytest.approx(0.0, abs=1e-12), pytest.approx(0.15, abs=1e-12))
+    assert eq.delta.share_positive == pytest.approx(1 - 0.8**5, abs=0.03)
+    # bounded reads: each child's final table, and DS's step-2 table (none of steps 0, 1, 3)
+    paths = sorted(p for _, p in counting.downloads)
+    assert paths == ["val/per_problem_step_000002.json", "val/per_problem_step_000004.json", "val/per_problem_step_000004.json"]
+    row = table_rows(report)[1]
+    assert (row["Δ %"], row["Δ equal samples %"], row["equal-samples steps"], row["equal-samples budget"]) == (
+        "+50.0", "+5.0", "@2 vs @4", "64")
+    assert report.mechanisms[1].informative_early == pytest.approx(0.5)  # the fake's DS kept share
