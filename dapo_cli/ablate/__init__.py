@@ -7,9 +7,29 @@ processes, as Slurm jobs through ``slurm``, or prints the ``dapo train`` command
 ``report.md``.
 """
 
-from dapo_cli.ablate.plan import LADDER_LABELS, LADDER_NAMES, PAPER_AIME24_AVG32, AblationPlan, Child, Variant, make_plan
-from dapo_cli.ablate.report import AblationReport, build_report, resolve_parent, write_report
-from dapo_cli.ablate.runner import AblationOutcome, calibrate, child_argv, print_launch, run_ablation, slurm_launch
+from dapo_cli.ablate.estimate import calibrate
+from dapo_cli.ablate.plan import (
+    LADDER_LABELS,
+    LADDER_NAMES,
+    PAPER_AIME24_AVG32,
+    AblationPlan,
+    Child,
+    Variant,
+    make_plan,
+)
+from dapo_cli.ablate.report import (
+    AblationReport,
+    build_report,
+    resolve_parent,
+    write_report,
+)
+from dapo_cli.ablate.runner import (
+    AblationOutcome,
+    child_argv,
+    print_launch,
+    run_ablation,
+    slurm_launch,
+)
 
 __all__ = [
     "LADDER_LABELS",

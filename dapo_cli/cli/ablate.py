@@ -230,7 +230,7 @@ def print_plan(plan: AblationPlan) -> None:
 
 def print_estimate(plan: AblationPlan, calibrate: bool) -> None:
     """The number of children and, unless --no-calibrate, a wall-time estimate from one timed step."""
-    from dapo_cli.ablate.runner import calibrate as run_calibration
+    from dapo_cli.ablate.estimate import calibrate as run_calibration
 
     n = len(plan.children())
     if not calibrate:
@@ -239,7 +239,9 @@ def print_estimate(plan: AblationPlan, calibrate: bool) -> None:
     est = run_calibration(plan)
     console.print(
         f"{n} child runs; one step of {est.variant} took {est.step_s:.1f} s (incl. model load and a checkpoint) → "
-        f"≈ {est.total_s / 60:.1f} min for {n} × {est.steps} steps, plus validations and extra dynamic-sampling rounds",
+        f"≈ {est.total_s / 60:.1f} min for {n} × {est.steps} steps"
+        + (f", {est.jobs} children at a time" if est.jobs > 1 else "")
+        + ", plus validations and extra dynamic-sampling rounds",
         highlight=False,
         markup=False,
     )

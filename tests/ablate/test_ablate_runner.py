@@ -15,7 +15,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from ablate_fakes import Died, FakeTrain  # noqa: E402
 
 from dapo_cli.ablate.plan import make_plan  # noqa: E402
-from dapo_cli.ablate.runner import AblationClock, PriorRun, calibrate, decide, print_launch, run_ablation  # noqa: E402
+from dapo_cli.ablate.estimate import calibrate  # noqa: E402
+from dapo_cli.ablate.runner import AblationClock, PriorRun, decide, print_launch, run_ablation  # noqa: E402
 from dapo_cli.config import TECHNIQUES  # noqa: E402
 from dapo_cli.config.load import build_config  # noqa: E402
 from dapo_cli.errors import UserError  # noqa: E402
@@ -197,3 +198,13 @@ def test_a_null_tracking_backend_is_a_user_error(tmp_path: Path) -> None:
     plan = make_plan(dataclasses.replace(cfg, tracking=dataclasses.replace(cfg.tracking, backend="null")), mode="ladder")
     with pytest.raises(UserError, match="set tracking.backend=mlflow"):
         run_ablation(plan, command="x", config_path=None, train=FakeTrain())
+
+
+def test_the_dry_run_estimate_counts_waves_of_parallel_children() -> None:
+    from dapo_cli.ablate.estimate import Estimate
+
+    # 18 children × 60 steps × 2 s: one at a time 2160 s; two at a time 9 waves → 1080 s;
+    # 4 at a time ceil(18 / 4) = 5 waves → 600 s (the last wave runs 2 children, as long as a full one)
+    assert Estimate("grpo", 2.0, children=18, steps=60).total_s == 2160.0
+    assert Estimate("grpo", 2.0, children=18, steps=60, jobs=2).total_s == 1080.0
+    assert Estimate("grpo", 2.0, children=18, steps=60, jobs=4).total_s == 600.0
