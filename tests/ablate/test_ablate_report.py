@@ -43,15 +43,20 @@ CORRECT = {
 }
 
 
+def record_ladder(tmp: Path, experiment: str, steps: int, only: list[str], seeds: int, fake: FakeTrain, *, html: bool = False):
+    """Record a ladder of the ``only`` rungs × ``seeds`` with the fake trainer in ``tmp``; returns (client, plan, outcome)."""
+    cfg = build_config(None, [f"tracking.tracking_uri=sqlite:///{tmp / 'mlflow.db'}", f"tracking.experiment={experiment}",
+                              f"trainer.output_dir={tmp / 'runs'}", f"trainer.total_steps={steps}", "validation.k=4"])
+    plan = make_plan(cfg, mode="ladder", only=only, seeds=seeds)
+    outcome = run_ablation(plan, command="dapo ablate --ladder", config_path=None, train=fake, html=html)
+    return MlflowClient(f"sqlite:///{tmp / 'mlflow.db'}"), plan, outcome
+
+
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory):
     """A two-rung ladder × 2 seeds recorded by the fake trainer; returns (client, parent run, tmp dir, plan)."""
     tmp = tmp_path_factory.mktemp("report")
-    cfg = build_config(None, [f"tracking.tracking_uri=sqlite:///{tmp / 'mlflow.db'}", "tracking.experiment=abl",
-                              f"trainer.output_dir={tmp / 'runs'}", "trainer.total_steps=3", "validation.k=4"])
-    plan = make_plan(cfg, mode="ladder", only=[A, B], seeds=2)
-    outcome = run_ablation(plan, command="dapo ablate --ladder", config_path=None, train=FakeTrain(CORRECT), html=True)
-    client = MlflowClient(f"sqlite:///{tmp / 'mlflow.db'}")
+    client, plan, outcome = record_ladder(tmp, "abl", 3, [A, B], 2, FakeTrain(CORRECT), html=True)
     return client, client.get_run(outcome.parent_run_id), tmp, plan, outcome
 
 
@@ -268,14 +273,9 @@ class CountingClient:
 @pytest.fixture(scope="module")
 def ds_store(tmp_path_factory: pytest.TempPathFactory):
     """The last two rungs × 1 seed, 4 steps, validated at every step; returns (client, parent run)."""
-    tmp = tmp_path_factory.mktemp("report-ds")
-    cfg = build_config(None, [f"tracking.tracking_uri=sqlite:///{tmp / 'mlflow.db'}", "tracking.experiment=abl-ds",
-                              f"trainer.output_dir={tmp / 'runs'}", "trainer.total_steps=4", "validation.k=4"])
-    plan = make_plan(cfg, mode="ladder", only=[PLAIN, DS], seeds=1)
     fake = FakeTrain({(PLAIN, 0): [2, 2, 1, 3, 2], (DS, 0): [4, 4, 4, 4, 4]}, val_every=1,
                      mid_correct={(DS, 0): [3, 2, 1, 3, 2]})  # DS at steps 1..3
-    outcome = run_ablation(plan, command="dapo ablate --ladder", config_path=None, train=fake)
-    client = MlflowClient(f"sqlite:///{tmp / 'mlflow.db'}")
+    client, _, outcome = record_ladder(tmp_path_factory.mktemp("report-ds"), "abl-ds", 4, [PLAIN, DS], 1, fake)
     return client, client.get_run(outcome.parent_run_id)
 
 
