@@ -422,6 +422,18 @@ def _slug(metric: str) -> str:
     return metric.replace("/", "_")
 
 
+def curve_points(children: Sequence[ChildResult], metric: str, axis: str) -> tuple[list[float], list[float]]:
+    """One variant's line: the mean over its children of ``metric`` against the step, or against the
+    mean cumulative generated samples (``axis="samples"``; step 0, the base validation, is at 0 samples)."""
+    steps, ys = mean_curve([c.curves[metric] for c in children])
+    if axis == "step":
+        return [float(s) for s in steps], ys
+    s_steps, samples = mean_curve([c.curves[SAMPLES_METRIC] for c in children])
+    cum = {0: 0.0, **dict(zip(s_steps, cumulative(samples)))}
+    pairs = [(cum[s], y) for s, y in zip(steps, ys) if s in cum]
+    return [p[0] for p in pairs], [p[1] for p in pairs]
+
+
 def plot_curves(report: AblationReport, out_dir: Path) -> dict[str, list[Path]]:
     """One PNG per metric and x-axis (``step``, ``samples``), one line per variant; written atomically."""
     from matplotlib.figure import Figure  # the OO API: no pyplot, no global backend state
@@ -437,17 +449,9 @@ def plot_curves(report: AblationReport, out_dir: Path) -> dict[str, list[Path]]:
             fig.subplots_adjust(left=0.12, right=0.97, top=0.92, bottom=0.12)  # fixed margins: 40% faster than a layout engine
             ax = fig.add_subplot()
             for row in report.rows:
-                children = by_variant[row.name]
-                steps, ys = mean_curve([c.curves[metric] for c in children])
-                if not steps:
+                xs, ys = curve_points(by_variant[row.name], metric, axis)
+                if not xs:
                     continue
-                if axis == "samples":
-                    s_steps, samples = mean_curve([c.curves[SAMPLES_METRIC] for c in children])
-                    cum = dict(zip(s_steps, cumulative(samples)))
-                    pairs = [(cum[s], y) for s, y in zip(steps, ys) if s in cum]
-                    xs, ys = [p[0] for p in pairs], [p[1] for p in pairs]
-                else:
-                    xs = steps
                 ax.plot(xs, ys, marker="o", markersize=2, linewidth=1, alpha=0.85, label=row.label or row.name)
             ax.set_xlabel("step" if axis == "step" else "generated samples (cumulative)")
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps and samples are counts

@@ -303,3 +303,17 @@ def test_dynamic_sampling_is_compared_at_the_step_with_the_plain_rungs_samples(d
     assert (row["Δ %"], row["Δ equal samples %"], row["equal-samples steps"], row["equal-samples budget"]) == (
         "+50.0", "+5.0", "@2 vs @4", "64")
     assert report.mechanisms[1].informative_early == pytest.approx(0.5)  # the fake's DS kept share
+
+
+def test_curves_by_samples_start_at_the_base_validation() -> None:
+    from dapo_cli.ablate.report import ChildResult, curve_points
+
+    def child(samples: dict[int, float], val: dict[int, float]) -> ChildResult:
+        return ChildResult(run_id="r", variant="v", seed=0, k=4, final_step=2, avg=val[2], stderr=0.0, per_problem={},
+                           curves={"val/avg_at_k": val, "train/samples_generated": samples})
+
+    # seed 0 generates 128 then 256 samples, seed 1 128 then 128: mean per step 128, 192 → cumulative 128, 320;
+    # val at steps 0, 2: means 0.1 and (0.3 + 0.5) / 2 = 0.4; step 0 sits at 0 samples
+    kids = [child({1: 128, 2: 256}, {0: 0.1, 2: 0.3}), child({1: 128, 2: 128}, {0: 0.1, 2: 0.5})]
+    assert curve_points(kids, "val/avg_at_k", "samples") == ([0.0, 320.0], [pytest.approx(0.1), pytest.approx(0.4)])
+    assert curve_points(kids, "val/avg_at_k", "step") == ([0.0, 2.0], [pytest.approx(0.1), pytest.approx(0.4)])
