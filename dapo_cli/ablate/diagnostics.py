@@ -8,18 +8,21 @@ the variant's seeds that logged the metric; NaN (shown "—") when none did:
   :data:`ENTROPY_WINDOW` logged steps. Clip-higher's target: the entropy collapse of Naive GRPO;
 * ``clip_high`` / ``clip_low``: mean over steps of ``actor/clipfrac_high`` / ``actor/clipfrac_low``, the
   share of tokens whose ratio hit the upper / lower clip bound (clip-higher raises the upper one);
-* ``truncated``: ``overlong/truncated_frac``, the report's truncated share (the row's ``shares``);
+* ``truncated_early`` / ``truncated_late``: mean ``overlong/truncated_frac`` over the first and the last
+  :data:`EARLY_LATE_WINDOW` steps (what the soft punishment pushes down; the results table has the mean
+  over all steps);
 * ``truncated_on_path``: ``overlong/truncated_on_correct_path_frac``, the share of truncated responses whose
   work, repetitions collapsed, begins a correct response of their group
   (:func:`dapo_cli.diagnostics.on_correct_path`); logged only at steps with a truncated response, so
   the mean over the logged steps. What overlong filtering stops punishing (reward noise);
 * ``truncated_looping``: ``overlong/truncated_looping_frac`` (same rule): runaway, repeating text,
   what overlong shaping's soft punishment pushes down;
-* ``length_spread``: mean over steps of ``response_length/group_std_mean`` (tokens: the within-group
-  standard deviation of response lengths) and ``length_mean``, mean ``response_length/mean`` (tokens):
+* ``spread_early`` / ``spread_late``: ``response_length/group_std_mean`` (tokens: the within-group
+  standard deviation of response lengths) over the first and the last :data:`EARLY_LATE_WINDOW` steps,
+  and ``length_mean``, mean ``response_length/mean`` over all steps (tokens):
   token-level loss gives long responses their tokens' weight (sample-level loss dilutes them);
 * ``informative_early`` / ``informative_late``: mean ``train/kept_group_frac`` over the first and the last
-  :data:`INFORMATIVE_WINDOW` steps: the share of generated groups that are informative (neither
+  :data:`EARLY_LATE_WINDOW` steps: the share of generated groups that are informative (neither
   all-correct nor all-wrong); with dynamic sampling, kept / generated groups, the same share. Its
   fall over training is what dynamic sampling pays for in extra samples;
 * ``samples``: generated samples per seed (mean over seeds of :math:`\\sum` ``train/samples_generated``).
@@ -53,11 +56,11 @@ SAMPLES_METRIC = "train/samples_generated"
 ENTROPY, CLIP_HIGH, CLIP_LOW = "actor/entropy", "actor/clipfrac_high", "actor/clipfrac_low"
 TRUNCATED_ON_PATH, TRUNCATED_LOOPING = "overlong/truncated_on_correct_path_frac", "overlong/truncated_looping_frac"
 LENGTH_SPREAD, LENGTH = "response_length/group_std_mean", "response_length/mean"
-KEPT = "train/kept_group_frac"
+KEPT, TRUNCATED = "train/kept_group_frac", "overlong/truncated_frac"
 ENTROPY_WINDOW = 5
 """Steps averaged for entropy at the start and at the end."""
-INFORMATIVE_WINDOW = 10
-"""Steps averaged for the informative share early and late."""
+EARLY_LATE_WINDOW = 10
+"""Steps averaged for the truncated and informative shares and the length spread, early and late."""
 SAMPLES_SLACK = 0.05
 """Δ at equal samples: a child's step may hold up to 5% more samples than the budget."""
 
@@ -111,10 +114,12 @@ class MechanismRow:
     entropy_end: float
     clip_high: float
     clip_low: float
-    truncated: float
+    truncated_early: float
+    truncated_late: float
     truncated_on_path: float
     truncated_looping: float
-    length_spread: float
+    spread_early: float
+    spread_late: float
     length_mean: float
     informative_early: float
     informative_late: float
@@ -130,6 +135,12 @@ def mechanism_row(row: VariantRow, results: Sequence[ChildResult]) -> MechanismR
     def whole(curve: dict[int, float]) -> float:
         return mean_or_nan(training_values(curve))
 
+    def early(curve: dict[int, float]) -> float:
+        return window_mean(curve, EARLY_LATE_WINDOW)
+
+    def late(curve: dict[int, float]) -> float:
+        return window_mean(curve, EARLY_LATE_WINDOW, last=True)
+
     return MechanismRow(
         position=row.position,
         name=row.name,
@@ -139,13 +150,15 @@ def mechanism_row(row: VariantRow, results: Sequence[ChildResult]) -> MechanismR
         entropy_end=per_seed(ENTROPY, lambda c: window_mean(c, ENTROPY_WINDOW, last=True)),
         clip_high=per_seed(CLIP_HIGH, whole),
         clip_low=per_seed(CLIP_LOW, whole),
-        truncated=row.shares.get("truncated", math.nan),
+        truncated_early=per_seed(TRUNCATED, early),
+        truncated_late=per_seed(TRUNCATED, late),
         truncated_on_path=per_seed(TRUNCATED_ON_PATH, whole),
         truncated_looping=per_seed(TRUNCATED_LOOPING, whole),
-        length_spread=per_seed(LENGTH_SPREAD, whole),
+        spread_early=per_seed(LENGTH_SPREAD, early),
+        spread_late=per_seed(LENGTH_SPREAD, late),
         length_mean=per_seed(LENGTH, whole),
-        informative_early=per_seed(KEPT, lambda c: window_mean(c, INFORMATIVE_WINDOW)),
-        informative_late=per_seed(KEPT, lambda c: window_mean(c, INFORMATIVE_WINDOW, last=True)),
+        informative_early=per_seed(KEPT, early),
+        informative_late=per_seed(KEPT, late),
         samples=row.samples,
     )
 
@@ -163,11 +176,13 @@ MECHANISM_LEGEND = {
                                       "(Naive GRPO's entropy collapses)",
     "clip high %": "clip-higher: tokens whose ratio hit the upper bound 1+ε_high (actor/clipfrac_high)",
     "clip low %": "clip-higher: tokens whose ratio hit the lower bound 1−ε_low (actor/clipfrac_low)",
-    "truncated %": "overlong filtering / shaping: responses cut at the length limit (overlong/truncated_frac)",
+    "truncated % early→late": "overlong filtering / shaping: responses cut at the length limit, first and last 10 "
+                              "steps (overlong/truncated_frac)",
     "truncated on a correct path %": "overlong filtering: truncated responses doing the work of a correct response "
                                      "of their group, over steps with truncation (overlong/truncated_on_correct_path_frac)",
     "truncated looping %": "overlong shaping: truncated responses that loop (overlong/truncated_looping_frac)",
-    "length spread (tokens)": "token-level loss: within-group std of response lengths (response_length/group_std_mean)",
+    "length spread early→late (tokens)": "token-level loss: within-group std of response lengths, first and last 10 "
+                                         "steps (response_length/group_std_mean)",
     "length (tokens)": "token-level loss: mean response length (response_length/mean)",
     "informative groups % early→late": "dynamic sampling: groups neither all-correct nor all-wrong, first and last "
                                        "10 steps (train/kept_group_frac)",
@@ -185,10 +200,10 @@ def mechanism_table_rows(report: AblationReport) -> list[dict[str, str]]:
         "entropy start→end (nats/token)": _arrow(m.entropy_start, m.entropy_end, ".3f"),
         "clip high %": _fmt(m.clip_high, ".2f", 100),
         "clip low %": _fmt(m.clip_low, ".2f", 100),
-        "truncated %": _fmt(m.truncated, ".1f", 100),
+        "truncated % early→late": _arrow(m.truncated_early, m.truncated_late, ".1f", 100),
         "truncated on a correct path %": _fmt(m.truncated_on_path, ".1f", 100),
         "truncated looping %": _fmt(m.truncated_looping, ".1f", 100),
-        "length spread (tokens)": _fmt(m.length_spread, ".1f"),
+        "length spread early→late (tokens)": _arrow(m.spread_early, m.spread_late, ".1f"),
         "length (tokens)": _fmt(m.length_mean, ".1f"),
         "informative groups % early→late": _arrow(m.informative_early, m.informative_late, ".1f", 100),
         "samples": _fmt(m.samples, ".0f"),

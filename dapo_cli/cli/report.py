@@ -78,6 +78,7 @@ SHORT_HEADS = {
     "95% CI problems": "±CI probs",
     "Δ 95% CI (paired)": "Δ CI (paired)",
     "truncated %": "trunc %",
+    "truncated % early→late": "trunc % early→late",
     "kept groups %": "kept %",
     "Δ equal samples %": "Δ %",
     "Δ equal samples 95% CI": "Δ CI (paired)",
@@ -88,7 +89,7 @@ SHORT_HEADS = {
     "clip low %": "clip lo %",
     "truncated on a correct path %": "trunc correct %",
     "truncated looping %": "trunc loop %",
-    "length spread (tokens)": "len sd (tokens)",
+    "length spread early→late (tokens)": "len sd (tokens)",
     "length (tokens)": "len (tokens)",
     "informative groups % early→late": "informative % (early→late)",
 }
@@ -104,6 +105,7 @@ NARROW_HEADS = {
     "Δ 95% CI (paired)": ("ΔCI", "its 95% CI (paired bootstrap over problems)"),
     "P(Δ>0)": ("P>0", "share of resamples with Δ > 0"),
     "truncated %": ("tr%", "truncated responses %"),
+    "truncated % early→late": ("tr%", "truncated responses %, first → last 10 steps"),
     "kept groups %": ("kp%", "kept groups %"),
     "samples": ("smp", "generated samples per seed"),
     "seeds": ("n", "seeds"),
@@ -116,7 +118,7 @@ NARROW_HEADS = {
     "clip low %": ("cl-", "tokens clipped at the lower bound %"),
     "truncated on a correct path %": ("trP", "truncated on a correct path %"),
     "truncated looping %": ("trL", "truncated looping %"),
-    "length spread (tokens)": ("sd", "within-group length std (tokens)"),
+    "length spread early→late (tokens)": ("sd", "within-group length std (tokens), first → last 10 steps"),
     "length (tokens)": ("len", "mean response length (tokens)"),
     "informative groups % early→late": ("inf", "informative groups %, first → last 10 steps"),
 }
@@ -242,8 +244,28 @@ def print_mechanisms(result: AblationReport, out: Console) -> None:
         return
     drop = {"samples"} | ({"variant"} if result.mode == "ladder" else {"paper row"})
     heads = [h for h in rows[0] if h not in drop and (h in ("rung", "variant", "paper row") or any(r[h] != "—" for r in rows))]
-    print_table(out, rows, name_columns(rows, heads, out.width), "Mechanisms (what each technique acts on) · mean over seeds")
+    title = "Mechanisms (what each technique acts on) · mean over seeds"
+    for part in column_groups(rows, name_columns(rows, heads, out.width), out.width):
+        print_table(out, rows, part, title)
+        title = "Mechanisms, continued"
     out.print(Text(TECHNIQUE_LINE + "; — : never logged."))
+
+
+def column_groups(rows: list[dict[str, str]], heads: list[str], width: int) -> list[list[str]]:
+    """``heads`` as one table if its narrow form fits ``width``, else in consecutive groups that each fit,
+    every group led by the ``rung`` column (numeric cells are never cut, so a wide row would not fit)."""
+
+    def narrow(h: str) -> int:
+        return max(len(NARROW_HEADS.get(h, (h.replace(" %", ""), ""))[0]), *(len(r[h]) for r in rows))
+
+    if width >= wide_width(rows, heads) or sum(narrow(h) + 1 for h in heads) <= width:
+        return [heads]
+    groups: list[list[str]] = []
+    for h in (h for h in heads if h != "rung"):
+        if not groups or sum(narrow(x) + 1 for x in [*groups[-1], h]) > width:
+            groups.append(["rung"])
+        groups[-1].append(h)
+    return groups
 
 
 def print_equal_samples(rows: list[dict[str, str]], out: Console, *, ladder: bool) -> None:

@@ -229,11 +229,11 @@ def test_mechanisms_of_the_fake_children(store) -> None:
     # fake: entropy 1 / step over steps 1..3 (fewer than 5: both windows are all three) → (1 + 1/2 + 1/3) / 3
     assert m.entropy_start == m.entropy_end == pytest.approx(11 / 18)
     # clip fractions .01 / .02, truncated .1 · step (mean .2), length 10 + step (mean 12), kept .25 at every step
-    assert (m.clip_high, m.clip_low, m.truncated, m.length_mean) == (
-        pytest.approx(0.01), pytest.approx(0.02), pytest.approx(0.2), pytest.approx(12.0))
+    assert (m.clip_high, m.clip_low, m.truncated_early, m.truncated_late, m.length_mean) == (
+        pytest.approx(0.01), pytest.approx(0.02), pytest.approx(0.2), pytest.approx(0.2), pytest.approx(12.0))
     assert m.informative_early == m.informative_late == pytest.approx(0.25) and m.samples == 48
     # the fake logs no truncation causes and no length spread: "—"
-    assert math.isnan(m.truncated_on_path) and math.isnan(m.truncated_looping) and math.isnan(m.length_spread)
+    assert math.isnan(m.truncated_on_path) and math.isnan(m.truncated_looping) and math.isnan(m.spread_early)
 
 
 def test_report_files_show_the_mechanisms_and_the_equal_samples_delta(store) -> None:
@@ -241,7 +241,7 @@ def test_report_files_show_the_mechanisms_and_the_equal_samples_delta(store) -> 
     out = tmp / "runs" / "abl" / plan.name / "report"
     md = (out / "report.md").read_text()
     assert "## Mechanisms (what each technique acts on)" in md
-    assert "| 0 | grpo (Naive GRPO) | 0.611→0.611 | 1.00 | 2.00 | 20.0 | — | — | — | 12.0 | 25.0→25.0 | 48 |" in md
+    assert "| 0 | grpo (Naive GRPO) | 0.611→0.611 | 1.00 | 2.00 | 20.0→20.0 | — | — | — | 12.0 | 25.0→25.0 | 48 |" in md
     assert "- **clip high %**: clip-higher" in md and "Δ equal samples" in md and "5% slack" in md
     assert "| +15.0 | [+5.0, +25.0] | @3 vs @3 | 48 |" in md  # the rung-1 row's equal-samples columns
     data = json.loads((out / "report.json").read_text())
