@@ -21,6 +21,8 @@ avg@K over ``P`` held-out problems, logged as ``val/avg_at_K`` with ``val/avg_at
   validation step within the budget :math:`B = \\min(\\text{samples}_u, \\text{samples}_v)` (+5% slack),
   same bootstrap (the definition in :mod:`dapo_cli.ablate.diagnostics`; equal to Δ when the two
   rungs generated the same samples); the steps used are shown per seed (``@50``, ``@50/50/100``);
+* a ladder of 3+ rungs also compares its last rung with its first (naive GRPO → DAPO), the same
+  two ways (:class:`Overall`, :func:`compare_variants`), under the table and in the parent's description;
 * shares over the training steps (mean over steps and seeds): ``overlong/truncated_frac``
   and ``train/kept_group_frac`` (kept / generated groups with dynamic sampling, the
   informative share without it);
@@ -29,8 +31,8 @@ avg@K over ``P`` held-out problems, logged as ``val/avg_at_K`` with ``val/avg_at
   fractions, truncation causes, length spread, informative groups early → late): defined in
   :mod:`dapo_cli.ablate.diagnostics`.
 
-Curves: one PNG per metric of :data:`CURVE_METRICS`, one line per variant (mean over
-seeds), against the step and against cumulative generated samples
+Curves (:mod:`dapo_cli.ablate.plots`): one PNG per metric of :data:`CURVE_METRICS`, one line per
+variant (mean over seeds), against the step and against cumulative generated samples
 (:math:`\\sum_{t \\le \\text{step}}` ``train/samples_generated``).
 """
 
@@ -59,10 +61,11 @@ from dapo_cli.ablate.diagnostics import (
     steps_text,
 )
 from dapo_cli.ablate.plan import LADDER_LABELS, LADDER_NAMES, PAPER_AIME24_AVG32
+from dapo_cli.ablate.plots import cumulative, curve_points, mean_curve, plot_curves  # noqa: F401  (re-exported)
 from dapo_cli.errors import UserError
 from dapo_cli.eval.compare import compare_accuracies
 from dapo_cli.eval.metrics import PairedComparison
-from dapo_cli.fileio import atomic_path, write_json_atomic, write_text_atomic
+from dapo_cli.fileio import write_json_atomic, write_text_atomic
 
 CURVE_METRICS = (
     VAL_CURVE,
@@ -111,21 +114,6 @@ def mean_per_problem(tables: Sequence[dict[str, float]]) -> dict[str, float]:
     """Per-problem accuracy averaged over seeds, on the problems every seed evaluated."""
     common = set.intersection(*(set(t) for t in tables)) if tables else set()
     return {p: sum(t[p] for t in tables) / len(tables) for p in common}
-
-
-def cumulative(values: Sequence[float]) -> list[float]:
-    """Running sums: ``[1, 2, 3]`` → ``[1, 3, 6]``."""
-    out, total = [], 0.0
-    for v in values:
-        total += v
-        out.append(total)
-    return out
-
-
-def mean_curve(curves: Sequence[dict[int, float]]) -> tuple[list[int], list[float]]:
-    """Steps present in any curve and the mean over the curves that have each step."""
-    steps = sorted(set().union(*curves)) if curves else []
-    return steps, [sum(c[s] for c in curves if s in c) / sum(s in c for c in curves) for s in steps]
 
 
 # ---------------------------------------------------------------- reading MLflow
@@ -292,6 +280,8 @@ class AblationReport:
     missing: list[str] = field(default_factory=list)
     unfinished: list[str] = field(default_factory=list)
     mechanisms: list[MechanismRow] = field(default_factory=list)
+    overall: Overall | None = None
+    """Ladders of 3+ rungs: the last rung against the first."""
 
 
 def label_of(name: str) -> tuple[str, float | None]:
@@ -331,18 +321,50 @@ def _mean(values: Sequence[float]) -> float:
     return sum(finite) / len(finite) if finite else math.nan
 
 
+def compare_variants(
+    results: Sequence[ChildResult], ref: Sequence[ChildResult], ref_name: str, client: Any = None
+) -> tuple[PairedComparison | None, EqualSamples | None]:
+    """Paired Δ of ``results`` − ``ref`` over their common problems at the final step, and at equal
+    generated samples (earlier validation tables read through ``client``)."""
+    a = mean_per_problem([r.per_problem for r in results])
+    b = mean_per_problem([r.per_problem for r in ref])
+    delta = compare_accuracies(a, b).comparison if a and b and set(a) & set(b) else None
+    return delta, equal_samples_delta(results, ref, ref_name, lambda c, s: child_table(client, c, s))
+
+
 def add_deltas(rows: list[VariantRow], results: dict[str, list[ChildResult]], mode: str, client: Any = None) -> None:
-    """Paired Δ of each row to the previous row (ladder) or to the first row (grid), over common problems,
-    at the final step and at equal generated samples (earlier tables read through ``client``)."""
+    """Δ of each row to the previous row (ladder) or to the first row (grid): :func:`compare_variants`."""
     for i, row in enumerate(rows[1:], start=1):
         ref = rows[i - 1] if mode == "ladder" else rows[0]
-        a = mean_per_problem([r.per_problem for r in results[row.name]])
-        b = mean_per_problem([r.per_problem for r in results[ref.name]])
         row.delta_vs = ref.name
-        if a and b and set(a) & set(b):
-            row.delta = compare_accuracies(a, b).comparison
-        row.equal_samples = equal_samples_delta(results[row.name], results[ref.name], ref.name,
-                                                lambda c, s: child_table(client, c, s))
+        row.delta, row.equal_samples = compare_variants(results[row.name], results[ref.name], ref.name, client)
+
+
+@dataclass
+class Overall:
+    """A ladder's last rung against its first (naive GRPO → DAPO): the paper's headline comparison."""
+
+    first: str
+    last: str
+    delta: PairedComparison | None
+    equal_samples: EqualSamples | None
+
+
+def overall_text(report: AblationReport) -> str:
+    """``Naive GRPO → DAPO: Δ +7.6 [+5.0, +10.3] at equal steps; +4.1 [+1.8, +6.5] at equal samples (…)``, or ""."""
+    o = report.overall
+    if o is None or o.delta is None:
+        return ""
+    names = [r.label or r.name for r in report.rows if r.name in (o.first, o.last)]
+
+    def ci(d: PairedComparison) -> str:
+        return f"{pct(d.diff, signed=True)} [{pct(d.ci_low, signed=True)}, {pct(d.ci_high, signed=True)}]"
+
+    text = f"{' → '.join(names)} (last rung − first, paired over problems): Δ {ci(o.delta)} points at equal steps"
+    eq = o.equal_samples
+    if eq is not None and eq.delta is not None:
+        text += f"; {ci(eq.delta)} at equal generated samples ({steps_text(eq.steps)} vs {steps_text(eq.ref_steps)})"
+    return text
 
 
 def build_report(client: Any, parent: Any) -> AblationReport:
@@ -362,6 +384,10 @@ def build_report(client: Any, parent: Any) -> AblationReport:
     rows = [variant_row(i, n, sorted(results[n], key=lambda r: r.seed)) for i, n in enumerate(order) if n in results]
     mode = tags.get("ablate.mode", "grid")
     add_deltas(rows, results, mode, client)
+    overall = None
+    if mode == "ladder" and len(rows) > 2:
+        first, last = rows[0].name, rows[-1].name
+        overall = Overall(first, last, *compare_variants(results[last], results[first], first, client))
     ks = {r.k for rs in results.values() for r in rs}
     return AblationReport(
         parent_run_id=parent.info.run_id,
@@ -374,6 +400,7 @@ def build_report(client: Any, parent: Any) -> AblationReport:
         missing=[n for n in planned if n not in results],
         unfinished=unfinished,
         mechanisms=[mechanism_row(row, results[row.name]) for row in rows],
+        overall=overall,
     )
 
 
@@ -418,55 +445,6 @@ def table_rows(report: AblationReport) -> list[dict[str, str]]:
     return out
 
 
-def _slug(metric: str) -> str:
-    return metric.replace("/", "_")
-
-
-def curve_points(children: Sequence[ChildResult], metric: str, axis: str) -> tuple[list[float], list[float]]:
-    """One variant's line: the mean over its children of ``metric`` against the step, or against the
-    mean cumulative generated samples (``axis="samples"``; step 0, the base validation, is at 0 samples)."""
-    steps, ys = mean_curve([c.curves[metric] for c in children])
-    if axis == "step":
-        return [float(s) for s in steps], ys
-    s_steps, samples = mean_curve([c.curves[SAMPLES_METRIC] for c in children])
-    cum = {0: 0.0, **dict(zip(s_steps, cumulative(samples)))}
-    pairs = [(cum[s], y) for s, y in zip(steps, ys) if s in cum]
-    return [p[0] for p in pairs], [p[1] for p in pairs]
-
-
-def plot_curves(report: AblationReport, out_dir: Path) -> dict[str, list[Path]]:
-    """One PNG per metric and x-axis (``step``, ``samples``), one line per variant; written atomically."""
-    from matplotlib.figure import Figure  # the OO API: no pyplot, no global backend state
-    from matplotlib.ticker import MaxNLocator
-
-    made: dict[str, list[Path]] = {"step": [], "samples": []}
-    by_variant: dict[str, list[ChildResult]] = {}
-    for child in report.children:
-        by_variant.setdefault(child.variant, []).append(child)
-    for metric in CURVE_METRICS:
-        for axis in ("step", "samples"):
-            fig = Figure(figsize=(6.4, 4.0))
-            fig.subplots_adjust(left=0.12, right=0.97, top=0.92, bottom=0.12)  # fixed margins: 40% faster than a layout engine
-            ax = fig.add_subplot()
-            for row in report.rows:
-                xs, ys = curve_points(by_variant[row.name], metric, axis)
-                if not xs:
-                    continue
-                ax.plot(xs, ys, marker="o", markersize=2, linewidth=1, alpha=0.85, label=row.label or row.name)
-            ax.set_xlabel("step" if axis == "step" else "generated samples (cumulative)")
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps and samples are counts
-            ax.set_ylabel(f"val/avg_at_{report.k}" if metric == VAL_CURVE else metric)
-            ax.set_title(f"{metric} — {report.name}", fontsize=9)
-            if ax.lines:
-                ax.legend(fontsize=7)
-            path = out_dir / f"curves_{axis}" / f"{_slug(metric)}.png"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with atomic_path(path) as tmp:
-                fig.savefig(tmp, format="png", dpi=100)
-            made[axis].append(path)
-    return made
-
-
 def to_markdown(report: AblationReport, plots: dict[str, list[Path]], out_dir: Path) -> str:
     """``report.md``: header, the table, shares, per-child results, embedded figures."""
     rows = table_rows(report)
@@ -493,6 +471,8 @@ def to_markdown(report: AblationReport, plots: dict[str, list[Path]], out_dir: P
     else:
         lines.append("No finished child run yet.")
     lines += mechanisms_markdown(report)
+    if overall_text(report):
+        lines += ["", f"**{overall_text(report)}.**"]
     if report.missing:
         lines += ["", f"Not finished yet: {', '.join(report.missing)}."]
     if report.unfinished:
@@ -542,6 +522,8 @@ def summary_markdown(report: AblationReport) -> str:
              f"final held-out avg@{report.k}, recomputed from the child runs", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(r[h] for h in head) + " |" for r in rows]
+    if overall_text(report):
+        lines += ["", overall_text(report) + "."]
     return "\n".join(lines) + "\n"
 
 

@@ -215,6 +215,10 @@ def print_report(result: AblationReport, out: Console | None = None) -> None:
             highlight=False,
             markup=False,
         )
+        from dapo_cli.ablate.report import overall_text
+
+        if overall_text(result):
+            out.print(Text(overall_text(result) + "."))
         print_mechanisms(result, out)
         print_equal_samples(rows, out, ladder=ladder)
     if result.missing:

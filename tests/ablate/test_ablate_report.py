@@ -317,3 +317,31 @@ def test_curves_by_samples_start_at_the_base_validation() -> None:
     kids = [child({1: 128, 2: 256}, {0: 0.1, 2: 0.3}), child({1: 128, 2: 128}, {0: 0.1, 2: 0.5})]
     assert curve_points(kids, "val/avg_at_k", "samples") == ([0.0, 320.0], [pytest.approx(0.1), pytest.approx(0.4)])
     assert curve_points(kids, "val/avg_at_k", "step") == ([0.0, 2.0], [pytest.approx(0.1), pytest.approx(0.4)])
+
+
+def test_a_ladder_reports_its_last_rung_against_its_first(tmp_path: Path) -> None:
+    from dapo_cli.ablate.plan import LADDER_NAMES
+    from dapo_cli.ablate.report import overall_text, summary_markdown
+
+    first, middle, last = LADDER_NAMES[0], LADDER_NAMES[4], LADDER_NAMES[5]
+    # K = 4 on 5 problems, one seed: first acc [0, 0, 1, 1, .5] (mean .5), last [1, 1, 1, 1, .5] (mean .9):
+    # paired differences [1, 1, 0, 0, 0], Δ +.4. At equal samples: the fake's dynamic-sampling rung (the
+    # last) generates 32 samples a step against 16 (budget 2 × 16 = 32), and validates only at steps 0 and 2,
+    # so it is taken at step 0 (its base validation: the fake's is all wrong, mean 0) against the first
+    # rung's final step (mean .5): Δ −.5.
+    fake = FakeTrain({(first, 0): [0, 0, 4, 4, 2], (middle, 0): [2, 2, 4, 4, 2], (last, 0): [4, 4, 4, 4, 2]})
+    client, _, outcome = record_ladder(tmp_path, "abl-3", 2, [first, middle, last], 1, fake)
+    report = build_report(client, client.get_run(outcome.parent_run_id))
+    o = report.overall
+    assert (o.first, o.last) == (first, last)
+    assert o.delta.diff == pytest.approx(0.4) and o.delta.num_problems == 5
+    assert report.rows[-1].delta.diff == pytest.approx(0.2)  # vs the previous rung: [.5, .5, 0, 0, 0] → +.2
+    eq = o.equal_samples
+    assert (eq.steps, eq.ref_steps, eq.budget) == ([0], [2], 32.0) and eq.delta.diff == pytest.approx(-0.5)
+    text = overall_text(report)
+    assert text.startswith("Naive GRPO → + Dynamic Sampling (DAPO) (last rung − first, paired over problems): Δ +40.0 [")
+    assert "; -50.0 [" in text and "at equal generated samples (@0 vs @2)" in text
+    assert text in summary_markdown(report)
+    # two rungs: the last-vs-first comparison is the table's own Δ, so none is added
+    client2, _, outcome2 = record_ladder(tmp_path / "two", "abl-2", 2, [first, last], 1, fake)
+    assert build_report(client2, client2.get_run(outcome2.parent_run_id)).overall is None
