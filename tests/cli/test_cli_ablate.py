@@ -69,8 +69,8 @@ def test_ladder_dry_run_without_config_uses_the_embedded_ladder_experiment(in_tm
         assert re.search(rf"│ {re.escape(label)} \({paper}\) +│ {re.escape(name)} +│", result.output), name
     assert re.search(r"│ +0 │ ·  │ ·  │  ·  │  ·  │ ·  │ Naive GRPO", result.output)  # every technique off
     assert re.search(r"│ +5 │ ✓  │ ✓  │  ✓  │  ✓  │ ✓  │ \+ Dynamic Sampling", result.output)
-    assert "ladder, 6 variants × 1 seeds" in result.output
-    assert "6 child runs; time estimate skipped (--no-calibrate)" in result.output
+    assert "ladder, 6 variants × 3 seeds" in result.output  # experiments/tiny-ladder.yaml: ablate.seeds 3
+    assert "18 child runs; time estimate skipped (--no-calibrate)" in result.output
     assert "runs/dapo-tiny-ladder/dapo-tiny-ladder-ladder-" in result.output  # experiments/tiny-ladder.yaml's
     assert list(in_tmp.iterdir()) == []  # a dry run writes nothing
 
@@ -82,7 +82,7 @@ def test_grid_forms(in_tmp: Path) -> None:
     config = write_config(in_tmp)
     for args in (["--grid", "dynamic_sampling,clip-higher"], [str(config), "--grid", "clip_higher,dynamic_sampling"],
                  ["--grid", "clip_higher,dynamic_sampling", str(config)]):
-        sub = invoke("ablate", *args, "--dry-run", "--no-calibrate", "--skip", "dapo")
+        sub = invoke("ablate", *args, "--dry-run", "--no-calibrate", "--skip", "dapo", "--seeds", "1")
         assert sub.exit_code == 0, sub.output
         assert "grid, 3 variants × 1 seeds" in sub.output, args
     assert "'clip_higher' lists techniques" in one_line_error(invoke("ablate", "--ladder", "clip_higher"))
