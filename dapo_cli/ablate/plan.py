@@ -217,9 +217,12 @@ def config_hash(cfg: Config) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def ablation_id(cfg: Config, mode: str, variants: Sequence[Variant], seeds: Sequence[int]) -> str:
-    """SHA-256 (12 hex) of config hash + mode + variant names + seeds: the key of the MLflow parent run."""
-    payload = json.dumps([config_hash(cfg), mode, [v.name for v in variants], list(seeds)])
+def ablation_id(cfg: Config, mode: str, variants: Sequence[Variant]) -> str:
+    """SHA-256 (12 hex) of config hash + mode + variant names: the key of the MLflow parent run.
+
+    The seeds are not in it: ``--seeds 5`` after ``--seeds 3`` finds the same parent (the base seed
+    ``trainer.seed`` is in the config hash), skips the finished seeds and trains the new ones."""
+    payload = json.dumps([config_hash(cfg), mode, [v.name for v in variants]])
     return hashlib.sha256(payload.encode()).hexdigest()[:12]
 
 
@@ -275,7 +278,7 @@ def make_plan(
         raise UserError(f"--seeds must be >= 1, got {seeds}")
     variants = select_variants(MODES[mode](cfg, techniques), only, skip)
     seed_list = tuple(cfg.trainer.seed + i for i in range(seeds))
-    aid = ablation_id(cfg, mode, variants, seed_list)
+    aid = ablation_id(cfg, mode, variants)
     name = f"{safe_component(cfg.tracking.experiment)}-{mode}-{aid[:8]}"
     plan = AblationPlan(
         mode=mode, base=cfg, techniques=tuple(techniques), variants=tuple(variants), seeds=seed_list, ablation_id=aid, name=name

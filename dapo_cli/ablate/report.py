@@ -415,6 +415,11 @@ def pct(x: float | None, *, signed: bool = False, half: bool = False) -> str:
     return f"±{text}" if half else text
 
 
+def seeds_text(report: AblationReport) -> str:
+    """The seeds of the finished children (``0,1,2``): what the table averages, whichever run trained them."""
+    return ",".join(str(s) for s in sorted({c.seed for c in report.children})) or "none finished"
+
+
 def table_rows(report: AblationReport) -> list[dict[str, str]]:
     """The table as strings, one dict per variant (shared by Markdown, HTML and the terminal)."""
     k = report.k
@@ -452,7 +457,7 @@ def to_markdown(report: AblationReport, plots: dict[str, list[Path]], out_dir: P
     lines = [
         f"# Ablation {report.name}",
         "",
-        f"- parent MLflow run: `{report.parent_run_id}`; mode: {report.mode}; seeds: {report.tags.get('ablate.seeds', '?')}",
+        f"- parent MLflow run: `{report.parent_run_id}`; mode: {report.mode}; seeds: {seeds_text(report)}",
         f"- ablation id `{report.tags.get('ablate.id', '?')}`, config hash `{report.tags.get('ablate.config_hash', '?')}`",
         f"- every number below is recomputed from MLflow; final avg@{report.k} = `val/avg_at_{report.k}` at each child's last step",
         "- 95% CI seeds: Student t over seeds (— for one seed); 95% CI problems: normal, ±1.96 × the children's val stderr",
@@ -518,7 +523,7 @@ def summary_markdown(report: AblationReport) -> str:
     if not rows:
         return f"Ablation {report.name}: no finished child run yet."
     head = ["rung", "variant", f"avg@{report.k} %", "95% CI seeds (t)", "Δ %", "Δ 95% CI (paired)", "samples", "seeds"]
-    lines = [f"**Ablation {report.name}** ({report.mode}; seeds {report.tags.get('ablate.seeds', '?')}); "
+    lines = [f"**Ablation {report.name}** ({report.mode}; seeds {seeds_text(report)}); "
              f"final held-out avg@{report.k}, recomputed from the child runs", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(r[h] for h in head) + " |" for r in rows]

@@ -7,7 +7,8 @@ Layout (``output_dir/experiment`` as for ``dapo train``)::
         report/                                        report.md, report.json, PNG curves (also parent artifacts)
 
 Rerunning the same command finds the same parent (tag ``ablate.id``, a hash of the resolved
-config, mode, variants and seeds) and decides per child (:func:`decide`):
+config, mode and variants; not the seeds, so a rerun with more seeds adds to the same parent) and
+decides per child (:func:`decide`):
 
 * a child whose MLflow run is FINISHED and whose run dir has ``summary.json`` is skipped;
 * else, a run dir with a complete checkpoint is resumed (``run_train(resume=True)``, which
@@ -315,6 +316,7 @@ def _parent_run(client: Any, plan: AblationPlan, *, command: str, launcher: str)
             _record_plan(tracker, plan)
         else:
             tracker.set_tags(tags)
+        _log_plan(tracker, plan)
         yield tracker, child_runs(client, parent) if parent is not None else []
 
 
@@ -535,15 +537,19 @@ def print_launch(
 
 
 def _record_plan(tracker: Any, plan: AblationPlan) -> None:
-    """The ablation spec and base config as parent params, and both as artifacts (once, when the parent is created)."""
+    """The ablation spec and base config as parent params, and the config as an artifact (once, when the
+    parent is created; the seeds are in the ``ablate.seeds`` tag and plan.json, which every run rewrites)."""
     tracker.log_params({
         "ablate.mode": plan.mode,
-        "ablate.seeds": ",".join(str(x) for x in plan.seeds),
         "ablate.variants": ",".join(v.name for v in plan.variants),
         "ablate.techniques": ",".join(plan.techniques),
         **flatten(plan.base),
     })
     tracker.log_text(dump_yaml(plan.base), "ablation_config.yaml")
+
+
+def _log_plan(tracker: Any, plan: AblationPlan) -> None:
+    """``plan.json``: every child of this run's plan (rewritten by each run: more seeds, more children)."""
     tracker.log_dict(
         {
             "mode": plan.mode,

@@ -155,13 +155,15 @@ def test_local_launcher_with_nproc_2_runs_each_missing_child_under_torchrun_resu
     assert sorted((r.data.tags["ablate.variant"], r.data.tags["ablate.seed"]) for r in children) == [
         ("dapo", "0"), ("dapo", "1"), ("grpo", "0"), ("grpo", "1")]
 
-    # a child process that fails stops the ablation: one line with its name and exit code (a new plan: 3 seeds)
+    # a child process that fails stops the ablation: one line with its name and exit code (3 seeds: the same
+    # parent, whose seeds 0 and 1 are finished, so the first child to run is grpo-s2)
     three = plan_for(tmp_path, "ablate.nproc=2", seeds=3)
+    assert three.name == two.name
     failing = RecordingSpawn(three, code=7)
-    with pytest.raises(UserError, match=rf"^child {three.name}/grpo-s0 failed with exit code 7 \(output: .*/logs/grpo-s0.log\); rerun"):
+    with pytest.raises(UserError, match=rf"^child {three.name}/grpo-s2 failed with exit code 7 \(output: .*/logs/grpo-s2.log\); rerun"):
         run_ablation(three, command="x", config_path=None, spawn=failing, quiet=True)
     assert len(failing.calls) == 1  # nothing after the failure
-    assert failing.calls[0][2] == tmp_path / "runs" / "abl" / three.name / "logs" / "grpo-s0.log"  # --quiet: output to a log
+    assert failing.calls[0][2] == tmp_path / "runs" / "abl" / three.name / "logs" / "grpo-s2.log"  # --quiet: output to a log
     failed_parent = next(r for r in client.search_runs([client.get_experiment_by_name("abl").experiment_id])
                          if r.info.run_name == three.name)
     assert failed_parent.info.status == "FAILED"

@@ -127,7 +127,7 @@ def test_seeds_count_up_from_trainer_seed_seed_major(cfg) -> None:
         make_plan(cfg, mode="ladder", seeds=0)
 
 
-def test_ablation_id_is_stable_and_changes_with_config_mode_variants_and_seeds(cfg) -> None:
+def test_ablation_id_is_stable_and_changes_with_config_mode_and_variants_not_seeds(cfg) -> None:
     a = make_plan(cfg, mode="ladder")
     assert make_plan(load_config(), mode="ladder").ablation_id == a.ablation_id  # a fresh load: same id
     steps = build_config(None, ["trainer.total_steps=5"])
@@ -135,12 +135,14 @@ def test_ablation_id_is_stable_and_changes_with_config_mode_variants_and_seeds(c
         make_plan(steps, mode="ladder"),
         make_plan(cfg, mode="grid"),
         make_plan(cfg, mode="ladder", skip=["dapo"]),
-        make_plan(cfg, mode="ladder", seeds=2),
+        make_plan(build_config(None, ["trainer.seed=7"]), mode="ladder"),  # another base seed: other children
     ]
     assert len({a.ablation_id, *(p.ablation_id for p in others)}) == 5
+    # more seeds of the same ladder: the same parent (its finished seeds are skipped, the new ones trained)
+    assert make_plan(cfg, mode="ladder", seeds=3).ablation_id == a.ablation_id
     # the launcher is not part of the experiment: print and local find the same parent
     printed = dataclasses.replace(cfg, ablate=dataclasses.replace(cfg.ablate, launcher="print"))
-    assert ablation_id(printed, "ladder", a.variants, a.seeds) == a.ablation_id
+    assert ablation_id(printed, "ladder", a.variants) == a.ablation_id
     assert a.name == f"dapo-tiny-ladder-{a.ablation_id[:8]}"
 
 

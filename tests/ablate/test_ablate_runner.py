@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+import json
 from pathlib import Path
 
 import pytest
@@ -208,3 +209,23 @@ def test_the_dry_run_estimate_counts_waves_of_parallel_children() -> None:
     assert Estimate("grpo", 2.0, children=18, steps=60).total_s == 2160.0
     assert Estimate("grpo", 2.0, children=18, steps=60, jobs=2).total_s == 1080.0
     assert Estimate("grpo", 2.0, children=18, steps=60, jobs=4).total_s == 600.0
+
+
+def test_more_seeds_later_extend_the_same_parent(tmp_path: Path) -> None:
+    cfg = config(tmp_path)
+    one = make_plan(cfg, mode="ladder", only=LADDER[:2], seeds=1)
+    first = FakeTrain()
+    run_ablation(one, command="dapo ablate --ladder", config_path=None, train=first)
+    three = make_plan(cfg, mode="ladder", only=LADDER[:2], seeds=3)
+    assert three.name == one.name  # the same ablation (and run dirs): only the seeds differ
+    again = FakeTrain()
+    outcome = run_ablation(three, command="dapo ablate --ladder --seeds 3", config_path=None, train=again)
+    # seed 0 of both rungs finished in the first run: skipped; seeds 1 and 2 trained now
+    assert [o.action for o in outcome.children] == ["skip", "skip", "fresh", "fresh", "fresh", "fresh"]  # seed-major order
+    assert sorted(again.calls) == sorted((v, s, False) for v in LADDER[:2] for s in (1, 2))
+    client, parents, children = runs_of(tmp_path)
+    assert len(parents) == 1 and len(children) == 6
+    assert parents[0].data.tags["ablate.seeds"] == "0,1,2"
+    assert [row.seeds for row in outcome.report.rows] == [[0, 1, 2], [0, 1, 2]]
+    plan_json = json.loads(Path(client.download_artifacts(parents[0].info.run_id, "plan.json", str(tmp_path))).read_text())
+    assert plan_json["seeds"] == [0, 1, 2] and len(plan_json["children"]) == 6  # rewritten by the second run
