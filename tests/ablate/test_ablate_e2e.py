@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
+from fixtures.experiment import write_experiment
 from mlflow import MlflowClient
 from typer.testing import CliRunner
 
@@ -30,16 +30,12 @@ def write_config(tmp: Path, model_dir: Path) -> Path:
         "rollout": {"n": 2, "max_response_length": 8},
         "algorithm": {"overlong_buffer": {"len": 4}, "filter_groups": {"max_num_gen_batches": 2}},
         "trainer": {"total_steps": 2, "ppo_mini_batch_size": 1, "ppo_micro_batch_size": 4, "lr": 1e-3,
-                    "lr_warmup_steps": 1, "save_freq": 1, "test_freq": 0, "log_samples_freq": 0,
-                    "output_dir": str(tmp / "runs")},
+                    "lr_warmup_steps": 1, "save_freq": 1, "test_freq": 0, "log_samples_freq": 0},
         "validation": {"k": 2},
         # one thread: on 2 busy shared cores, 2 threads made this tiny model ~6x slower per child (measured)
         "engine": {"device": "cpu", "num_threads": 1},
-        "tracking": {"tracking_uri": f"sqlite:///{tmp / 'mlflow.db'}", "experiment": "e2e-ablate"},
     }
-    path = tmp / "exp.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
+    return write_experiment(tmp, cfg, "e2e-ablate")
 
 
 @pytest.fixture()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import typer
-import yaml
+from fixtures.experiment import write_experiment
 from typer.testing import CliRunner
 
 from dapo_cli.cli import app
@@ -45,15 +45,12 @@ def write_config(tmp: Path, model: str = "builtin:tiny", **extra) -> Path:
         "model": {"path": model},
         "rollout": {"n": 2, "max_response_length": 8},
         "algorithm": {"overlong_buffer": {"len": 4}},
-        "trainer": {"total_steps": 2, "ppo_mini_batch_size": 1, "output_dir": str(tmp / "runs")},
+        "trainer": {"total_steps": 2, "ppo_mini_batch_size": 1},
         "validation": {"k": 4},
         "engine": {"device": "cpu", "num_threads": 1},
-        "tracking": {"tracking_uri": f"sqlite:///{tmp / 'mlflow.db'}", "experiment": "cli-abl"},
         **extra,
     }
-    path = tmp / "exp.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
+    return write_experiment(tmp, cfg, "cli-abl")
 
 
 @pytest.mark.parametrize("args", [[], ["--ladder", "--grid"]])

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from mlflow import MlflowClient
+from fixtures.experiment import experiment_runs, write_experiment
 from rich.console import Console
 from typer.testing import CliRunner
 
@@ -42,18 +42,14 @@ def train_config(tmp: Path, model_dir: Path, steps: int = 2) -> Path:
         "rollout": {"n": 4, "max_response_length": 16},
         "algorithm": {"overlong_buffer": {"len": 8}},
         "trainer": {"total_steps": steps, "ppo_mini_batch_size": 4, "lr": 1e-3, "lr_warmup_steps": 1, "save_freq": 1,
-                    "test_freq": 0, "log_samples_freq": 0, "output_dir": str(tmp / "runs")},
+                    "test_freq": 0, "log_samples_freq": 0},
         "validation": {"k": 2},
-        "tracking": {"tracking_uri": f"sqlite:///{tmp / 'mlflow.db'}", "experiment": "out"},
     }
-    path = tmp / "exp.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
+    return write_experiment(tmp, cfg, "out")
 
 
 def only_run(tmp: Path):
-    client = MlflowClient(f"sqlite:///{tmp / 'mlflow.db'}")
-    [run] = client.search_runs([client.get_experiment_by_name("out").experiment_id])
+    [run] = experiment_runs(tmp, "out")[1]
     return run
 
 

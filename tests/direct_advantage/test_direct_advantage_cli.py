@@ -9,6 +9,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 import yaml
+from fixtures.experiment import experiment_runs, write_experiment
 from mlflow import MlflowClient
 from typer.testing import CliRunner
 
@@ -34,19 +35,13 @@ def write_config(tmp: Path, model_dir: Path) -> Path:
             "actor_micro_batch_size": 8,
         },
         "validation": {"k": 2},
-        "trainer": {"output_dir": str(tmp / "runs")},
         "engine": {"device": "cpu"},
-        "tracking": {"tracking_uri": f"sqlite:///{tmp / 'mlflow.db'}", "experiment": "da-e2e"},
     }
-    path = tmp / "exp.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
+    return write_experiment(tmp, cfg, "da-e2e")
 
 
 def runs(tmp: Path):
-    client = MlflowClient(f"sqlite:///{tmp / 'mlflow.db'}")
-    found = client.search_runs([client.get_experiment_by_name("da-e2e").experiment_id], order_by=["attributes.start_time ASC"])
-    return client, found
+    return experiment_runs(tmp, "da-e2e", order_by=["attributes.start_time ASC"])
 
 
 def artifact_paths(client: MlflowClient, run_id: str, path: str | None = None) -> set[str]:

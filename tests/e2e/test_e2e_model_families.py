@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
+from fixtures.experiment import experiment_runs, write_experiment
 from fixtures.hub_cache import populate
 from fixtures.model_families import Family
-from mlflow import MlflowClient
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from typer.testing import CliRunner
 
@@ -72,21 +71,15 @@ def write_config(tmp: Path, model: Path | str, engine: str, steps: int = 1) -> P
         "rollout": {"n": 2, "max_response_length": 6, "engine": engine},
         "algorithm": {"overlong_buffer": {"len": 2}},
         "trainer": {"total_steps": steps, "ppo_mini_batch_size": 2, "ppo_micro_batch_size": 2, "lr": 1e-4,
-                    "lr_warmup_steps": 1, "save_freq": steps, "test_freq": 0, "log_samples_freq": 1,
-                    "output_dir": str(tmp / "runs")},
+                    "lr_warmup_steps": 1, "save_freq": steps, "test_freq": 0, "log_samples_freq": 1},
         "validation": {"k": 1},
         "engine": {"device": "cpu", "num_threads": 1},
-        "tracking": {"tracking_uri": f"sqlite:///{tmp / 'mlflow.db'}", "experiment": "families"},
     }
-    path = tmp / "exp.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
+    return write_experiment(tmp, cfg, "families")
 
 
 def runs(tmp: Path):
-    client = MlflowClient(f"sqlite:///{tmp / 'mlflow.db'}")
-    experiment = client.get_experiment_by_name("families")
-    return client, ([] if experiment is None else client.search_runs([experiment.experiment_id]))
+    return experiment_runs(tmp, "families")
 
 
 def check_checkpoint(checkpoint: Path, family: Family) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from fixtures.experiment import experiment_runs, write_experiment
 from mlflow import MlflowClient
 from typer.testing import CliRunner
 
@@ -38,19 +39,14 @@ def write_config(tmp: Path, model_dir: Path, steps: int) -> Path:
         "rollout": {"n": 4, "max_response_length": 16},
         "algorithm": {"overlong_buffer": {"len": 8}},
         "trainer": {"total_steps": steps, "ppo_mini_batch_size": 2, "ppo_micro_batch_size": 3, "lr": 1e-3,
-                    "lr_warmup_steps": 1, "save_freq": 2, "test_freq": 0, "log_samples_freq": 2,
-                    "output_dir": str(tmp / "runs")},
+                    "lr_warmup_steps": 1, "save_freq": 2, "test_freq": 0, "log_samples_freq": 2},
         "validation": {"k": 2},
-        "tracking": {"tracking_uri": f"sqlite:///{tmp / 'mlflow.db'}", "experiment": "e2e"},
     }
-    path = tmp / "exp.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
+    return write_experiment(tmp, cfg, "e2e")
 
 
 def only_run(tmp: Path):
-    client = MlflowClient(f"sqlite:///{tmp / 'mlflow.db'}")
-    runs = client.search_runs([client.get_experiment_by_name("e2e").experiment_id])
+    client, runs = experiment_runs(tmp, "e2e")
     assert len(runs) == 1
     return client, runs[0]
 
