@@ -12,7 +12,11 @@ left-padded, response ``[N, T]`` right-padded):
   against its prompt's keys/values, and ``lm_head`` / log-softmax / entropy run only at the
   ``T`` positions whose log-probs are needed (the last prompt position, then every response
   position but the last), never at prompt positions. The last response token is not fed at
-  all: nothing reads its keys/values or its logits.
+  all: nothing reads its keys/values or its logits. The response inputs are **packed**: the
+  token-wise work (projections, RoPE, norms, MLP, ``lm_head``) runs on the real inputs only
+  (:func:`needed_inputs`; a row's right padding and its last real token are never fed), and only
+  attention sees them in the padded ``[N, T-1]`` layout. Positions not computed return 0: losses
+  and metrics read log-probs and entropies through the response mask, never at padding.
 
 Why it is the same function (float32, up to summation order):
 
@@ -115,10 +119,13 @@ def shared_prompt_log_probs(
     Stage 1, the ``P`` distinct prompts [P, S']: every layer under the causal, left-padding-aware
     mask; each layer's keys/values are kept, and the final hidden state at the last prompt column
     (always a real token: prompts are left-padded) gives the logits of response token 0.
-    Stage 2, the ``N`` rows' response inputs (response tokens ``0 .. T-2``) [N, T-1]: each layer's
-    queries attend to ``[its prompt's keys ; its own response keys]`` under the additive bias
-    ``[prompt mask | causal & response mask]``; their final hidden states give the logits of
-    response tokens ``1 .. T-1``. lm_head runs on those ``N x T`` hidden states only.
+    Stage 2, the ``N`` rows' response inputs (response tokens ``0 .. T-2``), packed to the ``M``
+    needed ones [M, H]: each layer projects them in token layout, scatters queries/keys/values
+    into [N, h, T-1, d] (zeros where an input is not fed: masked from every real query) so each
+    query attends to ``[its prompt's keys ; its own response keys]`` under the additive bias
+    ``[prompt mask | causal & response mask]``, and gathers the M outputs back; their final hidden
+    states give the logits of response tokens ``1 .. T-1``. lm_head runs on ``N + M`` hidden states.
+    Returns [N, T] log-probs (and entropies), 0 where a position was not computed.
     """
     net = NativeLlama(model)
     p_ids, p_mask, of_row = distinct_prompts(prompt_ids, prompt_mask)
@@ -135,24 +142,51 @@ def shared_prompt_log_probs(
         x = net.finish(layer, x, net.attend(q, k, v, bias))
     last = net.rms_norm(net.norm, x[:, -1:]).index_select(0, of_row)  # [N, 1, H]: predicts response token 0
 
-    # stage 2: every row's response inputs against its prompt's keys/values
+    # stage 2: every row's response inputs against its prompt's keys/values, packed: the token-wise
+    # work (projections, RoPE, MLP, norms, lm_head) runs on the M needed inputs only; attention on [N, T-1]
     if t > 1:
-        r_ids = response_ids[:, :-1]
-        positions, attend = response_attention(p_mask.index_select(0, of_row), response_mask[:, :-1])
-        cos, sin = net.rope(positions)
-        bias = torch.zeros(attend.shape, dtype=net.dtype, device=r_ids.device).masked_fill_(~attend, float("-inf"))
+        r_mask = response_mask[:, :-1]
+        positions, attend = response_attention(p_mask.index_select(0, of_row), r_mask)
+        flat = needed_inputs(response_mask).reshape(-1).nonzero().squeeze(1)  # [M] into N * (T-1)
+        n, width = r_mask.shape[0], t - 1
+        cos, sin = net.rope(positions.reshape(1, -1).index_select(1, flat))  # [1, 1, M, d]
+        cos, sin = cos[0, 0, :, None], sin[0, 0, :, None]  # [M, 1, d]
+        bias = torch.zeros(attend.shape, dtype=net.dtype, device=r_mask.device).masked_fill_(~attend, float("-inf"))
         bias = bias.unsqueeze(1)  # [N, 1, T-1, S'+T-1]
-        x = net.embed(r_ids)
+        x = net.embed(response_ids[:, :-1].reshape(-1).index_select(0, flat))  # [M, H]
+        heads = net.heads + 2 * net.kv_heads
         for layer, (pk, pv) in zip(net.layers, prompt_kv):
-            q, k, v = net.qkv(layer, x, cos, sin)
+            y = net.qkv_tokens(layer, x, cos, sin)  # [M, heads, d]
+            y = y.new_zeros(n * width, heads, net.head_dim).index_copy(0, flat, y)  # unneeded inputs: 0, never seen
+            y = y.view(n, width, heads, net.head_dim).transpose(1, 2)
+            q, k, v = y[:, : net.heads], y[:, net.heads : net.heads + net.kv_heads], y[:, net.heads + net.kv_heads :]
             keys = torch.cat([pk.index_select(0, of_row), k], dim=2)
             values = torch.cat([pv.index_select(0, of_row), v], dim=2)
-            x = net.finish(layer, x, net.attend(q, keys, values, bias))
-        hidden = torch.cat([last, net.rms_norm(net.norm, x)], dim=1)  # [N, T, H]
-    else:
-        hidden = last
-    logits = net.lm_head(hidden)
+            att = net.attend(q, keys, values, bias).transpose(1, 2).reshape(n * width, net.heads * net.head_dim)
+            x = net.finish_tokens(layer, x, att.index_select(0, flat))
+        logits = net.lm_head(torch.cat([last[:, 0], net.rms_norm(net.norm, x)]))  # [N + M, V]
+        targets = torch.cat([response_ids[:, 0], response_ids[:, 1:].reshape(-1).index_select(0, flat)])
+        logp, ent = logits_to_log_probs(logits[:, None], targets[:, None], temperature=temperature, with_entropy=with_entropy)
+        return unpack(logp[:, 0], flat, n, t), (unpack(ent[:, 0], flat, n, t) if ent is not None else None)
+    logits = net.lm_head(last)
     return logits_to_log_probs(logits, response_ids, temperature=temperature, with_entropy=with_entropy)
+
+
+def needed_inputs(response_mask: torch.Tensor) -> torch.Tensor:
+    """Which response inputs ``0 .. T-2`` [N, T-1] the shared forward computes: input ``t`` is needed
+    when its logits predict a real token (``response_mask[t + 1]``) or when it is real and a later
+    real query reads its keys/values. For right-padded rows that is ``response_mask[:, 1:]``: a
+    row's padding and its last real token are never fed."""
+    mask = response_mask.bool()
+    later = mask[:, 1:].flip(1).cumsum(1).flip(1) > 0  # a real token after input t
+    return mask[:, 1:] | (mask[:, :-1] & later)
+
+
+def unpack(values: torch.Tensor, flat: torch.Tensor, n: int, t: int) -> torch.Tensor:
+    """[N, T] from the packed ``values`` [N + M]: column 0 of every row, then the M needed positions
+    ``flat`` (into N * (T-1)) of columns 1 .. T-1; the positions not computed are 0 (differentiable)."""
+    rest = values.new_zeros(n * (t - 1)).index_copy(0, flat, values[n:])
+    return torch.cat([values[:n, None], rest.view(n, t - 1)], dim=1)
 
 
 class PolicyLogProbs(torch.nn.Module):

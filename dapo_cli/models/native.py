@@ -181,7 +181,21 @@ class NativeLlama:
     def finish(self, layer: Layer, x: torch.Tensor, att: torch.Tensor) -> torch.Tensor:
         """The rest of the layer: ``x`` + o_proj(``att`` [B, h, q, d]), then + SwiGLU MLP. [B, q, H]."""
         b, q, _ = x.shape
-        x = x + F.linear(att.transpose(1, 2).reshape(b, q, self.heads * self.head_dim), layer.o_w, layer.o_b)
+        return self.finish_tokens(layer, x, att.transpose(1, 2).reshape(b, q, self.heads * self.head_dim))
+
+    def qkv_tokens(self, layer: Layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """:meth:`qkv` in token layout: ``x`` [M, H] (any M tokens, e.g. a packed batch's real ones),
+        ``cos``/``sin`` [M, 1, d]; returns [M, h + 2 kv_heads, d], RoPE'd queries then keys, then values.
+        The same arithmetic per element as :meth:`qkv`."""
+        h, kvh, d = self.heads, self.kv_heads, self.head_dim
+        y = F.linear(self.rms_norm(layer.ln1, x), layer.qkv_w, layer.qkv_b).view(x.shape[0], h + 2 * kvh, d)
+        qk = y[:, : h + kvh]
+        qk = torch.addcmul(qk * cos, torch.roll(qk, d // 2, dims=-1), sin)
+        return torch.cat([qk, y[:, h + kvh :]], dim=1)
+
+    def finish_tokens(self, layer: Layer, x: torch.Tensor, att: torch.Tensor) -> torch.Tensor:
+        """:meth:`finish` on ``x`` [..., H] and the attention output with heads merged, ``att`` [..., h * d]."""
+        x = x + F.linear(att, layer.o_w, layer.o_b)
         gate, up = F.linear(self.rms_norm(layer.ln2, x), layer.gate_up_w, layer.gate_up_b).split(self.inter, dim=-1)
         return x + F.linear(layer.act(gate).mul_(up), layer.down_w, layer.down_b)
 

@@ -24,6 +24,7 @@ from dapo_cli.batch import RolloutBatch
 from dapo_cli.engine.forward import (
     PolicyLogProbs,
     distinct_prompts,
+    needed_inputs,
     plain_log_probs,
     response_attention,
     shared_prompt_log_probs,
@@ -69,11 +70,12 @@ def ragged_rows(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
 
 
 def forward_and_grads(fn, model, rows, temperature=0.7):
-    """log-probs, entropies and the gradient of a loss that uses both (every position weighted)."""
+    """log-probs, entropies and the gradient of a loss that uses both (every real position weighted;
+    losses never read padding, which the shared forward does not compute)."""
     model.zero_grad(set_to_none=True)
     logp, ent = fn(model, *rows, temperature=temperature, with_entropy=True)
     weights = torch.randn(logp.shape, generator=torch.Generator().manual_seed(1))
-    ((logp * weights).sum() + 0.3 * (ent * rows[3]).sum()).backward()
+    ((logp * weights * rows[3]).sum() + 0.3 * (ent * rows[3]).sum()).backward()
     grads = {k: p.grad.detach().clone() for k, p in model.named_parameters()}
     return logp.detach(), ent.detach(), grads
 
@@ -108,7 +110,8 @@ def test_response_positions_and_mask_are_the_plain_forwards():
 def test_each_prompt_is_computed_once_and_logits_only_at_response_positions():
     # 8 rows of one prompt (5 tokens), responses of 4: the plain forward embeds 8 x 9 tokens and
     # projects 8 x 5 positions to the vocabulary; the shared one embeds the prompt once (1 x 5) and
-    # the responses but the last token (8 x 3), and projects exactly the 8 x 4 predicting positions.
+    # the responses but the last token (8 x 3 = 24, packed), and projects exactly the 8 x 4 = 32
+    # predicting positions (8 from the prompt's last position + the 24).
     model = build("llama-tied-gqa")
     seen: dict[str, list[tuple[int, ...]]] = {"embed": [], "head": []}
     model.model.embed_tokens.register_forward_hook(lambda m, a, out: seen["embed"].append(tuple(a[0].shape)))
@@ -116,11 +119,42 @@ def test_each_prompt_is_computed_once_and_logits_only_at_response_positions():
     prompt = torch.randint(1, VOCAB, (1, 5)).expand(8, 5)
     rows = (prompt, torch.ones(8, 5, dtype=torch.bool), torch.randint(1, VOCAB, (8, 4)), torch.ones(8, 4, dtype=torch.bool))
     shared, _ = shared_prompt_log_probs(model, *rows, temperature=1.0, with_entropy=False)
-    assert seen == {"embed": [(1, 5), (8, 3)], "head": [(8, 4)]}
+    assert seen == {"embed": [(1, 5), (24,)], "head": [(32,)]}
     seen["embed"].clear(), seen["head"].clear()
     plain, _ = plain_log_probs(model, *rows, temperature=1.0, with_entropy=False)
     assert seen == {"embed": [(8, 9)], "head": [(8, 5)]}
     assert float((shared - plain).detach().abs().max()) < 1e-5
+
+
+def test_padding_of_ragged_responses_is_never_fed():
+    # Responses of lengths 4, 1, 3, 2 (right-padded to 4): input t is fed only when it predicts a real
+    # token t + 1, i.e. 3 + 0 + 2 + 1 = 6 inputs (never the 6 padding ones, nor a row's last token);
+    # lm_head sees 4 (response token 0 of each row, from the prompt) + 6 positions. The positions not
+    # computed come back as exactly 0 and the real ones match the plain forward.
+    model = build("qwen2-bias-tied")
+    seen: dict[str, list[tuple[int, ...]]] = {"embed": [], "head": []}
+    model.model.embed_tokens.register_forward_hook(lambda m, a, out: seen["embed"].append(tuple(a[0].shape)))
+    model.lm_head.register_forward_hook(lambda m, a, out: seen["head"].append(tuple(a[0].shape[:-1])))
+    lengths = torch.tensor([4, 1, 3, 2])
+    r_mask = torch.arange(4)[None, :] < lengths[:, None]
+    response = torch.randint(1, VOCAB, (4, 4)).masked_fill(~r_mask, PAD)
+    prompt = torch.randint(1, VOCAB, (2, 5)).repeat_interleave(2, 0)
+    rows = (prompt, torch.ones(4, 5, dtype=torch.bool), response, r_mask)
+    shared, ent = shared_prompt_log_probs(model, *rows, temperature=1.0, with_entropy=True)
+    assert seen == {"embed": [(2, 5), (6,)], "head": [(10,)]}
+    assert needed_inputs(r_mask).sum(-1).tolist() == [3, 0, 2, 1]
+    assert torch.equal(shared[~r_mask], torch.zeros(6)) and torch.equal(ent[~r_mask], torch.zeros(6))
+    plain, plain_ent = plain_log_probs(model, *rows, temperature=1.0, with_entropy=True)
+    assert float((shared - plain)[r_mask].detach().abs().max()) < 1e-5
+    assert float((ent - plain_ent)[r_mask].detach().abs().max()) < 1e-5
+
+
+def test_needed_inputs_keep_every_key_a_real_query_reads():
+    # A mask with a hole (not produced by the engines, but legal): tokens [r r p r]. Input 0 predicts
+    # token 1 (real); input 1 predicts a pad but is real and token 3 reads its keys; input 2 is a
+    # pad predicting token 3 (real: its logits are needed). All three are fed.
+    mask = torch.tensor([[1, 1, 0, 1], [1, 1, 0, 0]], dtype=torch.bool)
+    assert needed_inputs(mask).tolist() == [[True, True, True], [True, False, False]]
 
 
 # ---------------------------------------------------------------- the same numbers as the plain forward
@@ -134,9 +168,11 @@ def test_log_probs_entropies_and_gradients_match_the_plain_forward(name):
     lp_plain, ent_plain, g_plain = forward_and_grads(plain_log_probs, model, rows)
     lp_shared, ent_shared, g_shared = forward_and_grads(shared_prompt_log_probs, model, rows)
     assert lp_plain.shape == lp_shared.shape == rows[2].shape
-    # every position, the padded ones too (they see what the plain forward's padding queries see)
-    assert float((lp_shared - lp_plain).abs().max()) <= 1e-5
-    assert float((ent_shared - ent_plain).abs().max()) <= 1e-5
+    # every real position; the padded ones are not computed (0)
+    mask = rows[3]
+    assert float((lp_shared - lp_plain)[mask].abs().max()) <= 1e-5
+    assert float((ent_shared - ent_plain)[mask].abs().max()) <= 1e-5
+    assert not lp_shared[~mask].any() and not ent_shared[~mask].any()
     assert float(lp_plain.abs().max()) > 1.0  # real log-probs, not a degenerate case
     assert set(g_plain) == set(g_shared)
     for key, g in g_plain.items():
