@@ -9,7 +9,8 @@ Settings match the dapo side: 8 prompts x 8 samples (``per_device_train_batch_si
 no KL (``beta`` 0), clip 0.2 / 0.28, token-level loss over the batch (``loss_type`` dapo),
 truncated completions masked, AdamW lr 1e-4 constant, no weight decay, gradient norm clipped at 1,
 float32 without gradient checkpointing (TRL's defaults are bf16 autocast and checkpointing; dapo
-trains in float32 without). The reward parses ``Answer: N`` from the completion (+1 / -1).
+trains in float32 without); ``"bf16": true`` in the spec turns TRL's bf16 autocast on (the
+comparison with ``engine.autocast=bfloat16``). The reward parses ``Answer: N`` from the completion (+1 / -1).
 
 Writes ``out``: the wall-clock time at the end of every optimizer step (a ``TrainerCallback``), the
 vocabulary TRL sees (size and the ids of a probe string), and TRL's logged metrics per step.
@@ -65,7 +66,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="trl-bench-") as tmp:
         config = GRPOConfig(
             output_dir=tmp, report_to="none", save_strategy="no", logging_steps=1, max_steps=int(args["steps"]),
-            use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False, seed=int(args["seed"]),
+            use_cpu=True, bf16=bool(args.get("bf16", False)), fp16=False, gradient_checkpointing=False, seed=int(args["seed"]),
             per_device_train_batch_size=64, num_generations=8, gradient_accumulation_steps=1, steps_per_generation=1,
             num_iterations=1, max_completion_length=int(args["length"]), temperature=1.0, top_p=1.0, top_k=0,
             beta=0.0, epsilon=0.2, epsilon_high=0.28, loss_type="dapo", mask_truncated_completions=True,

@@ -1,6 +1,6 @@
 """One RL step of dapo vs TRL's GRPOTrainer on the same model and work, alternated in one run.
 
-    .venv/bin/python benchmarks/rl_step_vs_trl.py [--lengths 16 64] [--pairs 2] [--steps 20] [--threads 2] [--plain-forward]
+    .venv/bin/python benchmarks/rl_step_vs_trl.py [--lengths 16 64] [--pairs 2] [--steps 20] [--threads 2] [--plain-forward] [--bf16]
 
 The work (the issue's setting): a random-init Qwen2 directory (hidden 128, 4 layers, the character
 vocabulary, ~1.06 M parameters) built once for both; 8 prompts x 8 samples of synthetic 1-3-digit
@@ -18,7 +18,10 @@ median of steps 5-19 (steps 1-4 are warm-up). Per pair: TRL's median / dapo's me
 ``TRL step ratio (L=…)`` line is the median of the pairs' ratios (> 1: dapo is faster).
 ``--plain-forward``: each pair also runs dapo with ``engine.shared_prompt_forward=false`` (every
 row's whole sequence in the update, as before the shared-prompt forward) right after the default
-dapo run, for the columns ``dapo plain s`` and ``TRL/plain``.
+dapo run, for the columns ``dapo plain s`` and ``TRL/dapo plain``. ``--bf16``: each pair also runs
+TRL with ``bf16=True`` (its default: accelerate's bf16 autocast) and dapo with
+``engine.autocast=bfloat16`` (the update's forward and backward in bf16 autocast; the sampler stays
+float32), compared with each other (``TRL bf16/dapo bf16``) and dapo bf16 with float32 TRL.
 
 dapo's split (median over its runs, from its MLflow ``timing/*`` metrics and a timer around
 scoring): generation, scoring, old log-probs (0 when they come from the update's own forward:
@@ -35,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -98,7 +102,9 @@ def write_prompts(path: Path) -> None:
             f.write(json.dumps({"prompt": format_prompt(tokenizer, r["prompt"]), "answer": r["reward_model"]["ground_truth"]}) + "\n")
 
 
-def dapo_words(model: Path, work: Path, length: int, steps: int, threads: int, engine: str, shared: bool = True) -> list[str]:
+def dapo_words(
+    model: Path, work: Path, length: int, steps: int, threads: int, engine: str, shared: bool = True, autocast: str = "none"
+) -> list[str]:
     sets = {
         "model.path": model, "data.train_files": "[synthetic:add-3digit]", "data.val_files": "[]",
         "data.synthetic_train_size": PROMPTS, "data.train_batch_size": 8, "data.max_prompt_length": 64,
@@ -110,7 +116,8 @@ def dapo_words(model: Path, work: Path, length: int, steps: int, threads: int, e
         "trainer.ppo_epochs": 1, "trainer.lr": 1e-4, "trainer.lr_warmup_steps": 0, "trainer.weight_decay": 0.0,
         "trainer.grad_clip": 1.0, "trainer.save_freq": 0, "trainer.test_freq": 0, "trainer.log_samples_freq": 0,
         "trainer.collapse_patience": 0, "trainer.output_dir": work / "runs", "engine.device": "cpu",
-        "engine.num_threads": threads, "engine.shared_prompt_forward": str(shared).lower(), "tracking.tracking_uri": f"sqlite:///{work / 'mlflow.db'}",
+        "engine.num_threads": threads, "engine.shared_prompt_forward": str(shared).lower(),
+        "engine.autocast": autocast, "tracking.tracking_uri": f"sqlite:///{work / 'mlflow.db'}",
         "tracking.experiment": "bench",
     }
     words = ["train", "--no-dynamic-sampling"]
@@ -144,10 +151,12 @@ def dapo_worker(spec: dict) -> None:
     Path(spec["out"]).write_text(json.dumps({"step_ends": ends, "scoring": scoring}))
 
 
-def run_dapo(model: Path, length: int, steps: int, threads: int, engine: str = "fast", shared: bool = True) -> dict:
+def run_dapo(
+    model: Path, length: int, steps: int, threads: int, engine: str = "fast", shared: bool = True, autocast: str = "none"
+) -> dict:
     with tempfile.TemporaryDirectory(prefix="dapo-rl-bench-") as tmp:
         work = Path(tmp)
-        words = dapo_words(model, work, length, steps, threads, engine, shared)
+        words = dapo_words(model, work, length, steps, threads, engine, shared, autocast)
         spec = {"words": [str(w) for w in words], "out": str(work / "out.json")}
         proc = subprocess.run([sys.executable, __file__, "--dapo-worker", json.dumps(spec)], env=thread_env(threads),
                               capture_output=True, text=True, cwd=work)
@@ -170,10 +179,10 @@ def mlflow_timing(work: Path) -> dict[str, list[float]]:
     return out
 
 
-def run_trl(python: Path, model: Path, prompts: Path, length: int, steps: int, threads: int) -> dict:
+def run_trl(python: Path, model: Path, prompts: Path, length: int, steps: int, threads: int, bf16: bool = False) -> dict:
     with tempfile.TemporaryDirectory(prefix="trl-rl-bench-") as tmp:
         spec = {"model": str(model), "prompts": str(prompts), "length": length, "steps": steps, "threads": threads,
-                "seed": 0, "out": str(Path(tmp) / "out.json")}
+                "seed": 0, "bf16": bf16, "out": str(Path(tmp) / "out.json")}
         proc = subprocess.run([str(python), str(Path(__file__).with_name("_trl_worker.py")), json.dumps(spec)],
                               env=thread_env(threads), capture_output=True, text=True, cwd=tmp)
         if proc.returncode != 0:
@@ -209,6 +218,34 @@ def check_vocabulary(model: Path, trl_out: dict) -> str:
     return f"vocabulary: the same for both ({len(tokenizer)} tokens; {PROBE!r} encodes to the same {len(ours)} ids)"
 
 
+@dataclass(frozen=True)
+class Variant:
+    """One kind of run in every pair: TRL or dapo, and its settings."""
+
+    name: str
+    trl: bool
+    bf16: bool = False  # TRL: bf16=True (accelerate's bf16 autocast); dapo: engine.autocast=bfloat16
+    shared: bool = True  # dapo: engine.shared_prompt_forward
+
+    def run(self, python: Path, model: Path, prompts: Path, length: int, steps: int, threads: int) -> dict:
+        if self.trl:
+            return run_trl(python, model, prompts, length, steps, threads, bf16=self.bf16)
+        return run_dapo(model, length, steps, threads, shared=self.shared, autocast="bfloat16" if self.bf16 else "none")
+
+
+def variants(plain_forward: bool, bf16: bool) -> tuple[list[Variant], list[tuple[str, str, str]]]:
+    """The runs of a pair, in order, and the comparisons (label, TRL variant, dapo variant) printed."""
+    runs = [Variant("TRL", trl=True), Variant("dapo", trl=False)]
+    compare = [("", "TRL", "dapo")]
+    if plain_forward:
+        runs.append(Variant("dapo plain", trl=False, shared=False))
+        compare.append((", plain forward", "TRL", "dapo plain"))
+    if bf16:
+        runs += [Variant("TRL bf16", trl=True, bf16=True), Variant("dapo bf16", trl=False, bf16=True)]
+        compare += [(", bf16 autocast in both", "TRL bf16", "dapo bf16"), (", dapo bf16 vs TRL float32", "TRL", "dapo bf16")]
+    return runs, compare
+
+
 def main() -> None:
     if len(sys.argv) > 2 and sys.argv[1] == "--dapo-worker":
         dapo_worker(json.loads(sys.argv[2]))
@@ -220,61 +257,62 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--plain-forward", action="store_true",
                         help="also run dapo with engine.shared_prompt_forward=false in every pair")
+    parser.add_argument("--bf16", action="store_true",
+                        help="also run TRL with bf16=True and dapo with engine.autocast=bfloat16 in every pair")
     args = parser.parse_args()
     if args.steps < LAST:
         parser.error(f"--steps must be >= {LAST} (the median is over steps {SKIP + 1}-{LAST})")
     python = trl_python()
     header = machine()
     started = time.perf_counter()
+    runs, compare = variants(args.plain_forward, args.bf16)
+    seconds: dict[tuple[int, str], list[float]] = {}
+    splits: dict[tuple[int, str], list[dict[str, float]]] = {}
+    lengths: dict[tuple[int, str], list[float]] = {}
+    vocab = ""
     with tempfile.TemporaryDirectory(prefix="rl-step-bench-") as tmp:
         model = build_policy_dir(Path(tmp) / "model")
         params = count_parameters(model)
         prompts = Path(tmp) / "prompts.jsonl"
         write_prompts(prompts)
-        rows, ratios, splits, vocab = [], {}, {}, ""
-        plain_ratios: dict[int, list[float]] = {}
-        plain_splits: dict[int, list[dict[str, float]]] = {}
         for length in args.lengths:
-            ratios[length], splits[length] = [], []
-            for pair in range(1, args.pairs + 1):
-                trl = run_trl(python, model, prompts, length, args.steps, args.threads)
-                vocab = vocab or check_vocabulary(model, trl)
-                ours = run_dapo(model, length, args.steps, args.threads)
-                t_trl, t_dapo = steady(trl["step_ends"]), steady(ours["step_ends"])
-                ratios[length].append(t_trl / t_dapo)
-                splits[length].append(split(ours))
-                trl_len = median([float(h["completions/mean_length"]) for h in trl["history"] if "completions/mean_length" in h])
-                plain_cells = []
-                if args.plain_forward:
-                    plain = run_dapo(model, length, args.steps, args.threads, shared=False)
-                    t_plain = steady(plain["step_ends"])
-                    plain_ratios.setdefault(length, []).append(t_trl / t_plain)
-                    plain_splits.setdefault(length, []).append(split(plain))
-                    plain_cells = [t_plain, f"{t_trl / t_plain:.2f}x"]
-                rows.append([f"L={length}", pair, t_trl, t_dapo, f"{t_trl / t_dapo:.2f}x", *plain_cells, trl_len,
-                             median(ours["timing"]["response_length/mean"])])
+            for _pair in range(args.pairs):
+                for v in runs:
+                    out = v.run(python, model, prompts, length, args.steps, args.threads)
+                    seconds.setdefault((length, v.name), []).append(steady(out["step_ends"]))
+                    if v.trl:
+                        vocab = vocab or check_vocabulary(model, out)
+                        mean_len = median([float(h["completions/mean_length"]) for h in out["history"] if "completions/mean_length" in h])
+                    else:
+                        splits.setdefault((length, v.name), []).append(split(out))
+                        mean_len = median(out["timing"]["response_length/mean"])
+                    lengths.setdefault((length, v.name), []).append(mean_len)
+    order = " ".join(v.name for v in runs)
     print(f"RL step vs TRL {TRL_VERSION} GRPOTrainer: random-init Qwen2 ({params:,} parameters, hidden 128, 4 layers, "
           f"character vocabulary), 8 prompts x 8 samples, {args.threads} threads, median of steps {SKIP + 1}-{LAST} "
-          f"per run, runs alternated TRL, dapo, TRL, dapo ({time.perf_counter() - started:.0f} s in all)")
+          f"per run, runs alternated {order}, {order}, ... ({time.perf_counter() - started:.0f} s in all)")
     for line in header:
         print(line)
     print(vocab)
     print()
-    plain_head = ["dapo plain s", "TRL/plain"] if args.plain_forward else []
-    print(table(["length", "pair", "TRL s", "dapo s", "TRL/dapo", *plain_head, "TRL mean len", "dapo mean len"], rows))
+    rows = []
+    for length in args.lengths:
+        for pair in range(args.pairs):
+            cells = [seconds[length, v.name][pair] for v in runs]
+            ratios = [f"{seconds[length, t][pair] / seconds[length, d][pair]:.2f}x" for _, t, d in compare]
+            rows.append([f"L={length}", pair + 1, *cells, *ratios, *[lengths[length, v.name][pair] for v in runs]])
+    print(table(["length", "pair", *[f"{v.name} s" for v in runs], *[f"{t}/{d}" for _, t, d in compare],
+                 *[f"{v.name} len" for v in runs]], rows))
     print()
     print("dapo's step split (median over its runs; seconds):")
     keys = ["generation", "scoring", "old log-probs", "update", "other", "wall step"]
-    variants = [("", splits)] + ([(", plain forward", plain_splits)] if args.plain_forward else [])
-    print(table(["length", *keys], [[f"L={length}{label}", *[median([s[k] for s in parts[length]]) for k in keys]]
-                                    for length in args.lengths for label, parts in variants]))
+    print(table(["length", *keys], [[f"L={length}, {v.name}", *[median([s[k] for s in splits[length, v.name]]) for k in keys]]
+                                    for length in args.lengths for v in runs if not v.trl]))
     print()
-    for length in args.lengths:
-        print(f"TRL step ratio (L={length}): {median(ratios[length]):.2f}x  (pairs: "
-              + ", ".join(f"{r:.2f}x" for r in ratios[length]) + ")")
-        if args.plain_forward:
-            print(f"TRL step ratio, plain forward (L={length}): {median(plain_ratios[length]):.2f}x  (pairs: "
-                  + ", ".join(f"{r:.2f}x" for r in plain_ratios[length]) + ")")
+    for label, t, d in compare:
+        for length in args.lengths:
+            pairs = [a / b for a, b in zip(seconds[length, t], seconds[length, d])]
+            print(f"TRL step ratio{label} (L={length}): {median(pairs):.2f}x  (pairs: " + ", ".join(f"{r:.2f}x" for r in pairs) + ")")
 
 
 def split(out: dict) -> dict[str, float]:

@@ -41,6 +41,9 @@ def check_engine_settings(engine_cfg: Any) -> None:
     """Settings that are wrong whatever the world size (called before anything loads)."""
     if engine_cfg.name not in TRAINING_ENGINES:
         raise UserError(f"unknown engine.name '{engine_cfg.name}'; valid: {', '.join(TRAINING_ENGINES)}")
+    if engine_cfg.name == "deepspeed" and engine_cfg.autocast != "none":
+        raise UserError("engine.autocast is the torch engine's mixed precision; with DeepSpeed set model.dtype=bfloat16 "
+                        "(its bf16 mode) and engine.autocast=none")
     if engine_cfg.name == "deepspeed" and importlib.util.find_spec("deepspeed") is None:
         raise UserError("engine.name=deepspeed needs DeepSpeed: pip install 'dapo-cli[deepspeed]' (or use engine.name=torch)")
     if engine_cfg.name != "deepspeed" and (engine_cfg.offload_optimizer or engine_cfg.offload_params):
@@ -107,7 +110,9 @@ def build_training_engine(
         )
     from dapo_cli.engine.torch import TorchEngine
 
-    return TorchEngine(model, device=e.device, dist=dist, shared_prompt_forward=e.shared_prompt_forward, **common)
+    return TorchEngine(
+        model, device=e.device, dist=dist, shared_prompt_forward=e.shared_prompt_forward, autocast=e.autocast, **common
+    )
 
 
 # ---------------------------------------------------------------- rollout engines

@@ -147,6 +147,12 @@ class EngineConfig:
         True, "torch engine, Llama/Qwen2: compute each distinct prompt of a micro-batch once (its rows' responses attend to "
         "its keys/values) and logits only at response positions; same log-probs and gradients (other models: plain forward)",
     )
+    autocast: str = setting(
+        "none", "torch engine: run the trainer's forwards (and so their backward) under torch.autocast in this dtype, "
+        "parameters, gradients and AdamW staying float32 (mixed precision; TRL's default is bf16 autocast). Log-probs "
+        "are then bfloat16 matmuls' (~1e-3 from float32); old log-probs and the update use the same arithmetic",
+        choices=("none", "bfloat16"),
+    )
 
 
 @dataclass

@@ -38,10 +38,16 @@ length-dependent RoPE, attention dropout in training, gradient checkpointing).
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from dapo_cli.algo.logits import entropy_from_logits, token_log_probs
 from dapo_cli.models.native import NativeLlama
+
+
+AUTOCAST_DTYPES: dict[str, torch.dtype | None] = {"none": None, "bfloat16": torch.bfloat16}
+"""``engine.autocast`` values and the dtype each runs the trainer's forward in (None: no autocast)."""
 
 
 def logits_to_log_probs(
@@ -194,12 +200,17 @@ class PolicyLogProbs(torch.nn.Module):
 
     ``shared_prompt``: use :func:`shared_prompt_log_probs` where :func:`shared_prompt_supported`
     holds (checked at every call: gradient checkpointing or the train/eval mode may change),
-    else :func:`plain_log_probs`."""
+    else :func:`plain_log_probs`. ``autocast``: "bfloat16" runs the forward under
+    ``torch.autocast`` (matmuls in bfloat16, the residual stream, norms, softmax and the
+    log-softmax of the logits in float32; the backward follows), "none" in the parameters' dtype."""
 
-    def __init__(self, policy: torch.nn.Module, *, shared_prompt: bool) -> None:
+    def __init__(self, policy: torch.nn.Module, *, shared_prompt: bool, autocast: str = "none") -> None:
         super().__init__()
+        if autocast not in AUTOCAST_DTYPES:
+            raise ValueError(f"autocast must be one of {', '.join(AUTOCAST_DTYPES)}, got {autocast!r}")
         self.policy = policy
         self.shared_prompt = shared_prompt
+        self.autocast_dtype = AUTOCAST_DTYPES[autocast]
 
     def uses_shared_prompt(self) -> bool:
         return self.shared_prompt and shared_prompt_supported(self.policy)
@@ -209,6 +220,11 @@ class PolicyLogProbs(torch.nn.Module):
         *, temperature: float, with_entropy: bool,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         fn = shared_prompt_log_probs if self.uses_shared_prompt() else plain_log_probs
-        return fn(
-            self.policy, prompt_ids, prompt_mask, response_ids, response_mask, temperature=temperature, with_entropy=with_entropy
-        )
+        mixed = contextlib.nullcontext()
+        if self.autocast_dtype is not None:
+            mixed = torch.autocast(device_type=prompt_ids.device.type, dtype=self.autocast_dtype)
+        with mixed:
+            return fn(
+                self.policy, prompt_ids, prompt_mask, response_ids, response_mask, temperature=temperature,
+                with_entropy=with_entropy,
+            )

@@ -94,7 +94,8 @@ class TorchEngine:
 
     ``shared_prompt_forward``: compute each distinct prompt of a micro-batch once where the policy
     supports it (``forward.shared_prompt_log_probs``; the same log-probs and gradients), for the
-    policy and the reference alike."""
+    policy and the reference alike. ``autocast`` ("none" or "bfloat16"): the forwards' mixed
+    precision (``forward.PolicyLogProbs``); parameters, gradients and optimizer state keep their dtype."""
 
     def __init__(
         self,
@@ -108,13 +109,14 @@ class TorchEngine:
         dist: Collective | None = None,
         ref_model: torch.nn.Module | None = None,
         shared_prompt_forward: bool = True,
+        autocast: str = "none",
     ) -> None:
         self.dist = dist or SingleProcess()
         self.device = pick_device(device, self.dist.local_rank)
         self.module = model.to(self.device)
         self.module.train()
         self.grad_clip = grad_clip
-        self.forward_module = PolicyLogProbs(self.module, shared_prompt=shared_prompt_forward)
+        self.forward_module = PolicyLogProbs(self.module, shared_prompt=shared_prompt_forward, autocast=autocast)
         self._wrapped: torch.nn.Module = self.forward_module  # the forward DDP's reducer sees
         if self.dist.world_size > 1:
             from torch.nn.parallel import DistributedDataParallel
@@ -125,7 +127,7 @@ class TorchEngine:
         self.optimizer = adamw(self._params, lr=lr, weight_decay=weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, warmup_constant(warmup_steps))
         self.ref_model = frozen(ref_model.to(self.device)) if ref_model is not None else None
-        self._ref_forward = PolicyLogProbs(self.ref_model, shared_prompt=shared_prompt_forward) if self.ref_model is not None else None
+        self._ref_forward = PolicyLogProbs(self.ref_model, shared_prompt=shared_prompt_forward, autocast=autocast) if self.ref_model is not None else None
 
     # ------------------------------------------------------------ forward / backward / step
 

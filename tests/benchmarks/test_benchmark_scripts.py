@@ -80,6 +80,21 @@ def test_the_step_window_is_steps_5_to_19():
     assert rl_step_vs_trl.steady(ends) == float(2 * 12 - 1)  # the median of steps 5..19 is step 12's
 
 
+def test_each_dapo_variant_is_compared_with_the_trl_run_of_the_same_precision(tmp_path):
+    runs, compare = rl_step_vs_trl.variants(plain_forward=True, bf16=True)
+    assert [v.name for v in runs] == ["TRL", "dapo", "dapo plain", "TRL bf16", "dapo bf16"]
+    assert compare == [("", "TRL", "dapo"), (", plain forward", "TRL", "dapo plain"),
+                       (", bf16 autocast in both", "TRL bf16", "dapo bf16"), (", dapo bf16 vs TRL float32", "TRL", "dapo bf16")]
+    assert [v.name for v in rl_step_vs_trl.variants(plain_forward=False, bf16=False)[0]] == ["TRL", "dapo"]
+    # the dapo runs' settings are valid for the schema (autocast included)
+    from dapo_cli.config import load_config
+
+    words = rl_step_vs_trl.dapo_words(tmp_path / "model", tmp_path, 16, 20, 2, "fast", autocast="bfloat16")
+    sets = [w for prev, w in zip(words, words[1:]) if prev == "--set"]
+    cfg = load_config(None, [str(x) for x in sets])
+    assert cfg.engine.autocast == "bfloat16" and cfg.rollout.max_response_length == 16
+
+
 def test_the_prepare_data_input_has_the_documented_answer_mix(tmp_path):
     import prepare_data_speed
 

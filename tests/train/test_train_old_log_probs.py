@@ -195,32 +195,35 @@ class Recorder:
         return getattr(self.null, name)
 
 
-def test_run_train_logs_the_same_metrics_without_the_separate_pass(tiny_model_dir, tmp_path, monkeypatch):
+def recorded_run(tiny_model_dir, out, monkeypatch, *, mini: int, extra: tuple[str, ...] = ()) -> dict:
+    """The metrics per step of a 2-step ``run_train`` on the tiny model (``mini``: mini-batch groups)."""
     from dapo_cli import train
 
-    runs = {}
-    for name, mini in (("reuse", GROUPS), ("separate", GROUPS // 2)):
-        recorder = Recorder()
+    recorder = Recorder()
 
-        @contextlib.contextmanager
-        def fake_tracker(*_a, _r=recorder, **_k):
-            yield _r
+    @contextlib.contextmanager
+    def fake_tracker(*_a, **_k):
+        yield recorder
 
-        monkeypatch.setattr(train, "open_tracker", fake_tracker)
-        cfg = load_config(None, [
-            f"model.path={tiny_model_dir}", "data.train_files=[synthetic:add-3digit]", "data.val_files=[]",
-            "data.synthetic_train_size=32", f"data.train_batch_size={GROUPS}", "data.max_prompt_length=32",
-            f"rollout.n={SAMPLES}", "rollout.max_response_length=12", "algorithm.overlong_buffer.len=4",
-            "trainer.total_steps=2", f"trainer.ppo_mini_batch_size={mini}", "trainer.ppo_micro_batch_size=5",
-            "trainer.save_freq=0", "trainer.test_freq=0", "trainer.log_samples_freq=0", "trainer.collapse_patience=0",
-            f"trainer.output_dir={tmp_path / name}", "tracking.backend=null", "engine.device=cpu",
-            "trainer.lr=1e-3", "trainer.lr_warmup_steps=0",
-        ])
-        cfg = apply_techniques(cfg, dynamic_sampling=False)
-        assert old_log_probs_from_update(cfg) is (name == "reuse")
-        train.run_train(cfg, quiet=True)
-        runs[name] = recorder.metrics
-    reuse, separate = runs["reuse"], runs["separate"]
+    monkeypatch.setattr(train, "open_tracker", fake_tracker)
+    cfg = load_config(None, [
+        f"model.path={tiny_model_dir}", "data.train_files=[synthetic:add-3digit]", "data.val_files=[]",
+        "data.synthetic_train_size=32", f"data.train_batch_size={GROUPS}", "data.max_prompt_length=32",
+        f"rollout.n={SAMPLES}", "rollout.max_response_length=12", "algorithm.overlong_buffer.len=4",
+        "trainer.total_steps=2", f"trainer.ppo_mini_batch_size={mini}", "trainer.ppo_micro_batch_size=5",
+        "trainer.save_freq=0", "trainer.test_freq=0", "trainer.log_samples_freq=0", "trainer.collapse_patience=0",
+        f"trainer.output_dir={out}", "tracking.backend=null", "engine.device=cpu",
+        "trainer.lr=1e-3", "trainer.lr_warmup_steps=0", *extra,
+    ])
+    cfg = apply_techniques(cfg, dynamic_sampling=False)
+    assert old_log_probs_from_update(cfg) is (mini == GROUPS)
+    train.run_train(cfg, quiet=True)
+    return recorder.metrics
+
+
+def test_run_train_logs_the_same_metrics_without_the_separate_pass(tiny_model_dir, tmp_path, monkeypatch):
+    reuse = recorded_run(tiny_model_dir, tmp_path / "reuse", monkeypatch, mini=GROUPS)
+    separate = recorded_run(tiny_model_dir, tmp_path / "separate", monkeypatch, mini=GROUPS // 2)
     # step 1: the same rollouts and the same old policy; every metric the separate pass logs is logged
     assert set(reuse[1]) == set(separate[1])
     for key in ("actor/entropy", "actor/mean_prob", "rollout/logprob_diff_mean", "reward/score_mean", "train/loss_tokens"):
@@ -229,6 +232,20 @@ def test_run_train_logs_the_same_metrics_without_the_separate_pass(tiny_model_di
     assert reuse[1]["actor/pg_clipfrac"] == 0.0 and reuse[1]["actor/ppo_kl"] == 0.0  # the ratio is exactly 1
     assert reuse[2]["timing/old_log_prob"] < separate[2]["timing/old_log_prob"]
 
+
+def test_bfloat16_autocast_trains_with_its_own_old_log_probs(tiny_model_dir, tmp_path, monkeypatch):
+    # engine.autocast=bfloat16: the update's forward (bfloat16 matmuls) is also π_old's, so the ratio is
+    # still exactly 1; the float32 sampler's log-probs now differ from the trainer's by bfloat16
+    # rounding (the mismatch metric says by how much), against float32 rounding without autocast.
+    mixed = recorded_run(tiny_model_dir, tmp_path / "mixed", monkeypatch, mini=GROUPS, extra=("engine.autocast=bfloat16",))
+    full = recorded_run(tiny_model_dir, tmp_path / "full", monkeypatch, mini=GROUPS)
+    for step in (1, 2):
+        assert mixed[step]["actor/pg_clipfrac"] == 0.0 and mixed[step]["actor/ppo_kl"] == 0.0
+        assert all(v == v and abs(v) != float("inf") for v in mixed[step].values() if isinstance(v, float))
+    assert full[1]["rollout/logprob_diff_mean"] < 1e-5
+    assert 1e-4 < mixed[1]["rollout/logprob_diff_mean"] < 5e-2
+    assert mixed[1]["reward/score_mean"] == full[1]["reward/score_mean"]  # the same rollouts: the sampler is float32
+    assert mixed[1]["actor/entropy"] == pytest.approx(full[1]["actor/entropy"], rel=5e-2)
 
 if __name__ == "__main__":
     worker()
