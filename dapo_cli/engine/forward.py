@@ -13,9 +13,10 @@ left-padded, response ``[N, T]`` right-padded):
   ``T`` positions whose log-probs are needed (the last prompt position, then every response
   position but the last), never at prompt positions. The last response token is not fed at
   all: nothing reads its keys/values or its logits. The response inputs are **packed**: the
-  token-wise work (projections, RoPE, norms, MLP, ``lm_head``) runs on the real inputs only
+  token-wise work (projections, norms, MLP, ``lm_head``) runs on the real inputs only
   (:func:`needed_inputs`; a row's right padding and its last real token are never fed), and only
-  attention sees them in the padded ``[N, T-1]`` layout. Positions not computed return 0: losses
+  RoPE and attention see them in the padded ``[N, T-1]`` layout (:class:`Packing`; nothing to
+  gather or scatter when no row is padded). Positions not computed return 0: losses
   and metrics read log-probs and entropies through the response mask, never at padding.
 
 Why it is the same function (float32, up to summation order):
@@ -126,8 +127,8 @@ def shared_prompt_log_probs(
     mask; each layer's keys/values are kept, and the final hidden state at the last prompt column
     (always a real token: prompts are left-padded) gives the logits of response token 0.
     Stage 2, the ``N`` rows' response inputs (response tokens ``0 .. T-2``), packed to the ``M``
-    needed ones [M, H]: each layer projects them in token layout, scatters queries/keys/values
-    into [N, h, T-1, d] (zeros where an input is not fed: masked from every real query) so each
+    needed ones [M, H]: each layer projects them in token layout, scatters the projection to
+    [N, T-1] (zeros where an input is not fed: masked from every real query), applies RoPE so each
     query attends to ``[its prompt's keys ; its own response keys]`` under the additive bias
     ``[prompt mask | causal & response mask]``, and gathers the M outputs back; their final hidden
     states give the logits of response tokens ``1 .. T-1``. lm_head runs on ``N + M`` hidden states.
@@ -149,31 +150,28 @@ def shared_prompt_log_probs(
     last = net.rms_norm(net.norm, x[:, -1:]).index_select(0, of_row)  # [N, 1, H]: predicts response token 0
 
     # stage 2: every row's response inputs against its prompt's keys/values, packed: the token-wise
-    # work (projections, RoPE, MLP, norms, lm_head) runs on the M needed inputs only; attention on [N, T-1]
+    # work (projections, norms, MLP, lm_head) runs on the M needed inputs only; RoPE and attention on [N, T-1]
     if t > 1:
         r_mask = response_mask[:, :-1]
         positions, attend = response_attention(p_mask.index_select(0, of_row), r_mask)
+        n, width = r_mask.shape
         flat = needed_inputs(response_mask).reshape(-1).nonzero().squeeze(1)  # [M] into N * (T-1)
-        n, width = r_mask.shape[0], t - 1
-        cos, sin = net.rope(positions.reshape(1, -1).index_select(1, flat))  # [1, 1, M, d]
-        cos, sin = cos[0, 0, :, None], sin[0, 0, :, None]  # [M, 1, d]
+        layout = Packing(flat, n * width)
+        cos, sin = net.rope(positions)
         bias = torch.zeros(attend.shape, dtype=net.dtype, device=r_mask.device).masked_fill_(~attend, float("-inf"))
         bias = bias.unsqueeze(1)  # [N, 1, T-1, S'+T-1]
-        x = net.embed(response_ids[:, :-1].reshape(-1).index_select(0, flat))  # [M, H]
-        heads = net.heads + 2 * net.kv_heads
+        x = net.embed(layout.pack(response_ids[:, :-1].reshape(-1)))  # [M, H]
         for layer, (pk, pv) in zip(net.layers, prompt_kv):
-            y = net.qkv_tokens(layer, x, cos, sin)  # [M, heads, d]
-            y = y.new_zeros(n * width, heads, net.head_dim).index_copy(0, flat, y)  # unneeded inputs: 0, never seen
-            y = y.view(n, width, heads, net.head_dim).transpose(1, 2)
-            q, k, v = y[:, : net.heads], y[:, net.heads : net.heads + net.kv_heads], y[:, net.heads + net.kv_heads :]
+            y = layout.unpack(net.project_qkv(layer, x))  # [N * (T-1), ...]: inputs not fed are 0, seen by no real query
+            q, k, v = net.split_heads(y.view(n, width, -1), cos, sin)
             keys = torch.cat([pk.index_select(0, of_row), k], dim=2)
             values = torch.cat([pv.index_select(0, of_row), v], dim=2)
             att = net.attend(q, keys, values, bias).transpose(1, 2).reshape(n * width, net.heads * net.head_dim)
-            x = net.finish_tokens(layer, x, att.index_select(0, flat))
+            x = net.finish_tokens(layer, x, layout.pack(att))
         logits = net.lm_head(torch.cat([last[:, 0], net.rms_norm(net.norm, x)]))  # [N + M, V]
-        targets = torch.cat([response_ids[:, 0], response_ids[:, 1:].reshape(-1).index_select(0, flat)])
+        targets = torch.cat([response_ids[:, 0], layout.pack(response_ids[:, 1:].reshape(-1))])
         logp, ent = logits_to_log_probs(logits[:, None], targets[:, None], temperature=temperature, with_entropy=with_entropy)
-        return unpack(logp[:, 0], flat, n, t), (unpack(ent[:, 0], flat, n, t) if ent is not None else None)
+        return rows_of(logp[:, 0], layout), (rows_of(ent[:, 0], layout) if ent is not None else None)
     logits = net.lm_head(last)
     return logits_to_log_probs(logits, response_ids, temperature=temperature, with_entropy=with_entropy)
 
@@ -188,11 +186,30 @@ def needed_inputs(response_mask: torch.Tensor) -> torch.Tensor:
     return mask[:, 1:] | (mask[:, :-1] & later)
 
 
-def unpack(values: torch.Tensor, flat: torch.Tensor, n: int, t: int) -> torch.Tensor:
-    """[N, T] from the packed ``values`` [N + M]: column 0 of every row, then the M needed positions
-    ``flat`` (into N * (T-1)) of columns 1 .. T-1; the positions not computed are 0 (differentiable)."""
-    rest = values.new_zeros(n * (t - 1)).index_copy(0, flat, values[n:])
-    return torch.cat([values[:n, None], rest.view(n, t - 1)], dim=1)
+class Packing:
+    """The ``M`` needed positions ``flat`` (indices into ``total`` padded positions, ascending) of a
+    packed batch: :meth:`pack` gathers them from a padded tensor [total, ...], :meth:`unpack` scatters
+    packed values back (0 elsewhere). Both are differentiable, and the identity when nothing is padded."""
+
+    def __init__(self, flat: torch.Tensor, total: int) -> None:
+        self.flat, self.total = flat, total
+        self.full = flat.numel() == total
+
+    def pack(self, padded: torch.Tensor) -> torch.Tensor:
+        return padded if self.full else padded.index_select(0, self.flat)
+
+    def unpack(self, packed: torch.Tensor) -> torch.Tensor:
+        if self.full:
+            return packed
+        return packed.new_zeros(self.total, *packed.shape[1:]).index_copy(0, self.flat, packed)
+
+
+def rows_of(values: torch.Tensor, layout: Packing) -> torch.Tensor:
+    """[N, T] from ``values`` [N + M]: response token 0 of every row (from its prompt's last position),
+    then the M packed positions of tokens 1 .. T-1; the positions not computed are 0."""
+    n = values.shape[0] - layout.flat.numel()
+    rest = layout.unpack(values[n:]).view(n, -1)
+    return torch.cat([values[:n, None], rest], dim=1)
 
 
 class PolicyLogProbs(torch.nn.Module):

@@ -150,9 +150,20 @@ class NativeLlama:
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Queries [B, h, q, d], RoPE'd keys and values [B, kv_heads, q, d] of ``x`` [B, q, H]
         (views of one fused projection)."""
-        b, q, _ = x.shape
+        return self.split_heads(self.project_qkv(layer, x), cos, sin)
+
+    def project_qkv(self, layer: Layer, x: torch.Tensor) -> torch.Tensor:
+        """The fused q/k/v projection of the normed ``x`` [..., H]: [..., (h + 2 kv_heads) * d]."""
+        return F.linear(self.rms_norm(layer.ln1, x), layer.qkv_w, layer.qkv_b)
+
+    def split_heads(
+        self, y: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:meth:`project_qkv`'s output [B, q, (h + 2 kv_heads) * d] as queries [B, h, q, d] and keys and
+        values [B, kv_heads, q, d], RoPE applied to queries and keys (``cos``/``sin`` [B, 1, q, d])."""
+        b, q, _ = y.shape
         h, kvh, d = self.heads, self.kv_heads, self.head_dim
-        y = F.linear(self.rms_norm(layer.ln1, x), layer.qkv_w, layer.qkv_b).view(b, q, h + 2 * kvh, d).transpose(1, 2)
+        y = y.view(b, q, h + 2 * kvh, d).transpose(1, 2)
         qk, v = y[:, : h + kvh], y[:, h + kvh :]
         qk = torch.addcmul(qk * cos, torch.roll(qk, d // 2, dims=-1), sin)  # RoPE on queries and keys at once
         return qk[:, :h], qk[:, h:], v
@@ -182,16 +193,6 @@ class NativeLlama:
         """The rest of the layer: ``x`` + o_proj(``att`` [B, h, q, d]), then + SwiGLU MLP. [B, q, H]."""
         b, q, _ = x.shape
         return self.finish_tokens(layer, x, att.transpose(1, 2).reshape(b, q, self.heads * self.head_dim))
-
-    def qkv_tokens(self, layer: Layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """:meth:`qkv` in token layout: ``x`` [M, H] (any M tokens, e.g. a packed batch's real ones),
-        ``cos``/``sin`` [M, 1, d]; returns [M, h + 2 kv_heads, d], RoPE'd queries then keys, then values.
-        The same arithmetic per element as :meth:`qkv`."""
-        h, kvh, d = self.heads, self.kv_heads, self.head_dim
-        y = F.linear(self.rms_norm(layer.ln1, x), layer.qkv_w, layer.qkv_b).view(x.shape[0], h + 2 * kvh, d)
-        qk = y[:, : h + kvh]
-        qk = torch.addcmul(qk * cos, torch.roll(qk, d // 2, dims=-1), sin)
-        return torch.cat([qk, y[:, h + kvh :]], dim=1)
 
     def finish_tokens(self, layer: Layer, x: torch.Tensor, att: torch.Tensor) -> torch.Tensor:
         """:meth:`finish` on ``x`` [..., H] and the attention output with heads merged, ``att`` [..., h * d]."""
