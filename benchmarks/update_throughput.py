@@ -11,7 +11,8 @@ adds the separate no-grad old-log-prob pass (what a run with several mini-batche
 Each is measured with the shared-prompt forward (``engine.shared_prompt_forward``, the default:
 each of the 8 prompts computed once, logits only at response positions) and with the plain one
 (every row's whole sequence), engines round robin on the same batches; ``x plain`` = the plain
-forward's seconds / these.
+forward's seconds / these (float32). A last row per model runs the shared-prompt update under
+``engine.autocast=bfloat16`` (matmuls in bf16, parameters and optimizer float32).
 
 Models: the random-init Qwen2 of the RL benchmark (hidden 128, 4 layers, ~1.06 M parameters) and a
 larger one of the same family (hidden 256, 8 layers, ~8.4 M). Model FLOPs per update, as executed:
@@ -85,11 +86,14 @@ def make_batch(tokenizer, length: int, *, seed: int = 0):
     return batch
 
 
-VARIANTS = (("shared prompt", False), ("plain", False), ("shared prompt", True), ("plain", True))
-"""(forward, separate old-lp pass): each an engine of its own, timed round robin."""
+VARIANTS = (
+    ("shared prompt", False, "none"), ("plain", False, "none"), ("shared prompt", True, "none"), ("plain", True, "none"),
+    ("shared prompt", False, "bfloat16"),
+)
+"""(forward, separate old-lp pass, ``engine.autocast``): each an engine of its own, timed round robin."""
 
 
-def time_updates(path: Path, length: int, repeats: int) -> dict[tuple[str, bool], float]:
+def time_updates(path: Path, length: int, repeats: int) -> dict[tuple[str, bool, str], float]:
     """Median seconds of one update per variant (engines round robin on the same batches)."""
     from dapo_cli.config import apply_techniques, load_config
     from dapo_cli.engine.torch import TorchEngine
@@ -101,15 +105,16 @@ def time_updates(path: Path, length: int, repeats: int) -> dict[tuple[str, bool]
         f"rollout.max_response_length={length}", "trainer.lr=1e-5", "trainer.lr_warmup_steps=0",
     ]), dynamic_sampling=False)
     engines, tokenizer = {}, None
-    for forward, separate in VARIANTS:
+    for forward, separate, autocast in VARIANTS:
         model, tokenizer = load_policy(path)
-        engines[forward, separate] = TorchEngine(
-            model, lr=1e-5, weight_decay=0.0, warmup_steps=0, grad_clip=1.0, shared_prompt_forward=forward == "shared prompt"
+        engines[forward, separate, autocast] = TorchEngine(
+            model, lr=1e-5, weight_decay=0.0, warmup_steps=0, grad_clip=1.0, shared_prompt_forward=forward == "shared prompt",
+            autocast=autocast,
         )
-        assert engines[forward, separate].forward_module.uses_shared_prompt() == (forward == "shared prompt")
-    times: dict[tuple[str, bool], list[float]] = {v: [] for v in VARIANTS}
+        assert engines[forward, separate, autocast].forward_module.uses_shared_prompt() == (forward == "shared prompt")
+    times: dict[tuple[str, bool, str], list[float]] = {v: [] for v in VARIANTS}
     for i in range(repeats + 1):
-        for (forward, separate), engine in engines.items():
+        for (forward, separate, autocast), engine in engines.items():
             batch = make_batch(tokenizer, length, seed=i)
             t0 = time.perf_counter()
             if separate:
@@ -118,7 +123,7 @@ def time_updates(path: Path, length: int, repeats: int) -> dict[tuple[str, bool]
             else:
                 update_policy(engine, batch, cfg, step=i + 1, old_from_update=True)
             if i:  # the first is warm-up
-                times[forward, separate].append(time.perf_counter() - t0)
+                times[forward, separate, autocast].append(time.perf_counter() - t0)
     return {v: median(t) for v, t in times.items()}
 
 
@@ -155,21 +160,22 @@ def main() -> None:
 
             n_params = sum(p.numel() for p in load_policy(path)[0].parameters())
             seconds = time_updates(path, args.length, args.repeats)
-            for forward, separate in VARIANTS:
+            for forward, separate, autocast in VARIANTS:
                 tokens, run, pairs = work(path, args.length, forward)
                 flops = 6 * n_params * run + 12 * shape["num_layers"] * shape["hidden_size"] * pairs
                 if separate:
                     flops += (2 * n_params * run + 4 * shape["num_layers"] * shape["hidden_size"] * pairs)
-                sec = seconds[forward, separate]
-                measured.append((f"{name} ({n_params / 1e6:.2f} M)", forward, separate, sec, tokens, flops / sec,
-                                 seconds["plain", separate] / sec))
+                sec = seconds[forward, separate, autocast]
+                label = forward + (", bf16 autocast" if autocast != "none" else "")
+                measured.append((f"{name} ({n_params / 1e6:.2f} M)", label, separate, sec, tokens, flops / sec,
+                                 seconds["plain", separate, "none"] / sec))
     peak32 = max(peak32, matmul_flops(torch.float32))
     if peak16:
         peak16 = max(peak16, matmul_flops(torch.bfloat16))
     rows = [[model, forward, "+ separate old-lp pass" if separate else "update (one step)", sec, f"{tokens / sec:,.0f}",
              f"{rate / 1e9:.1f}", f"{rate / peak32:.0%}", f"{rate / peak16:.0%}" if peak16 else "-", f"{speedup:.2f}x"]
             for model, forward, separate, sec, tokens, rate, speedup in measured]
-    print(f"update throughput: 64 rows x (prompt + {args.length}) tokens, float32, {args.threads} threads, "
+    print(f"update throughput: 64 rows x (prompt + {args.length}) tokens, float32 parameters, {args.threads} threads, "
           f"median of {args.repeats} after 1 warm-up ({time.perf_counter() - started:.0f} s in all)")
     for line in header:
         print(line)
