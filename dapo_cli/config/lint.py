@@ -389,8 +389,30 @@ def bf16_pure_adamw(cfg: Config) -> list[Finding]:
     return [Finding(
         severity, "model.dtype",
         f"the torch engine runs AdamW on the {dtype} weights themselves (no fp32 master copy): {lost}",
-        "use engine.name=deepspeed (keeps fp32 master weights) or model.dtype=float32",
+        "use model.dtype=float32 (with engine.autocast=bfloat16 for bf16 matmuls) or engine.name=deepspeed "
+        "(keeps fp32 master weights)",
     )]
+
+
+@rule("autocast-needs-float32")
+def autocast_needs_float32(cfg: Config) -> list[Finding]:
+    """``engine.autocast`` is the torch engine's mixed precision over float32 parameters. With
+    DeepSpeed it is refused at start (error); over bfloat16/float16 parameters it changes nothing:
+    the matmuls already run in that dtype and there is still no fp32 master copy (warning)."""
+    if cfg.engine.autocast == "none":
+        return []
+    if cfg.engine.name == "deepspeed":
+        return [Finding(
+            ERROR, "engine.autocast", "the DeepSpeed engine refuses engine.autocast (the torch engine's mixed precision)",
+            "set model.dtype=bfloat16 (DeepSpeed's bf16 mode, fp32 master weights) and engine.autocast=none",
+        )]
+    if cfg.model.dtype != "float32":
+        return [Finding(
+            WARN, "engine.autocast", f"autocast changes nothing over {cfg.model.dtype} parameters: the matmuls already run "
+            f"in {cfg.model.dtype} and AdamW still updates the {cfg.model.dtype} weights themselves",
+            "use model.dtype=float32 with engine.autocast=bfloat16 (float32 weights and AdamW, bf16 matmuls)",
+        )]
+    return []
 
 
 TINY_LR_UNSTABLE = 3e-4

@@ -77,6 +77,8 @@ TRIGGERS = [
     ("bf16-pure-adamw", ["engine.name=torch"], [(ERROR, "model.dtype")]),
     ("bf16-pure-adamw", ["engine.name=torch", "model.dtype=float16"], [(ERROR, "model.dtype")]),
     ("bf16-pure-adamw", ["engine.name=torch", "trainer.lr=1e-4"], [(WARN, "model.dtype")]),
+    ("autocast-needs-float32", ["engine.autocast=bfloat16"], [(ERROR, "engine.autocast")]),
+    ("autocast-needs-float32", ["engine.name=torch", "engine.autocast=bfloat16"], [(WARN, "engine.autocast")]),
     ("lr-range", ["trainer.lr=1e-4"], [(WARN, "trainer.lr")]),
     ("lr-range", ["trainer.lr=5e-8"], [(WARN, "trainer.lr")]),
 ]
@@ -103,6 +105,7 @@ NON_TRIGGERS = [
     ("one-update-per-rollout", ["trainer.ppo_mini_batch_size=256"]),
     ("bf16-pure-adamw", ["engine.name=torch", "model.dtype=float32"]),
     ("bf16-pure-adamw", ["engine.name=deepspeed", "engine.zero_stage=0"]),
+    ("autocast-needs-float32", ["engine.name=torch", "model.dtype=float32", "engine.autocast=bfloat16"]),
     ("lr-range", ["trainer.lr=1e-5"]),
     ("lr-range", ["trainer.lr=1e-7"]),
 ]
