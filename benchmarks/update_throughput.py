@@ -1,12 +1,14 @@
 """Tokens/s and achieved FLOP/s of the policy update, as a fraction of a large matmul's, in one run.
 
-    .venv/bin/python benchmarks/update_throughput.py [--repeats 6] [--threads 2] [--length 64]
+    .venv/bin/python benchmarks/update_throughput.py [--repeats 6] [--threads 2] [--length 64] [--ragged]
 
 The update is ``train.update_policy`` as ``dapo train`` runs it with one optimizer step per batch
 (the old log-probs and entropy from the update's own forward): forward over ``[prompt ; response]``,
 log-probs and entropy of the response tokens, the DAPO loss, backward, gradient clipping and an
 AdamW step, on 64 rows (8 prompts x 8) of synthetic prompts plus ``--length`` response tokens
-(every row full length, mixed advantages, nothing masked), in float32. A second row per model
+(every row full length, mixed advantages, nothing masked; ``--ragged``: a quarter of the rows at
+the limit and the rest at lengths in [limit / 2, limit), right-padded, as sampled batches are), in
+float32 parameters. A second row per model
 adds the separate no-grad old-log-prob pass (what a run with several mini-batches or epochs does).
 Each is measured with the shared-prompt forward (``engine.shared_prompt_forward``, the default:
 each of the 8 prompts computed once, logits only at response positions) and with the plain one
@@ -17,11 +19,12 @@ forward's seconds / these (float32). A last row per model runs the shared-prompt
 Models: the random-init Qwen2 of the RL benchmark (hidden 128, 4 layers, ~1.06 M parameters) and a
 larger one of the same family (hidden 256, 8 layers, ~8.4 M). Model FLOPs per update, as executed:
 ``6 N t`` (N parameters, the tied embedding counted once as the output projection; t = tokens the
-forward runs: plain, every row's prompt + response; shared, each distinct prompt once + every row's
-response but its last token) plus ``12 L h`` per query-key pair for attention scores and values (L
-layers, width h; plain ``s^2`` per row of length s; shared ``S^2`` per distinct prompt + ``(T-1)(S+T-1)``
-per row); for the separate pass add a third of that. ``tokens/s`` counts the batch's tokens
-(prompt + response of every row) for both forwards.
+forward runs: plain, every row's padded prompt + response; shared, each distinct prompt once + the
+response inputs it feeds, ``engine.forward.needed_inputs``: every row's real response tokens but its
+last) plus ``12 L h`` per query-key pair for attention scores and values (L layers, width h; plain
+``s^2`` per row of length s; shared ``S^2`` per distinct prompt + ``(T-1)(S+T-1)`` per row, attention
+running on the padded layout); for the separate pass add a third of that. ``tokens/s`` counts the
+batch's tokens (padded prompts + real response tokens) for both forwards.
 
 Reference: the FLOP/s of a 4096 x 4096 x 4096 matmul on the same threads, float32 and (where the CPU
 has avx512_bf16 or AMX) bfloat16, measured before and after the updates (the better of the two).
@@ -62,7 +65,9 @@ def has_bf16() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
-def make_batch(tokenizer, length: int, *, seed: int = 0):
+def make_batch(tokenizer, length: int, *, seed: int = 0, ragged: bool = False):
+    """64 rows (8 prompts x 8) with ``length`` response tokens each, or with ``ragged`` a quarter of
+    the rows at ``length`` and the rest at uniform lengths in [length / 2, length) (right-padded)."""
     from dapo_cli.batch import RolloutBatch
     from dapo_cli.data.loader import load_rows
     from dapo_cli.models import format_prompt
@@ -74,6 +79,11 @@ def make_batch(tokenizer, length: int, *, seed: int = 0):
     gen = torch.Generator().manual_seed(seed)
     response = torch.randint(4, len(tokenizer), (n, length), generator=gen)
     mask = torch.ones(n, length, dtype=torch.bool)
+    if ragged:
+        full = torch.rand(n, generator=gen) < 0.25
+        lengths = torch.where(full, length, torch.randint(length // 2, length, (n,), generator=gen))
+        mask = torch.arange(length)[None, :] < lengths[:, None]
+        response = response.masked_fill(~mask, tokenizer.pad_token_id)
     batch = RolloutBatch(
         prompt_ids=enc["input_ids"].repeat_interleave(8, 0), prompt_mask=enc["attention_mask"].bool().repeat_interleave(8, 0),
         response_ids=response, response_mask=mask, lengths=mask.sum(-1), truncated=torch.zeros(n, dtype=torch.bool),
@@ -93,7 +103,7 @@ VARIANTS = (
 """(forward, separate old-lp pass, ``engine.autocast``): each an engine of its own, timed round robin."""
 
 
-def time_updates(path: Path, length: int, repeats: int) -> dict[tuple[str, bool, str], float]:
+def time_updates(path: Path, length: int, repeats: int, ragged: bool) -> dict[tuple[str, bool, str], float]:
     """Median seconds of one update per variant (engines round robin on the same batches)."""
     from dapo_cli.config import apply_techniques, load_config
     from dapo_cli.engine.torch import TorchEngine
@@ -115,7 +125,7 @@ def time_updates(path: Path, length: int, repeats: int) -> dict[tuple[str, bool,
     times: dict[tuple[str, bool, str], list[float]] = {v: [] for v in VARIANTS}
     for i in range(repeats + 1):
         for (forward, separate, autocast), engine in engines.items():
-            batch = make_batch(tokenizer, length, seed=i)
+            batch = make_batch(tokenizer, length, seed=i, ragged=ragged)
             t0 = time.perf_counter()
             if separate:
                 fill_old_log_probs(engine, batch, cfg)
@@ -127,18 +137,21 @@ def time_updates(path: Path, length: int, repeats: int) -> dict[tuple[str, bool,
     return {v: median(t) for v, t in times.items()}
 
 
-def work(path: Path, length: int, forward: str) -> tuple[int, int, int]:
-    """The batch's tokens, the tokens the forward runs, and its query-key pairs (see the module doc)."""
-    from dapo_cli.engine.forward import distinct_prompts
+def work(path: Path, length: int, forward: str, ragged: bool) -> tuple[int, int, int]:
+    """The batch's tokens (prompts as padded, real response tokens), the tokens the forward runs, and
+    its query-key pairs (see the module doc; the seed-0 batch stands for all when ``ragged``)."""
+    from dapo_cli.engine.forward import distinct_prompts, needed_inputs
     from dapo_cli.models import load_policy
 
-    batch = make_batch(load_policy(path)[1], length)
+    batch = make_batch(load_policy(path)[1], length, ragged=ragged)
     n, s = batch.prompt_ids.shape
     t = batch.response_ids.shape[1]
+    tokens = n * s + int(batch.response_mask.sum())
     if forward == "plain":
-        return n * (s + t), n * (s + t), n * (s + t) ** 2
+        return tokens, n * (s + t), n * (s + t) ** 2
     p, width = distinct_prompts(batch.prompt_ids, batch.prompt_mask)[0].shape
-    return n * (s + t), p * width + n * (t - 1), p * width**2 + n * (t - 1) * (width + t - 1)
+    fed = int(needed_inputs(batch.response_mask).sum())  # packed: the response inputs actually run
+    return tokens, p * width + fed, p * width**2 + n * (t - 1) * (width + t - 1)
 
 
 def main() -> None:
@@ -146,6 +159,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=6)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--length", type=int, default=64)
+    parser.add_argument("--ragged", action="store_true",
+                        help="a quarter of the rows at --length, the rest at lengths in [length/2, length)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     header = machine()
@@ -159,9 +174,9 @@ def main() -> None:
             from dapo_cli.models import load_policy
 
             n_params = sum(p.numel() for p in load_policy(path)[0].parameters())
-            seconds = time_updates(path, args.length, args.repeats)
+            seconds = time_updates(path, args.length, args.repeats, args.ragged)
             for forward, separate, autocast in VARIANTS:
-                tokens, run, pairs = work(path, args.length, forward)
+                tokens, run, pairs = work(path, args.length, forward, args.ragged)
                 flops = 6 * n_params * run + 12 * shape["num_layers"] * shape["hidden_size"] * pairs
                 if separate:
                     flops += (2 * n_params * run + 4 * shape["num_layers"] * shape["hidden_size"] * pairs)
@@ -175,7 +190,8 @@ def main() -> None:
     rows = [[model, forward, "+ separate old-lp pass" if separate else "update (one step)", sec, f"{tokens / sec:,.0f}",
              f"{rate / 1e9:.1f}", f"{rate / peak32:.0%}", f"{rate / peak16:.0%}" if peak16 else "-", f"{speedup:.2f}x"]
             for model, forward, separate, sec, tokens, rate, speedup in measured]
-    print(f"update throughput: 64 rows x (prompt + {args.length}) tokens, float32 parameters, {args.threads} threads, "
+    shape = f"(prompt + {args.length // 2}..{args.length}, a quarter at {args.length})" if args.ragged else f"(prompt + {args.length})"
+    print(f"update throughput: 64 rows x {shape} tokens, float32 parameters, {args.threads} threads, "
           f"median of {args.repeats} after 1 warm-up ({time.perf_counter() - started:.0f} s in all)")
     for line in header:
         print(line)

@@ -95,6 +95,27 @@ def test_each_dapo_variant_is_compared_with_the_trl_run_of_the_same_precision(tm
     assert cfg.engine.autocast == "bfloat16" and cfg.rollout.max_response_length == 16
 
 
+def test_a_ragged_update_batch_is_right_padded_and_the_shared_forward_feeds_only_real_tokens(policy_dir):
+    import torch
+    import update_throughput
+
+    from dapo_cli.models import load_policy
+
+    tokenizer = load_policy(policy_dir)[1]
+    batch = update_throughput.make_batch(tokenizer, 16, seed=0, ragged=True)
+    lengths = batch.response_mask.sum(-1)
+    assert int(lengths.max()) == 16 and int(lengths.min()) >= 8 and bool((lengths < 16).any())
+    assert torch.equal(batch.response_mask, torch.arange(16)[None, :] < lengths[:, None])
+    assert bool((batch.response_ids[~batch.response_mask] == tokenizer.pad_token_id).all())
+    tokens, shared, _ = update_throughput.work(policy_dir, 16, "shared prompt", ragged=True)
+    n, s = batch.prompt_ids.shape
+    assert tokens == n * s + int(lengths.sum())
+    _, plain, _ = update_throughput.work(policy_dir, 16, "plain", ragged=True)
+    assert plain == n * (s + 16)
+    # shared: the 8 distinct prompts once + each row's real tokens but its last
+    assert shared < plain and shared - int((lengths - 1).sum()) <= 8 * s
+
+
 def test_the_prepare_data_input_has_the_documented_answer_mix(tmp_path):
     import prepare_data_speed
 
