@@ -127,7 +127,9 @@ class TorchEngine:
         self.optimizer = adamw(self._params, lr=lr, weight_decay=weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, warmup_constant(warmup_steps))
         self.ref_model = frozen(ref_model.to(self.device)) if ref_model is not None else None
-        self._ref_forward = PolicyLogProbs(self.ref_model, shared_prompt=shared_prompt_forward, autocast=autocast) if self.ref_model is not None else None
+        self._ref_forward = None
+        if self.ref_model is not None:
+            self._ref_forward = PolicyLogProbs(self.ref_model, shared_prompt=shared_prompt_forward, autocast=autocast)
 
     # ------------------------------------------------------------ forward / backward / step
 
