@@ -49,7 +49,8 @@ bench: $(STAMP)
 	$(PY) benchmarks/distributed_step.py
 	$(PY) benchmarks/rollout_vs_generate.py
 	$(PY) benchmarks/update_throughput.py
-	$(PY) benchmarks/rl_step_vs_trl.py
+	$(PY) benchmarks/update_throughput.py --ragged
+	$(PY) benchmarks/rl_step_vs_trl.py --pairs 3 --bf16
 	$(PY) benchmarks/dynamic_sampling_overhead.py
 	$(PY) benchmarks/tracking_overhead.py
 	$(PY) benchmarks/prepare_data_speed.py
