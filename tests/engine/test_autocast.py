@@ -21,19 +21,16 @@ from dapo_cli.errors import UserError
 from test_shared_prompt_forward import batch_of, build, forward_and_grads, ragged_rows
 
 
-def log_probs(module: PolicyLogProbs, rows) -> tuple[torch.Tensor, torch.Tensor]:
-    logp, ent = module(*rows, temperature=0.7, with_entropy=True)
-    return logp, ent
-
-
 @pytest.mark.parametrize("shared", [True, False])
 def test_bfloat16_autocast_moves_log_probs_by_bfloat16_rounding_only(shared):
     model = build("qwen2-bias-untied-gqa")
     rows = ragged_rows()
     mask = rows[3]
     with torch.no_grad():
-        full, full_ent = log_probs(PolicyLogProbs(model, shared_prompt=shared), rows)
-        mixed, mixed_ent = log_probs(PolicyLogProbs(model, shared_prompt=shared, autocast="bfloat16"), rows)
+        full, full_ent = PolicyLogProbs(model, shared_prompt=shared)(*rows, temperature=0.7, with_entropy=True)
+        mixed, mixed_ent = PolicyLogProbs(model, shared_prompt=shared, autocast="bfloat16")(
+            *rows, temperature=0.7, with_entropy=True
+        )
     assert mixed.dtype == mixed_ent.dtype == torch.float32  # the log-softmax of the logits runs in float32
     diff = (mixed - full)[mask].abs()
     # bfloat16 keeps 8 significant bits (relative rounding 2^-9 ≈ 2e-3 per matmul output): the log-probs
