@@ -41,9 +41,6 @@ def check_engine_settings(engine_cfg: Any) -> None:
     """Settings that are wrong whatever the world size (called before anything loads)."""
     if engine_cfg.name not in TRAINING_ENGINES:
         raise UserError(f"unknown engine.name '{engine_cfg.name}'; valid: {', '.join(TRAINING_ENGINES)}")
-    if engine_cfg.name == "deepspeed" and engine_cfg.autocast != "none":
-        raise UserError("engine.autocast is the torch engine's mixed precision; with DeepSpeed set model.dtype=bfloat16 "
-                        "(its bf16 mode) and engine.autocast=none")
     if engine_cfg.name == "deepspeed" and importlib.util.find_spec("deepspeed") is None:
         raise UserError("engine.name=deepspeed needs DeepSpeed: pip install 'dapo-cli[deepspeed]' (or use engine.name=torch)")
     if engine_cfg.name != "deepspeed" and (engine_cfg.offload_optimizer or engine_cfg.offload_params):

@@ -397,7 +397,8 @@ def bf16_pure_adamw(cfg: Config) -> list[Finding]:
 @rule("autocast-needs-float32")
 def autocast_needs_float32(cfg: Config) -> list[Finding]:
     """``engine.autocast`` is the torch engine's mixed precision over float32 parameters. With
-    DeepSpeed it is refused at start (error); over bfloat16/float16 parameters it changes nothing:
+    DeepSpeed it is refused when the config loads (error here for configs built without validation);
+    over bfloat16/float16 parameters it changes nothing:
     the matmuls already run in that dtype and there is still no fp32 master copy (warning)."""
     if cfg.engine.autocast == "none":
         return []

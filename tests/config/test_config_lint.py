@@ -32,10 +32,13 @@ PRESETS = ["dapo-qwen2.5-32b.yaml", "dapo-qwen2.5-7b.yaml", "dapo-qwen2.5-1.5b.y
 
 
 def paper(*overrides: str):
-    # an inverted clip is rejected by validation (so `dapo lint` exits 2 on it); the rule is
-    # still checked on a config built without validation
-    inverted = any(o.startswith("algorithm.clip_ratio_high=0.1") for o in overrides)
-    return (build_config if inverted else load_config)(PAPER, overrides)
+    # an inverted clip and autocast with DeepSpeed (the paper config's engine) are rejected by
+    # validation (so `dapo lint` exits 2 on them); the rules are still checked on a config built
+    # without validation
+    invalid = any(o.startswith("algorithm.clip_ratio_high=0.1") for o in overrides) or (
+        "engine.autocast=bfloat16" in overrides and not any(o.startswith("engine.name=") for o in overrides)
+    )
+    return (build_config if invalid else load_config)(PAPER, overrides)
 
 
 def tiny(*overrides: str):
