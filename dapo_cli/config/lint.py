@@ -427,6 +427,22 @@ LLM_LR_RANGE = (1e-7, 1e-5)
 measurement: nothing supports RL fine-tuning of a pretrained LLM outside it."""
 
 
+@rule("vllm-sleep-on-cpu")
+def vllm_sleep_on_cpu(cfg: Config) -> list[Finding]:
+    """vLLM's CPU build has no sleep mode (``enable_sleep_mode`` raises there, ``sleep()`` does
+    nothing): on ``engine.device=cpu`` a vLLM rollout engine stays awake through the update, holding
+    its KV cache (``rollout.gpu_memory_utilization`` of the NUMA node's memory) beside the trainer.
+    With ``engine.device=auto`` the run itself says so once, from vLLM's platform."""
+    r = cfg.rollout
+    if r.engine != "vllm" or r.sleep_level == 0 or cfg.engine.device != "cpu":
+        return []
+    return [Finding(
+        WARN, "rollout.sleep_level", f"vLLM's CPU platform has no sleep mode: rollout.sleep_level={r.sleep_level} acts as 0 "
+        f"and the engine keeps its KV cache ({_g(r.gpu_memory_utilization)} of the NUMA node's memory) through the update",
+        "set rollout.sleep_level=0 to say so, and size rollout.gpu_memory_utilization so the trainer fits beside it",
+    )]
+
+
 def is_tiny_model(path: str) -> bool:
     """``builtin:tiny``, or a directory holding the tiny model's ``dapo_model.json``
     (``dapo init-model`` output, a tiny run's checkpoint or its ``model/``).

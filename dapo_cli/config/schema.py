@@ -41,7 +41,7 @@ class ModelConfig:
 @dataclass
 class RolloutConfig:
     engine: str = setting(
-        "fast", "rollout engine: fast (own decode loop, the CPU default), hf (transformers generate) or vllm (GPU)",
+        "fast", "rollout engine: fast (own decode loop, the CPU default), hf (transformers generate) or vllm (CUDA, or vLLM's CPU build)",
         choices=("fast", "hf", "vllm"),
     )
     n: int = setting(16, "responses sampled per prompt (the group size G)")
@@ -50,9 +50,15 @@ class RolloutConfig:
     top_k: int = setting(0, "top-k sampling for training rollouts (0 = off)")
     max_response_length: int = setting(20480, "maximum generated tokens per response (L_max)")
     batch_size: int = setting(0, "sequences per generate call (0 = all at once)")
-    gpu_memory_utilization: float = setting(0.5, "vLLM only: fraction of each GPU's memory vLLM may take (weights + KV cache), colocated with training")
+    gpu_memory_utilization: float = setting(
+        0.5, "vLLM only: fraction of each GPU's memory vLLM may take (weights + KV cache), colocated with training; "
+        "on vLLM's CPU build, the fraction of the NUMA node's CPU memory it reserves (0.1-0.2 leaves room for the trainer)",
+    )
     tensor_parallel_size: int = setting(1, "vLLM only: GPUs one vLLM engine spans (tensor parallelism); must divide the world size")
-    sleep_level: int = setting(1, "vLLM only: sleep mode during the update phase (0: stay awake, 1: offload weights and drop the KV cache, 2: drop both)")
+    sleep_level: int = setting(
+        1, "vLLM only: sleep mode during the update phase (0: stay awake, 1: offload weights and drop the KV cache, 2: drop both); "
+        "vLLM's CPU build has none and stays awake",
+    )
 
 
 @dataclass
@@ -180,7 +186,7 @@ class EvalConfig:
     top_p: float = setting(0.7, "nucleus sampling (DAPO paper: 0.7)")
     max_tokens: int = setting(20480, "maximum new tokens per response (DAPO paper: 20480)")
     verifier: str = setting("math_dapo", "answer checker", choices=("math_dapo", "strict_box", "math_equiv"))
-    engine: str = setting("hf", "rollout engine (fast: the CPU sampler, hf: transformers generate, vllm: GPU)", choices=("fast", "hf", "vllm"))
+    engine: str = setting("hf", "rollout engine (fast: the CPU sampler, hf: transformers generate, vllm: CUDA or vLLM's CPU build)", choices=("fast", "hf", "vllm"))
     batch_size: int = setting(0, "sequences per generate call (0: all of one problem batch)")
     seed: int = setting(0, "sampling seed")
     table_rows: int = setting(1000, "most samples in the MLflow generations table of dapo eval (0: none; AIME24 avg@32 is 960)")

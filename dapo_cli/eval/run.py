@@ -550,35 +550,39 @@ def run_eval(
     todo = len(checkpoint.done) < len(batches)
     # the model loads before the run opens: a checkpoint that fails to load leaves no MLflow run behind
     engine, format_prompt = build_eval_rollout(opts.engine, model, opts.batch_size, log) if todo else (None, None)
-    prompts = [format_prompt(p.messages) for p in problems] if todo else []
-    check_prompts_fit(engine, prompts, opts.max_tokens)  # a prompt over the context fails here, with no run opened
-    tags = {"dapo.command": "eval", "dapo.checkpoint": model, **source_tags(source)}
-    name = run_name(model, opts.dataset, opts.k, source_label(source))
-    with start_run(tracking, name, tags=tags) as tracker:
-        tracker.log_params(settings)
-        new: list[SampleRecord] = []
-        if todo:
+    try:
+        prompts = [format_prompt(p.messages) for p in problems] if todo else []
+        check_prompts_fit(engine, prompts, opts.max_tokens)  # a prompt over the context fails here, with no run opened
+        tags = {"dapo.command": "eval", "dapo.checkpoint": model, **source_tags(source)}
+        name = run_name(model, opts.dataset, opts.k, source_label(source))
+        with start_run(tracking, name, tags=tags) as tracker:
+            tracker.log_params(settings)
+            new: list[SampleRecord] = []
+            if todo:
 
-            def on_batch(b: int, records: list[SampleRecord]) -> None:
-                checkpoint.append(b, records)
-                sink.advance(len(records))
+                def on_batch(b: int, records: list[SampleRecord]) -> None:
+                    checkpoint.append(b, records)
+                    sink.advance(len(records))
 
-            sink.start(len(problems) * opts.k, resumed * opts.k)
-            new = generate_records(
-                engine, problems, prompts, k=opts.k, params=params,
-                verifier=opts.verifier, batch_problems=settings["batch_problems"],
-                skip_batches=frozenset(checkpoint.done), on_batch=on_batch,
-                max_sequences=sequences_per_call(opts.k, opts.batch_size),
-            )
-        result = summarize(problems, previous + new, k=opts.k, pass_k=opts.pass_k)
-        tracker.log_metrics(M.tracking_metrics(result.metrics))
-        tracker.log_table(result.per_problem, "per_problem.json")
-        log_generations_table(tracker, result.records, {p.problem_id: p.raw_problem for p in problems}, max_rows=opts.table_rows)
-        link_runs(tracker, source, f"{Path(opts.dataset).name} avg@{opts.k} = {result.metrics[f'avg@{opts.k}']:.4f}", name)
-        with tempfile.TemporaryDirectory(prefix="dapo-eval-") as tmp:
-            outputs = write_outputs(opts.output if opts.output is not None else Path(tmp), result, settings)
-            tracker.log_artifact(outputs["generations"], "eval")
-            tracker.log_artifact(outputs["summary"], "eval")
+                sink.start(len(problems) * opts.k, resumed * opts.k)
+                new = generate_records(
+                    engine, problems, prompts, k=opts.k, params=params,
+                    verifier=opts.verifier, batch_problems=settings["batch_problems"],
+                    skip_batches=frozenset(checkpoint.done), on_batch=on_batch,
+                    max_sequences=sequences_per_call(opts.k, opts.batch_size),
+                )
+            result = summarize(problems, previous + new, k=opts.k, pass_k=opts.pass_k)
+            tracker.log_metrics(M.tracking_metrics(result.metrics))
+            tracker.log_table(result.per_problem, "per_problem.json")
+            log_generations_table(tracker, result.records, {p.problem_id: p.raw_problem for p in problems}, max_rows=opts.table_rows)
+            link_runs(tracker, source, f"{Path(opts.dataset).name} avg@{opts.k} = {result.metrics[f'avg@{opts.k}']:.4f}", name)
+            with tempfile.TemporaryDirectory(prefix="dapo-eval-") as tmp:
+                outputs = write_outputs(opts.output if opts.output is not None else Path(tmp), result, settings)
+                tracker.log_artifact(outputs["generations"], "eval")
+                tracker.log_artifact(outputs["summary"], "eval")
+    finally:
+        if engine is not None:
+            engine.close()  # vLLM: its engine core, before the process exits
     return EvalReport(
         result=result,
         settings=settings,

@@ -64,6 +64,10 @@ class WeightSource(Protocol):
 class RolloutEngine(Protocol):
     """Samples ``n`` responses for each prompt with the current policy weights."""
 
+    lockstep: bool
+    """Every rank must call :meth:`generate` as often as the others (vLLM's data-parallel engines under
+    torchrun step together): then every rank runs validation too, not rank 0 alone."""
+
     def generate(self, prompts: Sequence[str], n: int, params: SamplingParams) -> Rollouts:
         """``prompts`` are already-templated strings (chat template applied)."""
         ...
@@ -83,4 +87,9 @@ class RolloutEngine(Protocol):
         Called on every rank after every update (``export_weights`` may be a collective);
         an engine that samples with the trainer's own module does nothing.
         """
+        ...
+
+    def close(self) -> None:
+        """Release what the engine holds beyond Python objects (vLLM: its engine core, KV cache and
+        process groups), before the trainer leaves its own process group; no-op for the in-process samplers."""
         ...

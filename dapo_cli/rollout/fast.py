@@ -293,11 +293,17 @@ class FastRolloutEngine:
             return
         copy_exported_weights(self.model, source)
 
+    lockstep = False
+    """Each rank's engine is its own: rank 0 alone may generate (validation)."""
+
     def sleep(self) -> None:
         """No-op: the weights are the trainer's (or a CPU-side copy) and no cache outlives ``generate``."""
 
     def wake_up(self) -> None:
         """No-op (see :meth:`sleep`)."""
+
+    def close(self) -> None:
+        """No-op: nothing outlives the Python objects."""
 
     def generate(self, prompts: Sequence[str], n: int, params: SamplingParams) -> Rollouts:
         """Sample ``n`` responses per already-templated prompt; see :class:`Rollouts` for shapes."""

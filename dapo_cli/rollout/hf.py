@@ -232,11 +232,17 @@ class HFRolloutEngine:
             logprobs=logprobs,
         )
 
+    lockstep = False
+    """Each rank's engine is its own: rank 0 alone may generate (validation)."""
+
     def sleep(self) -> None:
         """No-op: the weights are the trainer's and no cache outlives ``generate``."""
 
     def wake_up(self) -> None:
         """No-op (see :meth:`sleep`)."""
+
+    def close(self) -> None:
+        """No-op: nothing outlives the Python objects."""
 
     def _rng_devices(self) -> list[int]:
         """CUDA devices whose RNG ``fork_rng`` must save and restore (none on CPU)."""

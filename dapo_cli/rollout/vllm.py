@@ -1,31 +1,50 @@
-"""Rollouts on vLLM (GPU only; the only module that imports vllm).
+"""Rollouts on vLLM, on any platform vLLM runs on: CUDA GPUs or vLLM's CPU build (the only module that imports vllm).
 
-The engine is colocated with training: it runs in the training processes, on the same GPUs,
-taking ``rollout.gpu_memory_utilization`` of each GPU's memory; between generation phases it
-sleeps (``rollout.sleep_level`` 1: weights offloaded to CPU and KV cache dropped; 2: both
-dropped) so the update has the memory, and wakes before the next sync and generate.
+The engine is colocated with training: it runs in the training processes, taking
+``rollout.gpu_memory_utilization`` of each GPU's memory (on vLLM's CPU platform: of the CPU memory
+of the NUMA node it runs on, where the KV cache lives). Between generation phases it sleeps
+(``rollout.sleep_level`` 1: weights offloaded and KV cache dropped; 2: both dropped) so the update has
+the memory, and wakes before the next sync and generate. Where the platform has no sleep mode
+(vLLM's CPU build), it stays awake and says so once.
 
-- Weights: :meth:`VLLMRolloutEngine.sync_weights` streams ``engine.export_weights()`` (any
-  training engine, ZeRO-3 included) into vLLM's model in memory (``load_weights``); no disk
-  round trip. vLLM runs in-process for that (``VLLM_ENABLE_V1_MULTIPROCESSING=0``; one process:
-  the ``uni`` executor; under torchrun: ``external_launcher``, one engine per rank, tensor-parallel
-  groups of ``rollout.tensor_parallel_size`` consecutive ranks).
+- Platform: read from vLLM itself (``vllm.platforms.current_platform``), never from ``torch.cuda``.
+  On the CPU platform the engine runs eager (torch.compile's warm-up costs more than it saves at
+  these sizes), prefills are never chunked (a chunked prefill rewinds the request's seeded
+  generator, which CPU generators refuse: "CPU Generator does not use offset"), and the torch
+  thread count and ``torch.set_num_threads`` that vLLM's CPU worker replaces are given back to
+  the trainer that shares the process.
+- Weights: :meth:`VLLMRolloutEngine.sync_weights` passes ``engine.export_weights()`` (any training
+  engine, ZeRO-3 included) to vLLM's in-place reload (``collective_rpc("reload_weights")``), which
+  loads them in checkpoint format and re-runs the platform's weight processing (the CPU backend
+  repacks linear weights into its own kernel layout); no disk round trip. vLLM runs in-process
+  (``VLLM_ENABLE_V1_MULTIPROCESSING=0``; one process: the ``uni`` executor; under torchrun:
+  ``external_launcher``, tensor-parallel groups of ``rollout.tensor_parallel_size`` consecutive
+  ranks, the groups vLLM's data-parallel ranks).
 - Tensor parallelism under torchrun: the ranks of one TP group drive one engine in lockstep, so
   they must submit the same requests: each rank gathers its group's prompts, the engine
   generates for all of them, and each rank keeps its own.
-- Seeds: every prompt gets its own ``seed`` (``params.seed + prompt index``), so a run replays.
+- Seeds: every prompt gets its own seed (:func:`request_seed`: a hash of ``params.seed`` and the prompt's
+  index), so a run replays. vLLM gives sample ``j`` of a request ``seed + j``: seeds ``params.seed + i``
+  would hand prompt ``i + 1``'s sample ``j`` the stream of prompt ``i``'s sample ``j + 1``.
+  Greedy decoding (temperature 0) asks vLLM for one completion per prompt (vLLM refuses ``n > 1``
+  there) and repeats it ``n`` times: every greedy sample is the same sequence.
 - Log-probs: ``logprobs_mode="processed_logprobs"`` with ``logprobs=0`` returns log π of each
   sampled token after temperature (and after top-k/top-p, which training rollouts leave off, see
   ``dapo lint``), the same quantity :class:`~dapo_cli.rollout.hf.HFRolloutEngine` returns and
   the trainer compares with its own (``rollout/logprob_diff_*``).
+- Texts: decoded by the project's tokenizer (``skip_special_tokens=True``), as every engine does.
 
-Tested only where a GPU is present (``tests/rollout/test_rollout_conformance.py``, ``make gpu-check``).
+Tested on vLLM's CPU build in ``make test`` (``.venv-vllm``: ``tests/rollout/test_rollout_conformance.py``,
+``tests/rollout/test_rollout_vllm.py``, ``tests/e2e/test_e2e_vllm.py``); on GPUs by ``make gpu-check``.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +52,37 @@ import torch
 
 from dapo_cli.rollout.base import Rollouts, SamplingParams, WeightSource
 
+CPU_MIN_BATCHED_TOKENS = 16384
+"""Token budget of one scheduler step on the CPU platform (or ``max_model_len`` if longer): with
+chunked prefill off, a prompt that does not fit waits for the next step instead of being cut."""
+
+
+def request_seed(seed: int, index: int) -> int:
+    """The vLLM seed of prompt ``index`` of a call sampled under ``seed``: 62 bits of a hash, so the
+    ``n`` consecutive seeds vLLM gives its samples (``seed + j``) overlap no other prompt's."""
+    digest = hashlib.sha256(f"dapo-vllm\0{seed}\0{index}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 2
+
+
+@functools.cache
+def platform_info() -> dict[str, Any]:
+    """What vLLM's own platform detection says (imports ``vllm.platforms``, ~6 s cold):
+    ``runs`` (vLLM found a platform: a GPU, or this is its CPU build), ``name``, ``cpu``, ``sleep_mode``."""
+    from vllm.platforms import current_platform
+
+    return {
+        "runs": not current_platform.is_unspecified(),
+        "name": str(current_platform.device_name or current_platform.device_type or "unspecified"),
+        "cpu": bool(current_platform.is_cpu()),
+        "sleep_mode": bool(current_platform.is_sleep_mode_available()),
+    }
+
 
 class VLLMRolloutEngine:
-    """:class:`~dapo_cli.rollout.base.RolloutEngine` on ``vllm.LLM``."""
+    """:class:`~dapo_cli.rollout.base.RolloutEngine` on ``vllm.LLM``.
+
+    ``note``: called once with each thing the user should know about how the engine runs here
+    (e.g. no sleep mode on this platform)."""
 
     def __init__(
         self,
@@ -49,17 +96,28 @@ class VLLMRolloutEngine:
         dtype: str = "auto",
         seed: int = 0,
         dist: Any = None,
+        note: Callable[[str], None] | None = None,
     ) -> None:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process: weights sync in memory
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # vLLM's INFO lines would bury the run's own
         from vllm import LLM
 
+        # every reload warns that RotaryEmbedding has no weights to load (it has a computed cache only)
+        logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").setLevel(logging.ERROR)
         self.tokenizer = tokenizer
-        self.sleep_level = sleep_level
+        self.platform = platform_info()
         self.world_size = getattr(dist, "world_size", 1)
         self.rank = getattr(dist, "rank", 0)
         self.tp = tensor_parallel_size
         if self.world_size % self.tp:
             raise ValueError(f"rollout.tensor_parallel_size={self.tp} does not divide the world size {self.world_size}")
+        if sleep_level > 0 and not self.platform["sleep_mode"] and note is not None:
+            note(
+                f"vLLM's {self.platform['name']} platform has no sleep mode: the rollout engine stays awake "
+                f"during the update (rollout.sleep_level={sleep_level} acts as 0)"
+            )
+        self.sleep_level = sleep_level if self.platform["sleep_mode"] else 0
+        self.lockstep = self.world_size > 1  # vLLM's data-parallel ranks step together (dummy batches when idle)
         self._tp_group = None
         if self.world_size > 1 and self.tp > 1:
             import torch.distributed as tdist
@@ -67,19 +125,33 @@ class VLLMRolloutEngine:
             groups = [tdist.new_group(list(range(g, g + self.tp))) for g in range(0, self.world_size, self.tp)]
             self._tp_group = groups[self.rank // self.tp]
         backend = "external_launcher" if self.world_size > 1 else ("uni" if self.tp == 1 else "mp")
-        self.llm = LLM(
-            model=str(model_path),
-            tokenizer=str(model_path),
-            gpu_memory_utilization=gpu_memory_utilization,
-            tensor_parallel_size=tensor_parallel_size,
-            distributed_executor_backend=backend,
-            enable_sleep_mode=sleep_level > 0,
-            max_model_len=max_model_len,
-            dtype=dtype,
-            seed=seed,
-            logprobs_mode="processed_logprobs",
-            enable_prefix_caching=True,
-        )
+        extra: dict[str, Any] = {}
+        if self.world_size > 1:
+            extra["data_parallel_size"] = self.world_size // self.tp  # vLLM's world = TP x DP = torchrun's
+        if self.platform["cpu"]:
+            extra.update(
+                enforce_eager=True, enable_chunked_prefill=False,
+                max_num_batched_tokens=max(CPU_MIN_BATCHED_TOKENS, max_model_len or 0),
+            )
+        threads, set_threads = torch.get_num_threads(), torch.set_num_threads
+        try:
+            self.llm = LLM(
+                model=str(model_path),
+                tokenizer=str(model_path),
+                gpu_memory_utilization=gpu_memory_utilization,
+                tensor_parallel_size=tensor_parallel_size,
+                distributed_executor_backend=backend,
+                enable_sleep_mode=self.sleep_level > 0,
+                max_model_len=max_model_len,
+                dtype=dtype,
+                seed=seed,
+                logprobs_mode="processed_logprobs",
+                enable_prefix_caching=True,
+                **extra,
+            )
+        finally:  # vLLM's CPU worker replaces torch.set_num_threads process-wide and drops to one thread
+            torch.set_num_threads = set_threads
+            torch.set_num_threads(threads)
         self.asleep = False
 
     # ------------------------------------------------------------ memory and weights
@@ -94,15 +166,22 @@ class VLLMRolloutEngine:
             self.llm.wake_up()
             self.asleep = False
 
+    def close(self) -> None:
+        """Shut vLLM's engine core down now (KV cache, its process groups), while the trainer's process
+        group still exists: left to interpreter exit, vLLM's finaliser tears down groups already gone."""
+        if self.llm is not None:
+            self.llm.llm_engine.engine_core.shutdown()
+            self.llm = None
+
     @torch.no_grad()
     def sync_weights(self, source: WeightSource) -> None:
-        """Stream every ``(name, tensor)`` of ``source.export_weights()`` into vLLM's model."""
-        weights = ((name, tensor) for name, tensor in source.export_weights())
+        """Every ``(name, tensor)`` of ``source.export_weights()`` into vLLM's model, in place.
 
-        def load(model: torch.nn.Module) -> int:
-            return len(model.load_weights(weights))
-
-        self.llm.apply_model(load)
+        vLLM's ``reload_weights`` takes checkpoint-format names (those ``save_pretrained`` writes),
+        loads them through each layer's weight loader and re-runs the platform's processing, so a
+        backend that repacks weights after loading (the CPU one does) serves the new values."""
+        weights = [(name, tensor.detach()) for name, tensor in source.export_weights()]
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         self.llm.reset_prefix_cache()  # cached prefixes were computed with the old weights
 
     # ------------------------------------------------------------ generation
@@ -115,17 +194,18 @@ class VLLMRolloutEngine:
             raise ValueError("generate needs at least one prompt and n >= 1")
         own = [self.tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
         base_seed = params.seed if params.seed is not None else 0
-        everyone, mine = self._group_prompts([(base_seed + i, ids) for i, ids in enumerate(own)])
+        everyone, mine = self._group_prompts([(request_seed(base_seed, i), ids) for i, ids in enumerate(own)])
+        greedy = params.temperature == 0.0
         requests, settings = [], []
         for seed, ids in everyone:
             requests.append(TokensPrompt(prompt_token_ids=ids))
             settings.append(VSamplingParams(
-                n=n, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
-                max_tokens=params.max_tokens, seed=seed, logprobs=0 if params.logprobs else None,
-                skip_special_tokens=True, detokenize=True,
+                n=1 if greedy else n, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
+                max_tokens=params.max_tokens, seed=seed, logprobs=0 if params.logprobs else None, detokenize=False,
             ))
         outputs = self.llm.generate(requests, settings, use_tqdm=False)
-        return self._to_rollouts([outputs[i] for i in mine], own, n, params.logprobs)
+        completions = [list(outputs[i].outputs) * n if greedy else list(outputs[i].outputs[:n]) for i in mine]
+        return self._to_rollouts(completions, own, n, params.logprobs)
 
     def _group_prompts(self, own: list[tuple[int, list[int]]]) -> tuple[list[tuple[int, list[int]]], list[int]]:
         """Every ``(seed, prompt ids)`` request of this rank's TP group (rank order), and the positions of ours.
@@ -146,12 +226,12 @@ class VLLMRolloutEngine:
                 everyone.append(request)
         return everyone, mine
 
-    def _to_rollouts(self, outputs: list[Any], prompt_ids: list[list[int]], n: int, want_logprobs: bool) -> Rollouts:
+    def _to_rollouts(self, completions: list[list[Any]], prompt_ids: list[list[int]], n: int, want_logprobs: bool) -> Rollouts:
+        """``completions[p]``: the ``n`` vLLM completions of prompt ``p``, as one :class:`Rollouts`."""
         pad = int(self.tokenizer.pad_token_id)
         s = max(len(p) for p in prompt_ids)
-        rows = [(out, comp) for out in outputs for comp in out.outputs[:n]]
-        t = max((len(c.token_ids) for _, c in rows), default=0)
-        t = max(t, 1)
+        rows = [comp for group in completions for comp in group]
+        t = max(1, max((len(c.token_ids) for c in rows), default=0))
         N = len(rows)
         p_ids = torch.full((N, s), pad, dtype=torch.long)
         p_mask = torch.zeros(N, s, dtype=torch.bool)
@@ -159,8 +239,8 @@ class VLLMRolloutEngine:
         r_mask = torch.zeros(N, t, dtype=torch.bool)
         logprobs = torch.zeros(N, t) if want_logprobs else None
         truncated = torch.zeros(N, dtype=torch.bool)
-        texts = []
-        for i, (_, comp) in enumerate(rows):
+        responses = []
+        for i, comp in enumerate(rows):
             prompt = prompt_ids[i // n]
             p_ids[i, s - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
             p_mask[i, s - len(prompt) :] = True
@@ -171,11 +251,12 @@ class VLLMRolloutEngine:
             if logprobs is not None and comp.logprobs:
                 logprobs[i, : len(ids)] = torch.tensor([step[tok].logprob for step, tok in zip(comp.logprobs, ids)])
             truncated[i] = comp.finish_reason == "length"
-            texts.append(comp.text)
+            responses.append(ids)
         return Rollouts(
             prompt_ids=p_ids, prompt_mask=p_mask, response_ids=r_ids, response_mask=r_mask,
-            lengths=r_mask.sum(-1), truncated=truncated, texts=texts,
-            prompt_index=torch.arange(len(outputs)).repeat_interleave(n), logprobs=logprobs,
+            lengths=r_mask.sum(-1), truncated=truncated,
+            texts=self.tokenizer.batch_decode(responses, skip_special_tokens=True),
+            prompt_index=torch.arange(len(completions)).repeat_interleave(n), logprobs=logprobs,
         )
 
 
@@ -185,4 +266,6 @@ def load_vllm_engine(model: str, **kwargs: Any) -> tuple[VLLMRolloutEngine, Any]
 
     tokenizer = load_tokenizer(model)
     kwargs.setdefault("sleep_level", 0)
+    # like the fast and hf engines: float32 on CPU (vLLM's "auto" may pick another dtype), the model's own on GPUs
+    kwargs.setdefault("dtype", "float32" if platform_info()["cpu"] else "auto")
     return VLLMRolloutEngine(model, tokenizer, **kwargs), tokenizer

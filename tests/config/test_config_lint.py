@@ -82,6 +82,7 @@ TRIGGERS = [
     ("bf16-pure-adamw", ["engine.name=torch", "trainer.lr=1e-4"], [(WARN, "model.dtype")]),
     ("autocast-needs-float32", ["engine.autocast=bfloat16"], [(ERROR, "engine.autocast")]),
     ("autocast-needs-float32", ["engine.name=torch", "engine.autocast=bfloat16"], [(WARN, "engine.autocast")]),
+    ("vllm-sleep-on-cpu", ["rollout.engine=vllm", "engine.device=cpu"], [(WARN, "rollout.sleep_level")]),
     ("lr-range", ["trainer.lr=1e-4"], [(WARN, "trainer.lr")]),
     ("lr-range", ["trainer.lr=5e-8"], [(WARN, "trainer.lr")]),
 ]
@@ -109,6 +110,8 @@ NON_TRIGGERS = [
     ("bf16-pure-adamw", ["engine.name=torch", "model.dtype=float32"]),
     ("bf16-pure-adamw", ["engine.name=deepspeed", "engine.zero_stage=0"]),
     ("autocast-needs-float32", ["engine.name=torch", "model.dtype=float32", "engine.autocast=bfloat16"]),
+    ("vllm-sleep-on-cpu", ["rollout.engine=vllm", "engine.device=cpu", "rollout.sleep_level=0"]),
+    ("vllm-sleep-on-cpu", ["rollout.engine=vllm", "engine.device=cuda"]),
     ("lr-range", ["trainer.lr=1e-5"]),
     ("lr-range", ["trainer.lr=1e-7"]),
 ]

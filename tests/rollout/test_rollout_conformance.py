@@ -1,13 +1,12 @@
 """What every rollout engine must do (the protocol in ``rollout/base.py``), run on each engine.
 
-The HF and fast engines run everywhere; vLLM only where a CUDA GPU and vLLM are present (skipped with
-the reason otherwise). Both load the same tiny policy, and log-probs are checked against the
-trainer's own teacher-forced forward of the same weights.
+The HF and fast engines run everywhere; vLLM wherever vLLM is installed, on its CPU build as on GPUs
+(``make test`` runs the ``vllm``-marked tests in ``.venv-vllm``). All load the same tiny policy, whose
+head_dim of 32 vLLM's CPU attention supports, and log-probs are checked against the trainer's own
+teacher-forced forward of the same weights.
 """
 
 from __future__ import annotations
-
-import importlib.util
 
 import pytest
 import torch
@@ -18,18 +17,16 @@ from dapo_cli.models import load_policy
 from dapo_cli.rollout.base import SamplingParams
 
 PROMPTS = ["What is 12+7?\n", "Q", "Add 3 and 4, then say the answer.\n"]
-VLLM_READY = importlib.util.find_spec("vllm") is not None and torch.cuda.is_available()
-LOGPROB_TOL = {"hf": 1e-5, "fast": 1e-5, "vllm": 2e-3}  # vLLM: other kernels (float32 weights)
+LOGPROB_TOL = {"hf": 1e-5, "fast": 1e-5, "vllm": 1e-4}  # vLLM: other kernels (float32 weights; measured 5e-7)
 
 
 @pytest.fixture(scope="module")
-def policy(tiny_model_dir):
-    return load_policy(tiny_model_dir)
+def policy(head32_model_dir):
+    return load_policy(head32_model_dir)
 
 
-@pytest.fixture(scope="module", params=["hf", "fast", pytest.param("vllm", marks=pytest.mark.skipif(
-    not VLLM_READY, reason="vLLM rollouts need vLLM and a CUDA GPU (pip install 'dapo-cli[vllm]')"))])
-def engine(request, tiny_model_dir, policy):
+@pytest.fixture(scope="module", params=["hf", "fast", pytest.param("vllm", marks=pytest.mark.vllm)])
+def engine(request, head32_model_dir, policy):
     model, tokenizer = policy
     if request.param == "hf":
         from dapo_cli.rollout.hf import HFRolloutEngine
@@ -41,7 +38,7 @@ def engine(request, tiny_model_dir, policy):
         return "fast", FastRolloutEngine(model, tokenizer)
     from dapo_cli.rollout.vllm import VLLMRolloutEngine
 
-    return "vllm", VLLMRolloutEngine(tiny_model_dir, tokenizer, gpu_memory_utilization=0.2, sleep_level=0, dtype="float32")
+    return "vllm", VLLMRolloutEngine(head32_model_dir, tokenizer, gpu_memory_utilization=0.1, sleep_level=0, dtype="float32")
 
 
 def sample(engine, n=4, **kw):

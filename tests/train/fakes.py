@@ -20,6 +20,8 @@ class ScriptedRollout:
         self.pad_id = pad_id
         self.calls: list[int] = []
 
+    lockstep = False
+
     def sync_weights(self, source: object) -> None:
         pass
 
@@ -27,6 +29,9 @@ class ScriptedRollout:
         pass
 
     def wake_up(self) -> None:
+        pass
+
+    def close(self) -> None:
         pass
 
     def generate(self, prompts: Sequence[str], n: int, params: SamplingParams) -> Rollouts:
