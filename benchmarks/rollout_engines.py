@@ -1,6 +1,6 @@
 """vLLM's CPU build against the fast and hf engines on the same batches, side by side in one process.
 
-    .venv-vllm/bin/python benchmarks/rollout_engines.py [--repeats 4] [--threads 2]
+    .venv-vllm/bin/python benchmarks/rollout_engines.py [--repeats 6] [--threads 2]
 
 (``make bench`` runs it in ``.venv-vllm``, the venv ``make venv-vllm`` builds.)
 
@@ -59,7 +59,7 @@ def build(name: str, path: Path):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=6)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)

@@ -64,10 +64,20 @@ def request_seed(seed: int, index: int) -> int:
     return int.from_bytes(digest[:8], "little") >> 2
 
 
+def vllm_environment() -> None:
+    """Settings vLLM reads when it is first imported (each only where the user set nothing): in-process
+    engines (the weights sync in memory), and its log on stderr at WARNING: vLLM logs to stdout by
+    default, where ``dapo eval --json`` writes its one JSON object, and its INFO lines would bury the run's."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+
+
 @functools.cache
 def platform_info() -> dict[str, Any]:
     """What vLLM's own platform detection says (imports ``vllm.platforms``, ~6 s cold):
     ``runs`` (vLLM found a platform: a GPU, or this is its CPU build), ``name``, ``cpu``, ``sleep_mode``."""
+    vllm_environment()
     from vllm.platforms import current_platform
 
     return {
@@ -98,12 +108,9 @@ class VLLMRolloutEngine:
         dist: Any = None,
         note: Callable[[str], None] | None = None,
     ) -> None:
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process: weights sync in memory
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # vLLM's INFO lines would bury the run's own
+        vllm_environment()
         from vllm import LLM
 
-        # every reload warns that RotaryEmbedding has no weights to load (it has a computed cache only)
-        logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").setLevel(logging.ERROR)
         self.tokenizer = tokenizer
         self.platform = platform_info()
         self.world_size = getattr(dist, "world_size", 1)
@@ -152,6 +159,9 @@ class VLLMRolloutEngine:
         finally:  # vLLM's CPU worker replaces torch.set_num_threads process-wide and drops to one thread
             torch.set_num_threads = set_threads
             torch.set_num_threads(threads)
+        # every reload warns that RotaryEmbedding has no weights to load (it has a computed cache only); set
+        # after LLM(...), whose logging set-up (dictConfig) resets the levels of vLLM's child loggers
+        logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").setLevel(logging.ERROR)
         self.asleep = False
 
     # ------------------------------------------------------------ memory and weights
