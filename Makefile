@@ -78,11 +78,12 @@ $(VLLM_STAMP): pyproject.toml constraints.txt
 venv-vllm: $(VLLM_STAMP)
 
 # Measurements (minutes; never part of `make test`): tables printed side by side from one run.
-bench: $(STAMP) $(VLLM_STAMP)
+bench: $(STAMP) $(VLLM_STAMP) smollm2
 	$(VENV)/bin/dapo init-model
 	$(PY) benchmarks/distributed_step.py
 	$(PY) benchmarks/rollout_vs_generate.py
 	$(VLLM)/bin/python benchmarks/rollout_engines.py
+	$(VLLM)/bin/python benchmarks/rollout_engines.py --real --repeats 3
 	$(PY) benchmarks/update_throughput.py
 	$(PY) benchmarks/update_throughput.py --ragged
 	$(PY) benchmarks/rl_step_vs_trl.py --pairs 3 --bf16

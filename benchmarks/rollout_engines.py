@@ -1,13 +1,15 @@
 """vLLM's CPU build against the fast and hf engines on the same batches, side by side in one process.
 
     .venv-vllm/bin/python benchmarks/rollout_engines.py [--repeats 6] [--threads 2]
+    .venv-vllm/bin/python benchmarks/rollout_engines.py --real [--repeats 3]
 
-(``make bench`` runs it in ``.venv-vllm``, the venv ``make venv-vllm`` builds.)
+(``make bench`` runs both in ``.venv-vllm``, the venv ``make venv-vllm`` builds.)
 
 Model: the random-init Qwen2 directory of the RL benchmark (hidden 128, 4 layers of 4 heads, head_dim 32,
 character vocabulary, ~1.06 M parameters), float32, ``--threads`` torch threads. Batch: 8 prompts x 8
 samples, at most 48 new tokens, each engine sampling with the model's own EOS (so the cell is new tokens
-per second: each engine draws its own responses).
+per second: each engine draws its own responses). ``--real``: SmolLM2-135M-Instruct (``make smollm2``),
+4 chat-templated prompts x 4 samples, at most 32 new tokens.
 
 - ``start-up``: seconds from nothing to an engine ready to generate (vLLM: ``LLM(...)`` with
   ``enforce_eager``, its CPU default here; fast/hf: loading the policy).
@@ -34,7 +36,7 @@ from dapo_cli.engine.torch import TorchEngine
 from dapo_cli.models import load_policy
 from dapo_cli.rollout.base import SamplingParams
 
-PROMPTS = [f"What is {a}+{b}?\n" for a, b in [(12, 7), (35, 48), (101, 9), (6, 66), (250, 250), (3, 4), (77, 23), (19, 81)]]
+PAIRS = [(12, 7), (35, 48), (101, 9), (6, 66), (250, 250), (3, 4), (77, 23), (19, 81)]
 
 
 def build(name: str, path: Path):
@@ -44,7 +46,7 @@ def build(name: str, path: Path):
     if name == "vllm":
         from dapo_cli.rollout.vllm import VLLMRolloutEngine
 
-        engine = VLLMRolloutEngine(path, tokenizer, gpu_memory_utilization=0.1, sleep_level=0, dtype="float32")
+        engine = VLLMRolloutEngine(path, tokenizer, gpu_memory_utilization=0.1, sleep_level=0, dtype="float32", max_model_len=256)
     elif name == "fast":
         from dapo_cli.rollout.fast import FastRolloutEngine
 
@@ -61,11 +63,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=6)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--real", action="store_true", help="SmolLM2-135M-Instruct instead of the 1 M-parameter policy")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     names = ("vllm", "fast", "hf")
     with tempfile.TemporaryDirectory() as tmp:
-        path = build_policy_dir(Path(tmp) / "policy")
+        if args.real:
+            from dapo_cli.models.gguf import import_gguf, named_gguf_file
+            from dapo_cli.models.loading import default_cache_dir
+            from dapo_cli.models.tokenizer import format_prompt
+
+            path = import_gguf(named_gguf_file("smollm2-135m-instruct", default_cache_dir()), default_cache_dir())
+            _, tokenizer = load_policy(path)
+            prompts = [format_prompt(tokenizer, [{"role": "user", "content": f"What is {a} + {b}?"}]) for a, b in PAIRS[:4]]
+            n, max_tokens, label = 4, 32, "SmolLM2-135M-Instruct, 16 x <=32 tokens"
+        else:
+            path = build_policy_dir(Path(tmp) / "policy")
+            prompts = [f"What is {a}+{b}?\n" for a, b in PAIRS]
+            n, max_tokens, label = 8, 48, "1.06 M-param Qwen2, 64 x <=48 tokens"
         built = {name: build(name, path) for name in names}
         syncs = {}
         for name, (engine, trainer, _) in built.items():
@@ -75,20 +90,20 @@ def main() -> None:
         rates: dict[str, list[float]] = {name: [] for name in names}
         for repeat in range(args.repeats):
             for name, (engine, _, _) in built.items():
-                params = SamplingParams(temperature=1.0, max_tokens=48, seed=repeat)
+                params = SamplingParams(temperature=1.0, max_tokens=max_tokens, seed=repeat)
                 t0 = time.perf_counter()
-                out = engine.generate(PROMPTS, 8, params)
+                out = engine.generate(prompts, n, params)
                 seconds = time.perf_counter() - t0
                 if repeat > 0:
                     rates[name].append(float(out.lengths.sum()) / seconds)
         for engine, _, _ in built.values():
             engine.close()
-    print("## Rollout engines: vLLM's CPU build vs fast vs hf (1.06 M-param Qwen2, 64 x <=48 tokens, float32)")
+    print(f"## Rollout engines: vLLM's CPU build vs fast vs hf ({label}, float32)")
     for line in machine():
         print(line)
     print(f"threads {args.threads}, repeats {args.repeats} (first discarded)")
     rows = [
-        (name, f"{median(rates[name]):.0f}", f"{median(rates[name]) / median(rates['hf']):.2f}x",
+        (name, f"{median(rates[name]):.1f}", f"{median(rates[name]) / median(rates['hf']):.2f}x",
          f"{built[name][2]:.1f}", f"{syncs[name] * 1e3:.1f}")
         for name in names
     ]

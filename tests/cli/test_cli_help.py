@@ -93,7 +93,10 @@ def test_dash_h_is_help(command: str | None) -> None:
     assert short.stdout == long.stdout and "Usage: dapo" in short.stdout
 
 
-def test_shell_completion_scripts() -> None:
+def test_shell_completion_scripts(monkeypatch) -> None:
+    # Typer's own switch for tests: --show-completion takes the shell by name instead of detecting the parent
+    # process's shell (under /bin/sh, as a make recipe with quotes runs, detection finds "sh", which it refuses)
+    monkeypatch.setenv("_TYPER_COMPLETE_TEST_DISABLE_SHELL_DETECTION", "1")
     result = CliRunner().invoke(app, ["--show-completion", "bash"], prog_name="dapo", env=WIDE)
     assert result.exit_code == 0, result.output
     assert "_DAPO_COMPLETE" in result.stdout and "complete" in result.stdout
