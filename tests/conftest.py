@@ -78,12 +78,18 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # subprocesses started by the e2e tests
 
 
+NEEDS = {"vllm": ("vllm",), "gguf": ("gguf", "accelerate")}
+"""Marker → the packages its tests need (``make test`` runs both kinds in ``.venv-vllm``)."""
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """``vllm``-marked tests need vLLM: where it is not installed (the main ``.venv``) they are skipped
-    with the reason; ``make test`` runs them in ``.venv-vllm`` (vLLM's CPU build) with ``-m vllm``."""
-    if importlib.util.find_spec("vllm") is not None:
-        return
-    skip = pytest.mark.skip(reason="needs vLLM, which this venv lacks: `make test` runs these in .venv-vllm (vLLM's CPU build)")
-    for item in items:
-        if "vllm" in item.keywords:
-            item.add_marker(skip)
+    """``vllm``- and ``gguf``-marked tests need packages the main ``.venv`` lacks (vLLM's CPU build; the
+    ``[gguf]`` extra): there they are skipped with the reason; ``make test`` runs them in ``.venv-vllm``."""
+    for marker, packages in NEEDS.items():
+        missing = [p for p in packages if importlib.util.find_spec(p) is None]
+        if not missing:
+            continue
+        skip = pytest.mark.skip(reason=f"needs {', '.join(missing)}, which this venv lacks: `make test` runs these in .venv-vllm")
+        for item in items:
+            if marker in item.keywords:
+                item.add_marker(skip)

@@ -139,8 +139,9 @@ def _load(path: Path, dtype: str) -> tuple[Any, Any]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if importlib.util.find_spec("gguf") is None:
-        raise UserError("reading GGUF needs the gguf package: pip install gguf")
+    missing = [name for name in ("gguf", "accelerate") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise UserError(f"reading GGUF needs {' and '.join(missing)}: pip install 'dapo-cli[gguf]'")
     torch_dtype = getattr(torch, dtype)
     from dapo_cli.models.tiny import quiet_hf_progress
 

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-gguf = pytest.importorskip("gguf")
+from dapo_cli.errors import UserError
+from dapo_cli.models.gguf import IMPORT_CARD, file_sha256, import_gguf
 
-from dapo_cli.errors import UserError  # noqa: E402
-from dapo_cli.models.gguf import IMPORT_CARD, file_sha256, import_gguf  # noqa: E402
+pytestmark = pytest.mark.gguf
 
 TEMPLATE = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -42,6 +42,7 @@ def llama_permute(w: torch.Tensor, heads: int) -> torch.Tensor:
 @pytest.fixture(scope="module")
 def written(tmp_path_factory: pytest.TempPathFactory):
     """(gguf path, the original HF model, its token list)."""
+    import gguf
     from transformers import LlamaConfig, LlamaForCausalLM
 
     tokens = [*SPECIALS, *byte_symbols(), *(m.replace(" ", "") for m in MERGES)]

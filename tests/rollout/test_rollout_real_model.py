@@ -12,6 +12,8 @@ from dapo_cli.models import load_policy
 from dapo_cli.models.tokenizer import format_prompt
 from dapo_cli.rollout.base import SamplingParams
 
+pytestmark = pytest.mark.gguf  # the smollm2_dir fixture imports the GGUF file once (then the cache serves it)
+
 QUESTIONS = ["What is 3 + 4? End with 'Answer: N'.", "What is 12 + 19? End with 'Answer: N'."]
 LOGPROB_TOL = 2e-4
 """float32 on every side; measured 1.9e-5 (fast) and 4.1e-5 (vLLM's CPU build) over 2 x 2 samples of 32 tokens."""
