@@ -29,16 +29,17 @@ def policy(head32_model_dir):
 def engine(request, head32_model_dir, policy):
     model, tokenizer = policy
     if request.param == "hf":
-        from dapo_cli.rollout.hf import HFRolloutEngine
+        from dapo_cli.rollout.hf import HFRolloutEngine as Engine
+    elif request.param == "fast":
+        from dapo_cli.rollout.fast import FastRolloutEngine as Engine
+    else:
+        from dapo_cli.rollout.vllm import VLLMRolloutEngine
 
-        return "hf", HFRolloutEngine(model, tokenizer)
-    if request.param == "fast":
-        from dapo_cli.rollout.fast import FastRolloutEngine
-
-        return "fast", FastRolloutEngine(model, tokenizer)
-    from dapo_cli.rollout.vllm import VLLMRolloutEngine
-
-    return "vllm", VLLMRolloutEngine(head32_model_dir, tokenizer, gpu_memory_utilization=0.1, sleep_level=0, dtype="float32")
+        built = VLLMRolloutEngine(head32_model_dir, tokenizer, gpu_memory_utilization=0.1, sleep_level=0, dtype="float32")
+        yield "vllm", built
+        built.close()  # its KV cache reservation, before the next module's engine
+        return
+    yield request.param, Engine(model, tokenizer)
 
 
 def sample(engine, n=4, **kw):

@@ -30,7 +30,8 @@ def engine(request, smollm2_dir, policy):
     if request.param == "vllm":
         from dapo_cli.rollout.vllm import VLLMRolloutEngine
 
-        built = VLLMRolloutEngine(smollm2_dir, tokenizer, gpu_memory_utilization=0.1, sleep_level=0, dtype="float32", max_model_len=512)
+        # 0.1 of the node (2.35 GiB) left no KV cache once this process had loaded the suite's other models
+        built = VLLMRolloutEngine(smollm2_dir, tokenizer, gpu_memory_utilization=0.3, sleep_level=0, dtype="float32", max_model_len=512)
         yield built
         built.close()
         return

@@ -34,7 +34,8 @@ def setup(head32_model_dir):
         head32_model_dir, tokenizer, gpu_memory_utilization=0.1, sleep_level=1, dtype="float32", note=notes.append
     )
     trainer = TorchEngine(model, lr=3e-3, weight_decay=0.0, warmup_steps=0, grad_clip=1.0)
-    return rollout, trainer, tokenizer, notes
+    yield rollout, trainer, tokenizer, notes
+    rollout.close()
 
 
 def as_batch(out: Rollouts, pad_id: int) -> RolloutBatch:
