@@ -86,22 +86,17 @@ def init_model(
 
 def _import_gguf(source: str, dtype: str, output: Path | None, force: bool) -> None:
     """``--from-gguf``: a file or a registered name → a model folder (the cache, or ``--output``)."""
-    import shutil as _shutil
-
-    from dapo_cli.models.gguf import NAMED_GGUF, import_gguf, named_gguf_file
+    from dapo_cli.models.gguf import IMPORT_CARD, NAMED_GGUF, import_gguf, named_gguf_file
     from dapo_cli.models.loading import default_cache_dir
 
     cache = default_cache_dir()
     file = named_gguf_file(source, cache) if source in NAMED_GGUF else Path(source).expanduser()
-    if output is not None:
-        if output.exists() and force:
-            _shutil.rmtree(output)
-        if not output.exists():
-            from dapo_cli.cli.common import check_writable_dir
+    if output is not None and not output.exists():
+        from dapo_cli.cli.common import check_writable_dir
 
-            check_writable_dir(output, "--output")
-    folder = import_gguf(file, cache, dtype=dtype, output=output)
-    card = json.loads((folder / "dapo_import.json").read_text(encoding="utf-8"))
+        check_writable_dir(output, "--output")
+    folder = import_gguf(file, cache, dtype=dtype, output=output, force=force)
+    card = json.loads((folder / IMPORT_CARD).read_text(encoding="utf-8"))
     console.print(
         f"{card['architecture']} ({card['num_parameters']:,} parameters, {dtype}) from {file} (sha256 {card['sha256'][:16]}) "
         f"at [bold]{folder}[/]; use it with --set model.path={folder}",

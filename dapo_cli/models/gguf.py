@@ -86,11 +86,15 @@ def imported_dir(cache_dir: Path, sha256: str, dtype: str) -> Path:
     return cache_dir / f"gguf-{sha256[:16]}-{dtype}"
 
 
-def import_gguf(file: str | Path, cache_dir: Path, *, dtype: str = "float32", output: Path | None = None) -> Path:
+def import_gguf(
+    file: str | Path, cache_dir: Path, *, dtype: str = "float32", output: Path | None = None, force: bool = False
+) -> Path:
     """The Hugging Face folder of GGUF ``file`` (built once per content hash and dtype, atomically).
 
-    ``output``: write there instead of the cache (refused if it exists). Bad input (a missing file,
-    a file that is not GGUF, an unknown dtype, a missing ``gguf`` package) raises :class:`UserError`."""
+    ``output``: write there instead of the cache (an existing folder only with ``force``); ``force``:
+    rebuild even a cached folder. An existing folder is replaced only once the new one is complete.
+    Bad input (a missing file, a file that is not GGUF, an unknown dtype, a missing ``gguf`` package)
+    raises :class:`UserError`."""
     path = Path(file)
     if dtype not in DTYPES:
         raise UserError(f"--dtype must be one of {', '.join(DTYPES)} (got {dtype!r})")
@@ -101,10 +105,10 @@ def import_gguf(file: str | Path, cache_dir: Path, *, dtype: str = "float32", ou
             raise UserError(f"{path} is not a GGUF file (it does not start with the GGUF magic bytes)")
     sha = sha256_file(path)
     target = output if output is not None else imported_dir(cache_dir, sha, dtype)
-    if output is None and _card_matches(target, sha, dtype):
+    if output is None and not force and _card_matches(target, sha, dtype):
         return target
-    if output is not None and output.exists():
-        raise UserError(f"{output} already exists; choose another --output or remove it")
+    if output is not None and output.exists() and not force:
+        raise UserError(f"{output} already exists; pass --force to replace it, or choose another --output")
     model, tokenizer = _load(path, dtype)
     card = {"source": str(path.resolve()), "sha256": sha, "dtype": dtype, "architecture": type(model).__name__,
             "num_parameters": sum(p.numel() for p in model.parameters()), **_versions()}

@@ -180,3 +180,24 @@ def test_the_real_smollm2_file_imports_to_the_model_transformers_reads_from_it(s
     direct = AutoModelForCausalLM.from_pretrained(str(file.parent), gguf_file=file.name, dtype=torch.float32).eval()
     with torch.no_grad():
         assert torch.equal(model(x).logits, direct(x).logits)
+
+
+def test_init_model_from_gguf_through_the_cli(written, tmp_path: Path, monkeypatch) -> None:
+    from typer.testing import CliRunner
+
+    from dapo_cli.cli import app
+
+    path, _, _ = written
+    monkeypatch.setenv("DAPO_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "models" / "tiny"
+    first = CliRunner().invoke(app, ["init-model", "--from-gguf", str(path), "-o", str(out)])
+    assert first.exit_code == 0, first.output
+    assert "LlamaForCausalLM" in first.output and (out / IMPORT_CARD).is_file() and (out / "model.safetensors").is_file()
+    again = CliRunner().invoke(app, ["init-model", "--from-gguf", str(path), "-o", str(out)])
+    assert again.exit_code == 2 and "already exists; pass --force" in again.stderr
+    assert CliRunner().invoke(app, ["init-model", "--from-gguf", str(path), "-o", str(out), "--force"]).exit_code == 0
+    for args, message in [(["--dtype", "float16"], "--dtype must be one of float32, bfloat16"),
+                          (["--from-gguf", "nope"], "GGUF file nope does not exist")]:
+        bad = CliRunner().invoke(app, ["init-model", "--from-gguf", str(path), *args] if args[0] == "--dtype" else ["init-model", *args])
+        lines = bad.stderr.strip().splitlines()
+        assert bad.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], bad.output
