@@ -54,7 +54,7 @@ Engine = Enum("Engine", {c: c for c in _choices("engine")}, type=str)  # type: i
 def eval_command(
     checkpoint: Annotated[
         str | None,
-        typer.Argument(help="A save_pretrained dir, a checkpoint dir containing model/, or builtin:tiny.", show_default=False),
+        typer.Argument(help="A save_pretrained dir, a checkpoint dir containing model/, builtin:tiny, or gguf:smollm2-135m-instruct.", show_default=False),
     ] = None,
     dataset: Annotated[str, typer.Option(help="Registered name (aime24, ...) or a parquet/JSONL path.", rich_help_panel=Panel.DATA)] = DEFAULTS.dataset,
     limit: Annotated[int | None, typer.Option(help="Evaluate only the first N problems.", show_default="all problems", rich_help_panel=Panel.DATA)] = None,

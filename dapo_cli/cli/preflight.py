@@ -65,9 +65,9 @@ def check_model(cfg: Config, *, resume: bool) -> None:
     spec = cfg.model.path
     if spec.startswith("builtin:") or (resume and not cfg.algorithm.use_kl_loss):
         return
-    from dapo_cli.models.loading import check_model_dir, is_hub_id
+    from dapo_cli.models.loading import check_model_dir, is_hub_id, resolve_model
 
-    path = Path(spec).expanduser()
+    path = resolve_model(spec, cfg.model.tiny)  # gguf:NAME -> its imported folder; a path as given
     if path.exists():
         if not path.is_dir():
             raise UserError(f"model.path={spec} is a file; give a save_pretrained directory, a hub id or builtin:tiny")

@@ -33,7 +33,7 @@ class DataConfig:
 
 @dataclass
 class ModelConfig:
-    path: str = setting("builtin:tiny", "policy: a save_pretrained directory, a hub id, or builtin:tiny (built and cached on first use)")
+    path: str = setting("builtin:tiny", "policy: a save_pretrained directory, a hub id, builtin:tiny (built and cached on first use) or gguf:smollm2-135m-instruct (a registered GGUF, imported by make smollm2)")
     dtype: str = setting("float32", "parameter dtype for training", choices=("float32", "bfloat16", "float16"))
     tiny: TinyModelConfig = setting(TinyModelConfig(), "architecture and warm-start of builtin:tiny")
 

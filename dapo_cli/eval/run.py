@@ -389,13 +389,15 @@ def write_outputs(directory: Path, result: EvalResult, settings: Mapping[str, An
 # --------------------------------------------------------------------------- checkpoint and engine
 
 def resolve_checkpoint(spec: str) -> str:
-    """A loadable model: a ``save_pretrained`` dir, ``<ckpt>/model/``, ``builtin:tiny``, or a hub id.
+    """A loadable model: a ``save_pretrained`` dir, ``<ckpt>/model/``, ``builtin:tiny``,
+    ``gguf:NAME``, or a hub id.
 
     A checkpoint of ours (``<ckpt>/model/`` + ``<ckpt>/trainer_state.pt``) resolves to
     its ``model/``. ``builtin:tiny`` is built (once, cached) with the embedded tiny
-    experiment's ``model.tiny`` settings, as ``dapo train`` would.
+    experiment's ``model.tiny`` settings, as ``dapo train`` would; ``gguf:NAME`` is the
+    imported folder of a registered GGUF file.
     """
-    if spec.startswith("builtin:"):
+    if spec.startswith(("builtin:", "gguf:")):
         from dapo_cli.config import load_config
         from dapo_cli.models.loading import resolve_model
 

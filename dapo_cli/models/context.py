@@ -49,11 +49,18 @@ def context_of_dir(path: Path) -> int | None:
 def context_of_spec(spec: str, tiny_positions: int) -> tuple[int | None, str]:
     """``(context, where it comes from)`` for a ``model.path`` without loading weights.
 
-    ``builtin:*``: ``tiny_positions`` (``model.tiny.max_position_embeddings``); a local folder: its
+    ``builtin:*``: ``tiny_positions`` (``model.tiny.max_position_embeddings``); ``gguf:NAME`` and a local folder: its
     ``config.json``; a hub id: the cached ``config.json`` (None when not cached yet).
     """
     if spec.startswith("builtin:"):
         return tiny_positions, "model.tiny.max_position_embeddings"
+    from dapo_cli.models.gguf import GGUF_PREFIX, named_model_dir
+
+    if spec.startswith(GGUF_PREFIX):
+        from dapo_cli.models.loading import default_cache_dir
+
+        path = named_model_dir(spec[len(GGUF_PREFIX) :], default_cache_dir())
+        return context_of_dir(path), f"max_position_embeddings in {path / 'config.json'}"
     path = Path(spec).expanduser()
     if path.is_dir():
         return context_of_dir(path), f"max_position_embeddings in {path / 'config.json'}"

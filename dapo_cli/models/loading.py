@@ -34,6 +34,7 @@ from transformers import (
 from dapo_cli.config.tiny import TinyModelConfig
 from dapo_cli.errors import UserError
 from dapo_cli.fileio import atomic_dir, safetensors_problem
+from dapo_cli.models.gguf import GGUF_PREFIX, named_model_dir
 from dapo_cli.models.hub import first_line as _first_line
 from dapo_cli.models.hub import hub_offline, hub_reachable, is_hub_id, model_snapshot  # noqa: F401 (re-exported)
 from dapo_cli.models.tiny import quiet_hf_progress
@@ -70,7 +71,8 @@ def resolve_model(spec: str, tiny: TinyModelConfig, cache_dir: Path | None = Non
     ``builtin:tiny`` resolves to ``<cache_dir>/tiny-<tiny.fingerprint()>``; when that
     folder is missing the policy is warm-started into a temporary sibling and renamed
     into place (so an interrupted build leaves nothing behind), with one line on
-    stderr saying so. Any other spec is returned as a path (``~`` expanded);
+    stderr saying so. ``gguf:NAME`` resolves to the imported folder of a registered GGUF
+    (:func:`dapo_cli.models.gguf.named_model_dir`). Any other spec is returned as a path (``~`` expanded);
     :func:`load_policy` treats one that does not exist locally as a hub id.
     """
     if spec.startswith("builtin:"):
@@ -86,6 +88,8 @@ def resolve_model(spec: str, tiny: TinyModelConfig, cache_dir: Path | None = Non
             with atomic_dir(path) as tmp:
                 warm_start(tiny, tmp)
         return path
+    if spec.startswith(GGUF_PREFIX):
+        return named_model_dir(spec[len(GGUF_PREFIX) :], cache_dir or default_cache_dir())
     return Path(spec).expanduser()
 
 
