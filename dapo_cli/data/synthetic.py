@@ -14,6 +14,13 @@ arith-medium  a+b, a-b (a >= b), a*d (d one digit), 1-3 digit operands     17-39
 add-5digit    a+b, 1-5 digit operands (long answers)                       17-59, mean 44
 ============  ===========================================================  ================
 
+``fewshot-add-2digit`` is for pretrained chat models (SmolLM2-135M-Instruct, see
+``docs/real-model.md``): the problems of ``add-2digit``, each in the DAPO instruction
+(:data:`~dapo_cli.data.schema.DAPO_INSTRUCTION`) after one worked example turn
+(``What is 3+4?`` → ``3 + 4 = 7`` / ``Answer: 7``). Measured on SmolLM2-135M-Instruct at
+T=1.0, avg@4 over 16 problems: the bare DAPO instruction 0/64 correct (it almost never writes
+an ``Answer:`` line), with the example 16/64 on one-digit and 6/64 on two-digit operands.
+
 Worked solutions go column by column from the units digit, one line per column,
 carry or borrow written explicitly (``5+7+0=12`` then ``8+4+1=13`` ...), and end
 with ``Answer: N``. Operand lengths are drawn uniformly first, so short operands
@@ -39,7 +46,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from dapo_cli.data.schema import make_row
+from dapo_cli.data.schema import DAPO_INSTRUCTION, make_row
 from dapo_cli.errors import UserError
 
 SPLITS: tuple[str, ...] = ("train", "val", "test")
@@ -73,11 +80,26 @@ the worked steps (built only for problems that land in the requested split)."""
 
 @dataclass(frozen=True)
 class SyntheticTask:
-    """A named problem generator: ``sample(rng) -> (problem, answer, steps thunk)`` (see :data:`Draw`)."""
+    """A named problem generator: ``sample(rng) -> (problem, answer, steps thunk)`` (see :data:`Draw`).
+
+    ``template`` renders the problem into the user message (``{problem}`` replaced); ``shots``
+    are worked ``(problem, response)`` examples shown first as earlier chat turns, each problem
+    in the same template."""
 
     name: str
     description: str
     sample: Callable[[random.Random], Draw]
+    template: str = PROMPT_TEMPLATE
+    shots: tuple[tuple[str, str], ...] = ()
+
+    def messages(self, problem: str) -> list[dict[str, str]]:
+        """The prompt's chat messages: the shots' user/assistant turns, then the problem's user turn."""
+        out: list[dict[str, str]] = []
+        for shot_problem, response in self.shots:
+            out.append({"role": "user", "content": self.template.replace("{problem}", shot_problem)})
+            out.append({"role": "assistant", "content": response})
+        out.append({"role": "user", "content": self.template.replace("{problem}", problem)})
+        return out
 
 
 def answer_line(answer: int) -> str:
@@ -218,6 +240,10 @@ SYNTHETIC_TASKS: dict[str, SyntheticTask] = {
             "arith-medium", "a+b, a-b, a*d (d one digit), 1-3 digits, column-by-column", _sample_medium
         ),
         SyntheticTask("add-5digit", "a+b, 1-5 digit operands, column-by-column (long answers)", _sample_add5),
+        SyntheticTask(
+            "fewshot-add-2digit", "a+b, 1-2 digit operands, DAPO instruction after one worked chat example",
+            _sample_add2, template=DAPO_INSTRUCTION, shots=(("What is 3+4?", "3 + 4 = 7\nAnswer: 7"),),
+        ),
     )
 }
 """Task registry, easy to hard; see the module docstring for the formats."""
@@ -289,20 +315,17 @@ def generate_examples(name: str, n: int, seed: int, *, split: str = "train") -> 
 def generate_rows(name: str, n: int, seed: int, split: str) -> list[dict[str, Any]]:
     """``n`` DAPO-schema rows (see :mod:`dapo_cli.data.schema`) for task ``name``.
 
-    The prompt is the bare problem (:data:`PROMPT_TEMPLATE`), ``data_source`` is
-    ``synthetic/<name>``, the ground truth is the integer answer as a string and
-    ``extra_info.conversion`` is ``"integer"``.
+    The prompt is the task's :meth:`SyntheticTask.messages` (for most tasks the bare problem,
+    :data:`PROMPT_TEMPLATE`), ``data_source`` is ``synthetic/<name>``, the ground truth is the
+    integer answer as a string and ``extra_info.conversion`` is ``"integer"``.
     """
-    return [
-        make_row(
-            ex.problem,
-            str(ex.answer),
-            index=i,
-            template=PROMPT_TEMPLATE,
-            data_source=f"synthetic/{name}",
-            split=split,
-            original_answer=str(ex.answer),
-            conversion="integer",
+    task = get_task(name)
+    rows = []
+    for i, ex in enumerate(generate_examples(name, n, seed, split=split)):
+        row = make_row(
+            ex.problem, str(ex.answer), index=i, data_source=f"synthetic/{name}", split=split,
+            original_answer=str(ex.answer), conversion="integer",
         )
-        for i, ex in enumerate(generate_examples(name, n, seed, split=split))
-    ]
+        row["prompt"] = task.messages(ex.problem)
+        rows.append(row)
+    return rows

@@ -197,3 +197,25 @@ def test_looped_solution_repeats_one_working_line_a_geometric_number_of_times():
     assert max(len(c) for c in capped) <= 40 and max(len(c) for c in capped) > 40 - 9  # copies of 8+1 characters
     with pytest.raises(ValueError):
         looped_solution(solution, rng, 1.0)
+
+
+def test_the_fewshot_task_puts_one_worked_example_before_the_problem_in_the_dapo_instruction():
+    from dapo_cli.data.schema import DAPO_INSTRUCTION
+
+    [row] = generate_rows("fewshot-add-2digit", 1, seed=0, split="val")
+    [ex] = generate_examples("fewshot-add-2digit", 1, seed=0, split="val")
+    assert [m["role"] for m in row["prompt"]] == ["user", "assistant", "user"]
+    assert row["prompt"][0]["content"] == DAPO_INSTRUCTION.replace("{problem}", "What is 3+4?")
+    assert row["prompt"][1]["content"] == "3 + 4 = 7\nAnswer: 7"  # the format the verifier reads
+    assert row["prompt"][2]["content"] == DAPO_INSTRUCTION.replace("{problem}", ex.problem)
+    assert row["extra_info"]["raw_problem"] == ex.problem and row["reward_model"]["ground_truth"] == str(ex.answer)
+    # add-2digit's problems (a+b, 1-2 digit operands), in the same hash split
+    for e in generate_examples("fewshot-add-2digit", 50, seed=0, split="val"):
+        a, b = map(int, re.fullmatch(r"What is (\d{1,2})\+(\d{1,2})\?", e.problem).groups())
+        assert e.answer == a + b and split_of(e.problem) == "val"
+
+
+def test_tasks_without_shots_keep_the_bare_single_user_message():
+    for name, task in SYNTHETIC_TASKS.items():
+        if not task.shots:
+            assert task.messages("What is 1+2?") == [{"role": "user", "content": "What is 1+2?"}], name

@@ -59,6 +59,25 @@ def test_the_chat_template_frames_the_prompt_and_eos_is_im_end(policy):
     assert tokenizer(text)["input_ids"] == ids  # add_special_tokens adds nothing either
 
 
+def test_the_fewshot_prompt_closes_its_example_turn_with_eos_and_fits_the_experiments_limit(policy):
+    """fewshot-add-2digit (experiments/smollm2-135m.yaml): system, user, assistant (the worked example), user.
+    Every turn ends with <|im_end|>, so EOS (id 2) sits inside the prompt after each turn, and the prompt
+    ends with the generation prompt; the rollout engines stop only at an EOS they generate."""
+    from dapo_cli.data.synthetic import generate_rows
+
+    _, tokenizer = policy
+    row = generate_rows("fewshot-add-2digit", 1, seed=0, split="val")[0]
+    text = format_prompt(tokenizer, row["prompt"])
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    im_start, im_end = 1, 2
+    assert ids.count(im_start) == 5 and ids.count(im_end) == 4  # 4 closed turns, then "<|im_start|>assistant\n"
+    roles = [tokenizer.decode(ids[i + 1 : i + 3]).split("\n")[0] for i, t in enumerate(ids) if t == im_start]
+    assert roles == ["system", "user", "assistant", "user", "assistant"]
+    example = tokenizer.decode(ids[ids.index(im_end, ids.index(im_end) + 1) + 1 :])
+    assert "3 + 4 = 7\nAnswer: 7<|im_end|>" in example
+    assert len(ids) <= 256  # data.max_prompt_length of the experiment: no training prompt is dropped
+
+
 def test_greedy_tokens_are_the_trainers_argmax_and_end_at_im_end(engine, policy):
     model, tokenizer = policy
     out = engine.generate(prompts(tokenizer), 1, SamplingParams(temperature=0.0, max_tokens=24, seed=0))
