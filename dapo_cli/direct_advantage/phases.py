@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from dapo_cli.algo.direct_advantage import centered_advantages, state_gaps
+from dapo_cli.algo.direct_advantage import centered_advantages, gap_filter, state_gaps
 from dapo_cli.direct_advantage.steps import (
     choose_solutions,
     first_step,
@@ -278,8 +278,9 @@ def advantages_phase(
         sid = torch.tensor([r["state"] for r in rows], dtype=torch.long)
         adv = centered_advantages(q, sid)
         gap = state_gaps(adv, sid)
-        for r, a, g in zip(rows, adv.tolist(), gap.tolist()):
-            r.update(advantage=a, gap=g, kept=bool(g >= min_gap - 1e-6))
+        keep = gap_filter(adv, sid, min_gap)
+        for r, a, g, k in zip(rows, adv.tolist(), gap.tolist(), keep.tolist()):
+            r.update(advantage=a, gap=g, kept=bool(k))
     states = {r["state"] for r in rows}
     kept_states = {r["state"] for r in rows if r["kept"]}
     kept = [r for r in rows if r["kept"]]

@@ -148,6 +148,23 @@ def test_gap_filter_drops_states_whose_candidates_are_alike():
     assert all(r["kept"] for r in rows)
 
 
+def test_the_phase_keeps_what_algo_gap_filter_keeps(monkeypatch):
+    """The tested ``algo.direct_advantage.gap_filter`` is the function the phase runs (no inline copy)."""
+    import dapo_cli.direct_advantage.phases as phases
+    from dapo_cli.algo.direct_advantage import gap_filter
+
+    calls = []
+
+    def spy(advantages, state_index, min_gap):
+        calls.append(min_gap)
+        return ~gap_filter(advantages, state_index, min_gap)  # inverted, so only a call to it explains the rows
+
+    monkeypatch.setattr(phases, "gap_filter", spy)
+    rows, metrics = advantages_phase(mc_rows(), critic, delimiter="\n", terminal_value="verifier", min_gap=0.1)
+    assert calls == [0.1]
+    assert not any(r["kept"] for r in rows) and metrics["states_kept"] == 0  # every state had gap 1.0 >= 0.1
+
+
 def test_state_batches_keep_a_states_candidates_together():
     states = [5, 5, 9, 9, 9, 2, 7]
     batches = state_batches(states, 2, torch.Generator().manual_seed(0))
