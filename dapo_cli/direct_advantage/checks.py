@@ -44,15 +44,6 @@ FREE_KEYS: tuple[str, ...] = (
 )
 """Settings that change no stored result (where it is recorded, how fast, how many iterations)."""
 
-UNUSED_BY_DIRECT_ADVANTAGE = (
-    "rollout.n", "trainer.total_steps", "trainer.ppo_mini_batch_size", "trainer.ppo_micro_batch_size",
-    "trainer.ppo_epochs", "trainer.lr", "trainer.lr_warmup_steps", "trainer.weight_decay", "trainer.save_freq",
-    "trainer.test_freq", "trainer.log_samples_freq", "trainer.collapse_patience", "data.train_batch_size",
-    "data.gen_batch_size",
-)
-"""DAPO loop settings that algo: direct-advantage ignores (documented; not rejected: the embedded
-defaults set several of them)."""
-
 
 def phase_of_key(key: str) -> str | None:
     """The stage whose stored data depend on setting ``key`` (None: a free setting). Unknown keys

@@ -221,10 +221,3 @@ class DeepSpeedEngine:
             from dapo_cli.models import save_policy
 
             save_policy(self.module, tokenizer, directory, state_dict=state)
-
-
-def deepspeed_available() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("deepspeed") is not None
-
