@@ -200,9 +200,3 @@ class StepReporter:
     def note(self, text: str) -> None:
         if not self.quiet:
             self.progress.console.print(text, highlight=False, markup=False, soft_wrap=True)
-
-    def finish(self, summary: dict[str, Any]) -> None:
-        """The held-out accuracy before and after (a log line; the caller prints the results)."""
-        base, final = summary.get("base_val"), summary.get("final_val")
-        if base is not None and final is not None:
-            self.note(f"held-out accuracy: {base:.3f} (base) → {final:.3f} (final), {final - base:+.3f}")

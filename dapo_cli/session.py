@@ -471,8 +471,7 @@ class TrainingSession:
                 self.upload_checkpoint(tracker, latest, "checkpoint")
         if self.dist.is_main:
             write_text_atomic(self.run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
-        self.reporter.finish(summary)
-        return summary
+        return summary  # the CLI prints it (held-out accuracy base → final, run dir, checkpoint) once, on stdout
 
 
 def load_run_data(cfg: Config, tokenizer: Any, world_size: int) -> tuple[PromptStream, list[Any], list[str], dict[str, Any]]:

@@ -70,6 +70,7 @@ def test_train_results_on_stdout_progress_and_steps_on_stderr(workdir: Path, tin
     assert f"run dir:    {workdir / 'runs' / 'out' / RUN}" in out
     assert f"MLflow run: {run.info.run_id}  (mlflow ui --backend-store-uri sqlite:///{workdir / 'mlflow.db'})" in out
     assert any(line.startswith("held-out accuracy: ") for line in out)
+    assert result.output.count("held-out accuracy: ") == 1  # once, with the results (not also as a log line)
     assert any(line.startswith("last step:  acc ") for line in out)
     assert step_lines(result.stdout) == []  # no logs among the results
     steps = step_lines(result.stderr)
