@@ -397,7 +397,9 @@ def resolve_checkpoint(spec: str) -> str:
     experiment's ``model.tiny`` settings, as ``dapo train`` would; ``gguf:NAME`` is the
     imported folder of a registered GGUF file.
     """
-    if spec.startswith(("builtin:", "gguf:")):
+    from dapo_cli.models.loading import NAMED_MODEL_PREFIXES
+
+    if spec.startswith(NAMED_MODEL_PREFIXES):
         from dapo_cli.config import load_config
         from dapo_cli.models.loading import resolve_model
 

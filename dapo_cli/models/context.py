@@ -60,8 +60,8 @@ def context_of_spec(spec: str, tiny_positions: int) -> tuple[int | None, str]:
         from dapo_cli.models.loading import default_cache_dir
 
         path = named_model_dir(spec[len(GGUF_PREFIX) :], default_cache_dir())
-        return context_of_dir(path), f"max_position_embeddings in {path / 'config.json'}"
-    path = Path(spec).expanduser()
+    else:
+        path = Path(spec).expanduser()
     if path.is_dir():
         return context_of_dir(path), f"max_position_embeddings in {path / 'config.json'}"
     from dapo_cli.models.hub import cached_file, is_hub_id

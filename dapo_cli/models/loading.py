@@ -46,6 +46,9 @@ __all__ = ["BUILTIN_MODELS", "check_model_dir", "default_cache_dir", "format_pro
 BUILTIN_MODELS: tuple[str, ...] = ("builtin:tiny",)
 """Model specs the project builds itself."""
 
+NAMED_MODEL_PREFIXES: tuple[str, ...] = ("builtin:", GGUF_PREFIX)
+"""Spec prefixes that :func:`resolve_model` turns into a cached folder (building or importing it once)."""
+
 GENERIC_TOKENIZER_CLASSES = frozenset({"PreTrainedTokenizerFast", "TokenizersBackend"})
 """``tokenizer_class`` values that mean "exactly the tokenizer.json in this folder".
 
