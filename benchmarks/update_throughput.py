@@ -108,7 +108,7 @@ def time_updates(path: Path, length: int, repeats: int, ragged: bool) -> dict[tu
     from dapo_cli.config import apply_techniques, load_config
     from dapo_cli.engine.torch import TorchEngine
     from dapo_cli.models import load_policy
-    from dapo_cli.train import fill_old_log_probs, update_policy
+    from dapo_cli.update import fill_old_log_probs, update_policy
 
     cfg = apply_techniques(load_config(None, [
         "rollout.n=8", "data.train_batch_size=8", "trainer.ppo_mini_batch_size=8", "trainer.ppo_micro_batch_size=64",

@@ -388,7 +388,7 @@ class TrainingSession:
             self._tracker.flush()      # a resume from it never finds a recorded step missing
         run_info = {  # model/dapo_run.json: `dapo eval` of these weights links its run to this one
             "mlflow_run_id": self.mlflow_run_id or "", "experiment": self.cfg.tracking.experiment,
-            "tracking_uri": getattr(self._tracker, "tracking_uri", ""), "run_name": self.display_name,
+            "tracking_uri": self._tracker.tracking_uri if self._tracker is not None else "", "run_name": self.display_name,
             "run_dir": str(self.run_dir.resolve()),
         }
         saved = self.ckpt.save(step, dist=self.dist, write=self._write_checkpoint, trainer_state=state, run_info=run_info)
@@ -453,7 +453,7 @@ class TrainingSession:
             "run_name": self.run_name,
             "run_dir": str(self.run_dir),
             "mlflow_run_id": self.mlflow_run_id,
-            "tracking_uri": getattr(tracker, "tracking_uri", "") or None,
+            "tracking_uri": tracker.tracking_uri or None,
             "checkpoint": str(latest / "model") if latest else None,
             "base_val": self.base_val,
             "final_val": self.last_val,

@@ -283,5 +283,5 @@ def finish(ctx: Context, name: str, wall_s: float) -> dict[str, Any]:
     if checkpoint is not None:
         ctx.reporter.note(f"checkpoint: {checkpoint}")
     if tracker.run_id:
-        ctx.reporter.note(f"MLflow run: {tracker.run_id}  (mlflow ui --backend-store-uri {getattr(tracker, 'tracking_uri', '')})")
+        ctx.reporter.note(f"MLflow run: {tracker.run_id}  (mlflow ui --backend-store-uri {tracker.tracking_uri})")
     return summary

@@ -531,7 +531,6 @@ def run_eval(
         raise UserError(f"--table-rows must be 0 or more (got {opts.table_rows})")
     check_memory(opts, 1)  # before anything loads: even one problem may not fit
     from dapo_cli.components import ROLLOUT_ENGINES, build_eval_rollout
-    from dapo_cli.models.context import check_prompts_fit
 
     if opts.engine not in ROLLOUT_ENGINES:
         raise UserError(f"unknown engine '{opts.engine}'; valid names: {', '.join(ROLLOUT_ENGINES)}")
@@ -556,7 +555,8 @@ def run_eval(
     engine, format_prompt = build_eval_rollout(opts.engine, model, opts.batch_size, log) if todo else (None, None)
     try:
         prompts = [format_prompt(p.messages) for p in problems] if todo else []
-        check_prompts_fit(engine, prompts, opts.max_tokens)  # a prompt over the context fails here, with no run opened
+        if engine is not None:  # a prompt over the context fails here, with no run opened
+            engine.check_prompts(prompts, opts.max_tokens)
         tags = {"dapo.command": "eval", "dapo.checkpoint": model, **source_tags(source)}
         name = run_name(model, opts.dataset, opts.k, source_label(source))
         with start_run(tracking, name, tags=tags) as tracker:

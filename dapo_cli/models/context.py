@@ -15,6 +15,7 @@ what comes out is garbage. So the length budget is checked before anything is ge
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -102,11 +103,10 @@ def check_fits(prompt_tokens: int, max_tokens: int, model: Any) -> None:
     )
 
 
-def check_prompts_fit(engine: Any, prompts: list[str], max_tokens: int) -> None:
-    """:func:`check_fits` for the longest of ``prompts`` as ``engine`` (a local rollout engine with
-    ``tokenizer`` and ``model``) will tokenise them; engines without both (vLLM) check themselves."""
-    tokenizer, model = getattr(engine, "tokenizer", None), getattr(engine, "model", None)
-    if tokenizer is None or model is None or not prompts:
+def check_prompts_fit(tokenizer: Any, model: Any, prompts: Sequence[str], max_tokens: int) -> None:
+    """:func:`check_fits` for the longest of ``prompts`` as ``tokenizer`` tokenises them (without added
+    special tokens, as the local rollout engines do) against ``model``'s context."""
+    if not prompts:
         return
     longest = max(len(ids) for ids in tokenizer(list(prompts), add_special_tokens=False)["input_ids"])
     check_fits(longest, max_tokens, model)

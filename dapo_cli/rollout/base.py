@@ -68,6 +68,17 @@ class RolloutEngine(Protocol):
     """Every rank must call :meth:`generate` as often as the others (vLLM's data-parallel engines under
     torchrun step together): then every rank runs validation too, not rank 0 alone."""
 
+    seeds_per_prompt: bool
+    """Each response's random stream is keyed by its prompt's text (never by its place in the call), so
+    ``train.collect_batch`` gives every rank the same seed and samples do not depend on the world size;
+    False: a rank's seed must differ from the other ranks' (it is derived with the rank)."""
+
+    def check_prompts(self, prompts: Sequence[str], max_tokens: int) -> None:
+        """Raise a one-line ``UserError`` when the longest of ``prompts`` plus ``max_tokens`` exceeds the
+        model's context, before anything is generated or recorded (an engine that checks inside
+        :meth:`generate` with its own message, as vLLM does, may do nothing here)."""
+        ...
+
     def generate(self, prompts: Sequence[str], n: int, params: SamplingParams) -> Rollouts:
         """``prompts`` are already-templated strings (chat template applied)."""
         ...

@@ -46,7 +46,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from dapo_cli.models.native import NativeLlama
-from dapo_cli.models.context import check_fits
+from dapo_cli.models.context import check_fits, check_prompts_fit
 from dapo_cli.rollout.base import Rollouts, SamplingParams, WeightSource
 from dapo_cli.rollout.hf import check_engine_arguments, copy_exported_weights, eos_token_ids
 
@@ -295,6 +295,10 @@ class FastRolloutEngine:
 
     lockstep = False
     """Each rank's engine is its own: rank 0 alone may generate (validation)."""
+
+    def check_prompts(self, prompts: Sequence[str], max_tokens: int) -> None:
+        """The longest prompt plus ``max_tokens`` within the model's context (:func:`check_prompts_fit`)."""
+        check_prompts_fit(self.tokenizer, self.model, prompts, max_tokens)
 
     def sleep(self) -> None:
         """No-op: the weights are the trainer's (or a CPU-side copy) and no cache outlives ``generate``."""

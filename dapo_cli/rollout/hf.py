@@ -27,7 +27,7 @@ from collections.abc import Sequence
 import torch
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList, PreTrainedModel, PreTrainedTokenizerBase
 
-from dapo_cli.models.context import check_fits
+from dapo_cli.models.context import check_fits, check_prompts_fit
 from dapo_cli.rollout.base import Rollouts, SamplingParams, WeightSource
 
 NEUTRAL_PROCESSORS: dict[str, float | int] = {
@@ -175,6 +175,10 @@ class HFRolloutEngine:
             return
         copy_exported_weights(self.model, source)
 
+    def check_prompts(self, prompts: Sequence[str], max_tokens: int) -> None:
+        """The longest prompt plus ``max_tokens`` within the model's context (:func:`check_prompts_fit`)."""
+        check_prompts_fit(self.tokenizer, self.model, prompts, max_tokens)
+
     def generate(self, prompts: Sequence[str], n: int, params: SamplingParams) -> Rollouts:
         """Sample ``n`` responses per already-templated prompt; see :class:`Rollouts` for shapes.
 
@@ -234,6 +238,9 @@ class HFRolloutEngine:
 
     lockstep = False
     """Each rank's engine is its own: rank 0 alone may generate (validation)."""
+
+    seeds_per_prompt = False
+    """One seed drives the whole call (transformers samples from one global stream), so ranks need seeds of their own."""
 
     def sleep(self) -> None:
         """No-op: the weights are the trainer's and no cache outlives ``generate``."""

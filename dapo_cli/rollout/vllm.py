@@ -46,11 +46,14 @@ import logging
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from dapo_cli.rollout.base import Rollouts, SamplingParams, WeightSource
+
+if TYPE_CHECKING:
+    from dapo_cli.engine.dist import Collective
 
 CPU_MIN_BATCHED_TOKENS = 16384
 """Token budget of one scheduler step on the CPU platform (or ``max_model_len`` if longer): with
@@ -105,7 +108,7 @@ class VLLMRolloutEngine:
         max_model_len: int | None = None,
         dtype: str = "auto",
         seed: int = 0,
-        dist: Any = None,
+        dist: Collective | None = None,
         note: Callable[[str], None] | None = None,
     ) -> None:
         vllm_environment()
@@ -113,8 +116,8 @@ class VLLMRolloutEngine:
 
         self.tokenizer = tokenizer
         self.platform = platform_info()
-        self.world_size = getattr(dist, "world_size", 1)
-        self.rank = getattr(dist, "rank", 0)
+        self.world_size = dist.world_size if dist is not None else 1
+        self.rank = dist.rank if dist is not None else 0
         self.tp = tensor_parallel_size
         if self.world_size % self.tp:
             raise ValueError(f"rollout.tensor_parallel_size={self.tp} does not divide the world size {self.world_size}")
@@ -163,6 +166,12 @@ class VLLMRolloutEngine:
         # after LLM(...), whose logging set-up (dictConfig) resets the levels of vLLM's child loggers
         logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").setLevel(logging.ERROR)
         self.asleep = False
+
+    seeds_per_prompt = False
+    """Request seeds hash (seed, the prompt's index in the call): ranks need seeds of their own."""
+
+    def check_prompts(self, prompts: Sequence[str], max_tokens: int) -> None:
+        """Nothing here: vLLM checks every request against its ``max_model_len`` in :meth:`generate`."""
 
     # ------------------------------------------------------------ memory and weights
 

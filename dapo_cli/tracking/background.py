@@ -36,14 +36,12 @@ class BackgroundTracker:
     def __init__(self, inner: Tracker) -> None:
         self.inner = inner
         self.run_id = inner.run_id
+        self.tracking_uri = inner.tracking_uri
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dapo-tracking")
         self._pending: list[Future[None]] = []
         self._lock = threading.Lock()
         self._failed: BaseException | None = None
         self._raised = False
-
-    def __getattr__(self, name: str) -> Any:  # tracking_uri, experiment, client: the inner tracker's
-        return getattr(self.inner, name)
 
     # -- queued: what a training step logs -------------------------------------------------
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:

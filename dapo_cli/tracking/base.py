@@ -15,6 +15,8 @@ class Tracker(Protocol):
     """One run's record: params, tags, per-step metrics, artifacts and tables."""
 
     run_id: str
+    tracking_uri: str
+    """Where the run is stored (the resolved MLflow URI); empty when nothing is stored."""
 
     def log_params(self, params: Mapping[str, Any]) -> None: ...
 
@@ -61,6 +63,7 @@ class NullTracker:
     """A tracker that records nothing (``tracking.backend: null``)."""
 
     run_id = ""
+    tracking_uri = ""
 
     def log_params(self, params: Mapping[str, Any]) -> None:
         pass

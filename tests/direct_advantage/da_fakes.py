@@ -38,6 +38,10 @@ class ScriptedEngine:
         )
 
     lockstep = False
+    seeds_per_prompt = False
+
+    def check_prompts(self, prompts: Sequence[str], max_tokens: int) -> None:
+        pass
 
     def sleep(self) -> None: ...
 

@@ -27,7 +27,8 @@ from dapo_cli.config import apply_techniques, load_config  # noqa: E402
 from dapo_cli.data.loader import Prompt, PromptStream  # noqa: E402
 from dapo_cli.engine.dist import shutdown_process_group  # noqa: E402
 from dapo_cli.models import load_policy  # noqa: E402
-from dapo_cli.train import collect_batch, compute_advantages, fill_old_log_probs, update_policy  # noqa: E402
+from dapo_cli.train import collect_batch, compute_advantages  # noqa: E402
+from dapo_cli.update import fill_old_log_probs, update_policy  # noqa: E402
 
 GROUPS = 8
 SAMPLES = 4

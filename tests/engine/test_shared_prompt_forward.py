@@ -31,7 +31,7 @@ from dapo_cli.engine.forward import (
     shared_prompt_supported,
 )
 from dapo_cli.engine.torch import TorchEngine
-from dapo_cli.train import micro_slices
+from dapo_cli.update import micro_slices
 
 VOCAB, PAD = 40, 0
 COMMON = {"vocab_size": VOCAB, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,

@@ -21,6 +21,10 @@ class ScriptedRollout:
         self.calls: list[int] = []
 
     lockstep = False
+    seeds_per_prompt = False
+
+    def check_prompts(self, prompts: Sequence[str], max_tokens: int) -> None:
+        pass
 
     def sync_weights(self, source: object) -> None:
         pass

@@ -1,4 +1,4 @@
-"""Old log-probs and entropy from the update's own forward (``train.old_log_probs_from_update``).
+"""Old log-probs and entropy from the update's own forward (``update.old_log_probs_from_update``).
 
 With one epoch and one mini-batch per step, the separate no-grad pass (``fill_old_log_probs``) is
 replaced by the update's forwards. These tests check it changes nothing a run computes: the
@@ -29,15 +29,8 @@ from dapo_cli.config import apply_techniques, load_config
 from dapo_cli.data.loader import Prompt, PromptStream
 from dapo_cli.engine.torch import TorchEngine
 from dapo_cli.models import load_policy
-from dapo_cli.train import (
-    collect_batch,
-    compute_advantages,
-    fill_old_log_probs,
-    old_log_probs_from_update,
-    rollout_mismatch,
-    step_metrics,
-    update_policy,
-)
+from dapo_cli.train import collect_batch, compute_advantages, step_metrics
+from dapo_cli.update import fill_old_log_probs, old_log_probs_from_update, rollout_mismatch, update_policy
 
 GROUPS, SAMPLES = 4, 4
 
@@ -57,8 +50,8 @@ def config(*extra: str, micro: int = 16):
     return apply_techniques(cfg, dynamic_sampling=False)
 
 
-def one_update(model_dir: Path, cfg, *, reuse: bool, dtype=torch.float64, dist=None) -> dict:
-    """Gradient, metrics, old log-probs and entropy of one update_policy call, with or without reuse."""
+def one_update(model_dir: Path, cfg, *, old_from_update: bool, dtype=torch.float64, dist=None) -> dict:
+    """Gradient, metrics, old log-probs and entropy of one update_policy call, with or without old log-probs from the update."""
     torch.manual_seed(0)
     model, _ = load_policy(model_dir, dtype=dtype)
     engine = TorchEngine(model, lr=cfg.trainer.lr, weight_decay=0.0, warmup_steps=0, grad_clip=0.0, dist=dist)
@@ -74,10 +67,10 @@ def one_update(model_dir: Path, cfg, *, reuse: bool, dtype=torch.float64, dist=N
     collected = collect_batch(ScriptedRollout(script), PromptStream(prompts, seed=0, shuffle=False), cfg, step=1, pad_id=0, dist=dist)
     batch = collected.batch
     compute_advantages(batch, cfg)
-    if not reuse:
+    if not old_from_update:
         fill_old_log_probs(engine, batch, cfg)
     batch.rollout_log_probs = None
-    metrics = update_policy(engine, batch, cfg, step=1, old_from_update=reuse)
+    metrics = update_policy(engine, batch, cfg, step=1, old_from_update=old_from_update)
     batch.rollout_log_probs = (batch.old_log_probs - 0.01 * batch.response_mask).to(batch.old_log_probs.dtype)
     from dapo_cli.engine.dist import SingleProcess
 
@@ -115,16 +108,16 @@ def test_the_condition_is_one_optimizer_step_without_kl_or_truncated_is():
     ["algorithm.clip_ratio_c=3.0", "algorithm.loss_agg_mode=seq-mean-token-sum-norm"],
 ])
 def test_the_update_and_every_metric_equal_the_separate_pass_under_any_micro_batch(tiny_model_dir, extra):
-    separate = one_update(tiny_model_dir, config(*extra), reuse=False)
+    separate = one_update(tiny_model_dir, config(*extra), old_from_update=False)
     assert max(float(g.abs().max()) for g in separate["grads"][0]) > 1e-3  # a real gradient
     assert separate["metrics"]["actor/entropy"] > 0 and separate["metrics"]["rollout/logprob_diff_mean"] > 0
     for micro in (16, 3, 1):
-        assert_same(separate, one_update(tiny_model_dir, config(*extra, micro=micro), reuse=True), 1e-10)
+        assert_same(separate, one_update(tiny_model_dir, config(*extra, micro=micro), old_from_update=True), 1e-10)
 
 
-def test_reuse_refuses_a_plan_of_several_optimizer_steps(tiny_model_dir):
+def test_old_from_update_refuses_a_plan_of_several_optimizer_steps(tiny_model_dir):
     with pytest.raises(RuntimeError, match="one optimizer step"):
-        one_update(tiny_model_dir, config(f"trainer.ppo_mini_batch_size={GROUPS // 2}"), reuse=True)
+        one_update(tiny_model_dir, config(f"trainer.ppo_mini_batch_size={GROUPS // 2}"), old_from_update=True)
 
 
 # ---------------------------------------------------------------- two ranks
@@ -140,8 +133,8 @@ def worker() -> None:
     dist = build_collective(cfg.engine)
     results = {
         "world_size": dist.world_size,
-        "reuse": one_update(model_dir, cfg, reuse=True, dtype=torch.float32, dist=dist),
-        "separate": one_update(model_dir, cfg, reuse=False, dtype=torch.float32, dist=dist),
+        "from_update": one_update(model_dir, cfg, old_from_update=True, dtype=torch.float32, dist=dist),
+        "separate": one_update(model_dir, cfg, old_from_update=False, dtype=torch.float32, dist=dist),
     }
     if dist.is_main:
         torch.save(results, out)
@@ -161,11 +154,11 @@ def run_worker(model_dir: Path, out: Path, nproc: int) -> dict:
     return torch.load(out, weights_only=False)
 
 
-def test_two_ranks_with_reuse_give_the_one_process_update_and_metrics(tiny_model_dir, tmp_path):
+def test_two_ranks_with_old_from_update_give_the_one_process_update_and_metrics(tiny_model_dir, tmp_path):
     one = run_worker(tiny_model_dir, tmp_path / "one.pt", 1)
     two = run_worker(tiny_model_dir, tmp_path / "two.pt", 2)
     assert one["world_size"] == 1 and two["world_size"] == 2
-    for case in (one["reuse"], two["reuse"], two["separate"]):
+    for case in (one["from_update"], two["from_update"], two["separate"]):
         for x, y in zip(one["separate"]["grads"][0], case["grads"][0]):
             torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-6)
         for key, value in one["separate"]["metrics"].items():
@@ -173,8 +166,8 @@ def test_two_ranks_with_reuse_give_the_one_process_update_and_metrics(tiny_model
                 continue
             assert case["metrics"][key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
     # rank 0 holds the first half of the groups: its old log-probs are the one-process rows of those groups
-    rows = torch.isin(one["reuse"]["group_ids"], two["reuse"]["group_ids"])
-    torch.testing.assert_close(two["reuse"]["old"], one["reuse"]["old"][rows][:, : two["reuse"]["old"].shape[1]], rtol=0, atol=1e-5)
+    rows = torch.isin(one["from_update"]["group_ids"], two["from_update"]["group_ids"])
+    torch.testing.assert_close(two["from_update"]["old"], one["from_update"]["old"][rows][:, : two["from_update"]["old"].shape[1]], rtol=0, atol=1e-5)
 
 
 # ---------------------------------------------------------------- through run_train
@@ -223,15 +216,15 @@ def recorded_run(tiny_model_dir, out, monkeypatch, *, mini: int, extra: tuple[st
 
 
 def test_run_train_logs_the_same_metrics_without_the_separate_pass(tiny_model_dir, tmp_path, monkeypatch):
-    reuse = recorded_run(tiny_model_dir, tmp_path / "reuse", monkeypatch, mini=GROUPS)
+    from_update = recorded_run(tiny_model_dir, tmp_path / "from_update", monkeypatch, mini=GROUPS)
     separate = recorded_run(tiny_model_dir, tmp_path / "separate", monkeypatch, mini=GROUPS // 2)
     # step 1: the same rollouts and the same old policy; every metric the separate pass logs is logged
-    assert set(reuse[1]) == set(separate[1])
+    assert set(from_update[1]) == set(separate[1])
     for key in ("actor/entropy", "actor/mean_prob", "rollout/logprob_diff_mean", "reward/score_mean", "train/loss_tokens"):
-        assert reuse[1][key] == pytest.approx(separate[1][key], rel=1e-4, abs=1e-6), key
-    assert reuse[1]["actor/num_updates"] == 1 and separate[1]["actor/num_updates"] == 2
-    assert reuse[1]["actor/pg_clipfrac"] == 0.0 and reuse[1]["actor/ppo_kl"] == 0.0  # the ratio is exactly 1
-    assert reuse[2]["timing/old_log_prob"] < separate[2]["timing/old_log_prob"]
+        assert from_update[1][key] == pytest.approx(separate[1][key], rel=1e-4, abs=1e-6), key
+    assert from_update[1]["actor/num_updates"] == 1 and separate[1]["actor/num_updates"] == 2
+    assert from_update[1]["actor/pg_clipfrac"] == 0.0 and from_update[1]["actor/ppo_kl"] == 0.0  # the ratio is exactly 1
+    assert from_update[2]["timing/old_log_prob"] < separate[2]["timing/old_log_prob"]
 
 
 def test_bfloat16_autocast_trains_with_its_own_old_log_probs(tiny_model_dir, tmp_path, monkeypatch):

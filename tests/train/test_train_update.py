@@ -17,7 +17,8 @@ from dapo_cli.config import apply_techniques, load_config  # noqa: E402
 from dapo_cli.data.loader import Prompt, PromptStream  # noqa: E402
 from dapo_cli.engine.torch import TorchEngine  # noqa: E402
 from dapo_cli.models import load_policy  # noqa: E402
-from dapo_cli.train import collect_batch, compute_advantages, fill_old_log_probs, update_policy  # noqa: E402
+from dapo_cli.train import collect_batch, compute_advantages  # noqa: E402
+from dapo_cli.update import fill_old_log_probs, update_policy  # noqa: E402
 
 
 def script(prompt: str, j: int) -> tuple[str, int, bool]:
@@ -120,7 +121,7 @@ def test_optional_kl_penalty_to_a_frozen_reference(tiny_model_dir):
 def tis_grads(model_dir: Path, *, enable: bool, cap: float, shift: float) -> tuple[list[torch.Tensor], dict]:
     """Gradient of one update when the rollout engine's log-probs are the trainer's minus ``shift``."""
     from dapo_cli.engine.dist import SingleProcess
-    from dapo_cli.train import rollout_mismatch
+    from dapo_cli.update import fill_is_weights, rollout_mismatch
 
     cfg = apply_techniques(load_config(None, [
         "rollout.n=4", "data.train_batch_size=4", "trainer.ppo_mini_batch_size=4", "trainer.ppo_micro_batch_size=3",
@@ -142,9 +143,9 @@ def tis_grads(model_dir: Path, *, enable: bool, cap: float, shift: float) -> tup
     compute_advantages(batch, cfg)
     fill_old_log_probs(engine, batch, cfg)
     batch.rollout_log_probs = batch.old_log_probs - shift  # pi_old / pi_rollout = exp(shift) on every token
-    metrics = rollout_mismatch(batch, cfg, SingleProcess())
+    fill_is_weights(batch, cfg)  # as run_train: the weights exist before the update, the metrics after it
     update_policy(engine, batch, cfg, step=1)
-    return grads, metrics
+    return grads, rollout_mismatch(batch, cfg, SingleProcess())
 
 
 @pytest.mark.parametrize(("cap", "factor"), [(1.5, 1.5), (3.0, 2.0)])
