@@ -24,15 +24,16 @@ from __future__ import annotations
 import json
 import os
 import random
+import contextlib
 import shutil
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from dapo_cli.engine.dist import Collective
-from dapo_cli.errors import UserError
+from dapo_cli.errors import UserError, failed_write
 from dapo_cli.fileio import safetensors_problem, write_json_atomic, write_text_atomic
 
 KEEP_CHECKPOINTS = 2
@@ -165,6 +166,19 @@ def latest_run_name(output_dir: str, experiment: str, stem: str) -> str | None:
     return max(candidates, key=lambda d: (d / "checkpoints" / "latest").stat().st_mtime).name
 
 
+@contextlib.contextmanager
+def machine_failures(path: Path) -> Iterator[None]:
+    """A write under ``path`` that the machine failed (a full disk, a read-only file system) raises
+    :class:`~dapo_cli.errors.EnvironmentFailure` (one line, exit 5); other failures pass unchanged."""
+    try:
+        yield
+    except Exception as exc:
+        failure = failed_write(path, exc)
+        if failure is None:
+            raise
+        raise failure from exc
+
+
 def rng_state() -> dict[str, Any]:
     """Python and torch RNG states (CUDA too when present)."""
     state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
@@ -205,15 +219,17 @@ class CheckpointManager:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
         dist.barrier()
-        write(tmp)
-        if not dist.is_main:
-            (tmp / "rng").mkdir(exist_ok=True)
-            torch.save(rng_state(), tmp / "rng" / f"rank_{dist.rank:05d}.pt")
+        with machine_failures(tmp):
+            write(tmp)
+            if not dist.is_main:
+                (tmp / "rng").mkdir(exist_ok=True)
+                torch.save(rng_state(), tmp / "rng" / f"rank_{dist.rank:05d}.pt")
         dist.barrier()
         if dist.is_main:
-            torch.save({**trainer_state, "rng": rng_state(), "step": step}, tmp / "trainer_state.pt")
-            if run_info is not None and (tmp / "model").is_dir():
-                write_run_info(tmp / "model", {**run_info, "step": step})
+            with machine_failures(tmp):
+                torch.save({**trainer_state, "rng": rng_state(), "step": step}, tmp / "trainer_state.pt")
+                if run_info is not None and (tmp / "model").is_dir():
+                    write_run_info(tmp / "model", {**run_info, "step": step})
             if final.exists():
                 old = self.root / f".{name}.old"
                 shutil.rmtree(old, ignore_errors=True)

@@ -347,6 +347,10 @@ def run_train(
         if dist.is_main:
             s.ckpt.clean_stale()  # a checkpoint write the interrupt cut short
         raise TrainingInterrupted(s.run_dir, step, s.ckpt.latest()) from exc
+    except Exception:  # the tracker has marked the run FAILED; a checkpoint write that failed (a full disk)
+        if dist.is_main:  # leaves no half-written .step_N.tmp behind, and frees what it took
+            s.ckpt.clean_stale()
+        raise
     finally:
         s.close()
 

@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from dapo_cli.errors import RunStopped, UserError
+from dapo_cli.errors import RunStopped, UserError, environment_failure
 
 console = Console()
 """Results (run dirs, MLflow run ids, metrics, tables): stdout."""
@@ -93,7 +93,9 @@ def print_error(message: str) -> None:
 
 def handles_errors(fn: F) -> F:
     """Turn a :class:`UserError` into ``error: <message>`` on stderr and exit code 2 (no traceback);
-    a :class:`RunStopped` the same way with its own exit code."""
+    a :class:`RunStopped` the same way with its own exit code; and a failure of the machine (a full
+    disk, a path that cannot be written: :func:`~dapo_cli.errors.environment_failure`) into one line and
+    exit 5. Any other exception is a bug and keeps its traceback."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -102,6 +104,12 @@ def handles_errors(fn: F) -> F:
         except (UserError, RunStopped) as exc:
             print_error(str(exc) or type(exc).__name__)
             raise typer.Exit(code=exc.exit_code if isinstance(exc, RunStopped) else 2) from None
+        except Exception as exc:
+            failure = environment_failure(exc)
+            if failure is None:
+                raise
+            print_error(str(failure))
+            raise typer.Exit(code=failure.exit_code) from None
 
     return wrapper  # type: ignore[return-value]
 

@@ -61,13 +61,22 @@ def start_run(
     try:
         yield tracker
     except KeyboardInterrupt:
-        tracker.finish("KILLED")
+        close_failed_run(tracker, "KILLED")
         raise
     except BaseException:
-        tracker.finish("FAILED")
+        close_failed_run(tracker, "FAILED")
         raise
     else:
         tracker.finish("FINISHED")
+
+
+def close_failed_run(tracker: Tracker, status: str) -> None:
+    """Mark a run that ended by an exception; a store that fails this too (it may be why the run ended)
+    must not replace that exception with its own."""
+    try:
+        tracker.finish(status)
+    except Exception:  # noqa: BLE001 - the original exception is on its way to the user
+        pass
 
 
 __all__ = ["EXTRA_TAGS_ENV", "PARENT_RUN_ENV", "NullTracker", "Tracker", "start_run"]

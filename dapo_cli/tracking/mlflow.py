@@ -10,17 +10,18 @@ on SQLite and ~60 ms over HTTP.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
 import os
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from dapo_cli.errors import UserError
+from dapo_cli.errors import EnvironmentFailure, UserError
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 MAX_PARAM_CHARS = 6000
@@ -171,6 +172,32 @@ def experiment_id(client: Any, name: str, artifact_location: str | None = None) 
         return exp.experiment_id
 
 
+M = TypeVar("M", bound=Callable[..., Any])
+
+
+def store_call(method: M) -> M:
+    """A tracker method that talks to the store: once the run is open, the store failing (a server that
+    stopped answering, a database gone or locked) is the machine's failure, not a bug and not bad input:
+    one line, exit 5 (:class:`~dapo_cli.errors.EnvironmentFailure`). A full disk under a local store stays
+    an ``OSError`` (the CLI names it as such)."""
+
+    @functools.wraps(method)
+    def call(self: MlflowTracker, *args: Any, **kwargs: Any) -> Any:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            return method(self, *args, **kwargs)
+        except MlflowException as exc:
+            detail = " ".join(str(exc).split())[:300]
+            raise EnvironmentFailure(
+                f"the MLflow store {self.tracking_uri} failed during the run ({detail}); what was recorded before "
+                "stays, and checkpoints are on disk: rerun once the store answers (dapo train --resume continues "
+                "from the last complete checkpoint)"
+            ) from exc
+
+    return call  # type: ignore[return-value]
+
+
 class MlflowTracker:
     """Records one MLflow run (new, nested under a parent, or resumed by id)."""
 
@@ -214,6 +241,7 @@ class MlflowTracker:
     def _recorded_steps(self, run: Any) -> dict[str, int]:
         return {key: max((m.step for m in self.client.get_metric_history(self.run_id, key)), default=-1) for key in run.data.metrics}
 
+    @store_call
     def log_params(self, params: Mapping[str, Any]) -> None:
         from mlflow.entities import Param
 
@@ -223,11 +251,13 @@ class MlflowTracker:
         for i in range(0, len(items), BATCH_PARAMS):
             self.client.log_batch(self.run_id, params=items[i : i + BATCH_PARAMS])
 
+    @store_call
     def set_tags(self, tags: Mapping[str, Any]) -> None:
         from mlflow.entities import RunTag
 
         self.client.log_batch(self.run_id, tags=[RunTag(str(k), str(v)) for k, v in tags.items()])
 
+    @store_call
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
         from mlflow.entities import Metric
 
@@ -241,6 +271,7 @@ class MlflowTracker:
         for i in range(0, len(items), BATCH_METRICS):
             self.client.log_batch(self.run_id, metrics=items[i : i + BATCH_METRICS])
 
+    @store_call
     def log_artifact(self, path: str | os.PathLike[str], artifact_path: str | None = None) -> None:
         p = Path(path)
         if p.is_dir():
@@ -248,12 +279,15 @@ class MlflowTracker:
         else:
             self.client.log_artifact(self.run_id, str(p), artifact_path)
 
+    @store_call
     def log_text(self, text: str, artifact_file: str) -> None:
         self.client.log_text(self.run_id, text, artifact_file)
 
+    @store_call
     def log_dict(self, obj: Any, artifact_file: str) -> None:
         self.client.log_text(self.run_id, json.dumps(obj, indent=2, sort_keys=True, default=str), artifact_file)
 
+    @store_call
     def log_table(self, rows: Sequence[Mapping[str, Any]], artifact_file: str) -> None:
         """Rows as an MLflow table; a table file the run already holds is not appended to again
         (MLflow appends, so a replayed step would double it)."""
@@ -263,6 +297,7 @@ class MlflowTracker:
         data = {c: [_table_value(r.get(c)) for r in rows] for c in columns}
         self.client.log_table(self.run_id, data=data, artifact_file=artifact_file)
 
+    @store_call
     def log_input(self, name: str, *, digest: str, rows: int, source: str, context: str) -> None:
         """Register a dataset the run used (the UI's Dataset column): name, digest, row count, where from."""
         from mlflow.entities import Dataset, DatasetInput, InputTag
@@ -278,9 +313,11 @@ class MlflowTracker:
     def flush(self) -> None:
         """Every call above has returned once written: nothing to wait for."""
 
+    @store_call
     def finish(self, status: str = "FINISHED") -> None:
         self.client.set_terminated(self.run_id, status=status)
 
+    @store_call
     def tag_other_run(
         self, run_id: str, tags: Mapping[str, str], *, append: Mapping[str, str] | None = None
     ) -> dict[str, str] | None:
@@ -305,6 +342,7 @@ class MlflowTracker:
         note = items.get("mlflow.note.content", run.data.tags.get("mlflow.note.content", ""))
         return {"run_name": run.info.run_name or "", "experiment_id": run.info.experiment_id, "experiment": exp.name, "note": note}
 
+    @store_call
     def mark_orphans(self, is_alive: Any) -> list[str]:
         """Runs of this experiment left RUNNING by a dead process (``is_alive(run) -> bool`` says no):
         set to KILLED and tagged ``dapo.orphaned``; their ids."""
