@@ -514,7 +514,7 @@ def run_eval(
 ) -> EvalReport:
     """Evaluate ``opts.checkpoint`` on ``opts.dataset`` (see the module docstring)."""
     from dapo_cli.config.schema import TrackingConfig
-    from dapo_cli.datasets import load_dataset_rows
+    from dapo_cli.data.registry import load_dataset_rows
     from dapo_cli.eval.links import link_runs, read_source, resolve_tracking, source_label, source_tags
     from dapo_cli.eval.problems import describe_layout, group_problems
     from dapo_cli.eval.table import log_generations_table
