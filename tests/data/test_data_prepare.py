@@ -5,6 +5,7 @@ Deduplication of a DAPO-Math-17K-shaped file has its own module: test_data_dedup
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 from collections import Counter
@@ -384,3 +385,54 @@ def test_full_disk_leaves_nothing_not_even_the_directory_it_made(tmp_path: Path,
     with pytest.raises(UserError, match=r"cannot write .*sub/out.parquet: .*No space left on device.*; nothing was written"):
         run_prepare(PrepareOptions(output=destination / "sub" / "out.parquet", inputs=(raw,)))
     assert list(destination.iterdir()) == []  # no parquet, manifest, temporary file or sub/
+
+
+class FakeRecord:
+    """A RunRecord that keeps what it is given (the data layer knows no tracking backend)."""
+
+    run_id = "run-1"
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, object]] = []
+
+    def log_params(self, params: object) -> None:
+        self.calls.append(("params", params))
+
+    def log_metrics(self, metrics: object, step: int | None = None) -> None:
+        self.calls.append(("metrics", step))
+
+    def log_artifact(self, path: object, artifact_path: str | None = None) -> None:
+        self.calls.append(("artifact", path))
+
+
+def test_the_caller_opens_the_record_after_reading_and_before_writing(tmp_path: Path) -> None:
+    raw = write_jsonl(tmp_path / "raw.jsonl", [{"problem": "1+1?", "answer": "2"}, {"problem": "2+3?", "answer": "5"}])
+    record, opened = FakeRecord(), []
+
+    def open_run(options: PrepareOptions):
+        assert not options.output.exists()  # opened before anything is written
+        opened.append(options.output)
+        return contextlib.nullcontext(record)
+
+    options = PrepareOptions(output=tmp_path / "out.parquet", inputs=(raw,))
+    result = run_prepare(options, open_run=open_run)
+    assert opened == [options.output]
+    assert [kind for kind, _ in record.calls] == ["params", "metrics", "artifact"]
+    assert record.calls[0][1]["inputs"] == str(raw) and record.calls[1][1] == 0
+    assert record.calls[2][1] == options.manifest_path
+    assert result.run_id == "run-1"
+
+
+def test_bad_input_opens_no_record(tmp_path: Path) -> None:
+    raw = write_jsonl(tmp_path / "raw.jsonl", [{"problem": "what?", "answer": "x"}])
+
+    def open_run(options: PrepareOptions):
+        raise AssertionError("no record for a preparation that writes nothing")
+
+    with pytest.raises(UserError, match="every row was dropped"):
+        run_prepare(PrepareOptions(output=tmp_path / "out.parquet", inputs=(raw,)), open_run=open_run)
+
+
+def test_by_default_nothing_is_recorded(tmp_path: Path) -> None:
+    raw = write_jsonl(tmp_path / "raw.jsonl", [{"problem": "1+1?", "answer": "2"}])
+    assert run_prepare(PrepareOptions(output=tmp_path / "out.parquet", inputs=(raw,))).run_id == ""
