@@ -201,7 +201,7 @@ def removing_new_output(output: Path | None) -> contextlib.AbstractContextManage
     if output is None:
         return contextlib.nullcontext()
     from dapo_cli.cli.preflight import removing_new_dirs
-    from dapo_cli.eval.run import CHECKPOINT_FILE
+    from dapo_cli.eval.generations import CHECKPOINT_FILE
 
     def no_finished_batch(file: Path) -> bool:
         try:

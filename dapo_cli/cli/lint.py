@@ -7,23 +7,21 @@ The rules live in :mod:`dapo_cli.config.lint`; this module resolves the config e
 from __future__ import annotations
 
 import json
-import typing
 from typing import Annotated
 
 import typer
 
-from dapo_cli.cli import train as _train
 from dapo_cli.cli.common import Panel, SetOption
-from dapo_cli.cli.options import ConfigArg, resolve
+from dapo_cli.cli.options import (
+    ClipHigherToggle,
+    ConfigArg,
+    DynamicSamplingToggle,
+    OverlongFilteringToggle,
+    OverlongShapingToggle,
+    TokenLevelLossToggle,
+    resolve,
+)
 from dapo_cli.config import lint as rules
-
-# The technique toggles exactly as `dapo train` declares them (same flags, same help).
-_TRAIN_OPTIONS = typing.get_type_hints(_train.train, include_extras=True)
-ClipHigherToggle = _TRAIN_OPTIONS["clip_higher"]
-DynamicSamplingToggle = _TRAIN_OPTIONS["dynamic_sampling"]
-TokenLevelLossToggle = _TRAIN_OPTIONS["token_level_loss"]
-OverlongShapingToggle = _TRAIN_OPTIONS["overlong_shaping"]
-OverlongFilteringToggle = _TRAIN_OPTIONS["overlong_filtering"]
 
 EXAMPLES = [
     ("dapo lint experiments/dapo-qwen2.5-32b.yaml", "The paper's setup: no findings, exit 0."),

@@ -1,12 +1,18 @@
-"""Config resolution shared by `train`, `ablate`, `config` and `init-model`."""
+"""Options and config resolution shared by the commands (`train`, `lint`, `ablate`, `config`, `init-model`).
+
+The technique toggles are declared here once; `dapo train` and `dapo lint` take the same flags
+with the same help.
+"""
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, fields
 from typing import Annotated
 
 import typer
 
+from dapo_cli.cli.common import Panel
 from dapo_cli.config import Config, apply_techniques, flatten
 from dapo_cli.config.load import ConfigError, build_config, parse_override
 from dapo_cli.config.validate import validate
@@ -16,6 +22,43 @@ ConfigArg = Annotated[
     str | None,
     typer.Argument(help="Experiment YAML (default: the embedded tiny CPU experiment, experiments/tiny.yaml)."),
 ]
+
+
+
+def _toggle(name: str, what: str) -> object:
+    return typer.Option(f"--{name}/--no-{name}", help=f"{what}.", show_default="as in the config",
+                        rich_help_panel=Panel.TECHNIQUES)
+
+
+ClipHigherToggle = Annotated[bool | None, _toggle("clip-higher", "Decoupled clip: epsilon_high 0.28 vs = epsilon_low")]
+DynamicSamplingToggle = Annotated[bool | None, _toggle("dynamic-sampling", "Keep only groups with mixed accuracy, resample to fill")]
+TokenLevelLossToggle = Annotated[bool | None, _toggle("token-level-loss", "token-mean vs seq-mean-token-mean aggregation")]
+OverlongShapingToggle = Annotated[bool | None, _toggle("overlong-shaping", "Soft overlong punishment (Eq. 13)")]
+OverlongFilteringToggle = Annotated[bool | None, _toggle("overlong-filtering", "Drop truncated responses from the loss")]
+
+
+@dataclass(frozen=True)
+class DryRunOptions:
+    """What `dapo train --dry-run` is asked for beside the config: the cluster to plan for, the output form.
+
+    None: not given (the plan's defaults apply). The CLI maps its flags onto these fields
+    (:data:`DRY_RUN_FLAGS`); code below the CLI reads the fields, never the flags.
+    """
+
+    world_size: int | None = None
+    gpus_per_node: int | None = None
+    gpu_memory_gib: float | None = None
+    as_json: bool = False
+    as_yaml: bool = False
+
+    def given(self) -> list[str]:
+        """The fields given (a value, or switched on), in declaration order."""
+        return [f.name for f in fields(self) if getattr(self, f.name) is not None and getattr(self, f.name) is not False]
+
+
+DRY_RUN_FLAGS = {"world_size": "--world-size", "gpus_per_node": "--gpus-per-node", "gpu_memory_gib": "--gpu-memory-gib",
+                 "as_json": "--json", "as_yaml": "--yaml"}
+"""The `dapo train` flag of each :class:`DryRunOptions` field, for messages."""
 
 
 def resolve(config: str | None, sets: list[str] | None, **toggles: bool | None) -> Config:

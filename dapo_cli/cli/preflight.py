@@ -103,7 +103,7 @@ def check_datasets(cfg: Config) -> None:
                 continue
             if looks_like_path:
                 raise UserError(f"{key}: dataset file not found: {spec}")
-            from dapo_cli.datasets import get_dataset_entry
+            from dapo_cli.data.registry import get_dataset_entry
 
             try:
                 get_dataset_entry(spec)

@@ -14,14 +14,12 @@ from rich.text import Text
 from dapo_cli.cli.common import Panel, console
 from dapo_cli.data.convert import CONVERSIONS, DROP_REASONS
 from dapo_cli.data.layouts import FieldOptions
-from dapo_cli.data.prepare import (
-    DEFAULT_EXPERIMENT,
-    DEFAULT_SYNTHETIC_N,
-    PrepareOptions,
-    PrepareResult,
-    run_prepare,
-)
+from dapo_cli.data.manifest import OpenRun
+from dapo_cli.data.prepare import DEFAULT_SYNTHETIC_N, PrepareOptions, PrepareResult, run_prepare
 from dapo_cli.errors import UserError
+
+DEFAULT_EXPERIMENT = "dapo-data"
+"""MLflow experiment of prepare-data runs."""
 
 EXAMPLES = [
     ("dapo prepare-data ../shared/data/raw-gaokao2023en.jsonl -o gaokao.parquet",
@@ -117,11 +115,8 @@ def prepare_data(
         limit=limit,
         keep_duplicates=keep_duplicates,
         fields=FieldOptions(problem_field, answer_field, solution_field, tuple(context_field or ())),
-        track=not no_track,
-        tracking_uri=tracking_uri,
-        experiment=experiment,
     )
-    result = run_prepare(options)
+    result = run_prepare(options, open_run=mlflow_run(track=not no_track, tracking_uri=tracking_uri, experiment=experiment))
     for line in detection_lines(result):
         console.print(line, highlight=False, markup=False, soft_wrap=True)
     console.print(summary_table(result, console.width))
@@ -133,6 +128,15 @@ def prepare_data(
     console.print(f"manifest: {result.manifest_path}", highlight=False, markup=False)
     if result.run_id:
         console.print(f"MLflow run: {result.run_id} (experiment {experiment})", highlight=False, markup=False)
+
+
+def mlflow_run(*, track: bool, tracking_uri: str, experiment: str) -> OpenRun:
+    """Opens the preparation's MLflow run (a null one without ``track``), named ``prepare-data-<out stem>``."""
+    from dapo_cli.config.schema import TrackingConfig
+    from dapo_cli.tracking import start_run
+
+    config = TrackingConfig(backend="mlflow" if track else "null", tracking_uri=tracking_uri, experiment=experiment)
+    return lambda options: start_run(config, f"prepare-data-{options.output.stem}", tags={"command": "prepare-data"})
 
 
 def _printable(text: str) -> str:

@@ -17,7 +17,17 @@ from typing import Annotated, Any
 import typer
 
 from dapo_cli.cli.common import Panel, QuietOption, SetOption, VerboseOption, console, err_console, verbosity
-from dapo_cli.cli.options import ConfigArg, resolve
+from dapo_cli.cli.options import (
+    DRY_RUN_FLAGS,
+    ClipHigherToggle,
+    ConfigArg,
+    DryRunOptions,
+    DynamicSamplingToggle,
+    OverlongFilteringToggle,
+    OverlongShapingToggle,
+    TokenLevelLossToggle,
+    resolve,
+)
 from dapo_cli.tracking import PARENT_RUN_ENV
 
 EXAMPLES = [
@@ -33,11 +43,6 @@ EXIT_INTERRUPTED = 130
 """Exit code after Ctrl-C (128 + SIGINT), as shells report it."""
 
 
-def _toggle(name: str, what: str) -> object:
-    return typer.Option(f"--{name}/--no-{name}", help=f"{what}.", show_default="as in the config",
-                        rich_help_panel=Panel.TECHNIQUES)
-
-
 def _plan_option(flag: str, help_text: str, default: str) -> object:
     return typer.Option(flag, help=f"With --dry-run: {help_text}.", show_default=default, rich_help_panel=Panel.CLUSTER)
 
@@ -51,11 +56,11 @@ def _plan_defaults() -> tuple[int, float]:
 def train(
     config: ConfigArg = None,
     sets: SetOption = None,
-    clip_higher: Annotated[bool | None, _toggle("clip-higher", "Decoupled clip: epsilon_high 0.28 vs = epsilon_low")] = None,
-    dynamic_sampling: Annotated[bool | None, _toggle("dynamic-sampling", "Keep only groups with mixed accuracy, resample to fill")] = None,
-    token_level_loss: Annotated[bool | None, _toggle("token-level-loss", "token-mean vs seq-mean-token-mean aggregation")] = None,
-    overlong_shaping: Annotated[bool | None, _toggle("overlong-shaping", "Soft overlong punishment (Eq. 13)")] = None,
-    overlong_filtering: Annotated[bool | None, _toggle("overlong-filtering", "Drop truncated responses from the loss")] = None,
+    clip_higher: ClipHigherToggle = None,
+    dynamic_sampling: DynamicSamplingToggle = None,
+    token_level_loss: TokenLevelLossToggle = None,
+    overlong_shaping: OverlongShapingToggle = None,
+    overlong_filtering: OverlongFilteringToggle = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the run (and its MLflow run) from its last checkpoint.", rich_help_panel=Panel.RUN)] = False,
     quiet: QuietOption = False,
     verbose: VerboseOption = False,
@@ -85,8 +90,8 @@ def train(
         overlong_shaping=overlong_shaping,
         overlong_filtering=overlong_filtering,
     )
-    plan_options = {"--world-size": world_size, "--gpus-per-node": gpus_per_node, "--gpu-memory-gib": gpu_memory_gib,
-                    "--json": as_json or None, "--yaml": as_yaml or None}
+    dry = DryRunOptions(world_size=world_size, gpus_per_node=gpus_per_node, gpu_memory_gib=gpu_memory_gib,
+                        as_json=as_json, as_yaml=as_yaml)
     if cfg.algo == "direct-advantage" or from_phase is not None:
         from dapo_cli.direct_advantage.command import train_direct_advantage
 
@@ -95,11 +100,12 @@ def train(
 
             raise UserError("--quiet/--verbose apply to algo dapo; algo direct-advantage prints its phases as they run")
 
+        # train_direct_advantage still reads flag-keyed options; the stack refactor passes `dry` itself.
         train_direct_advantage(cfg, config=config, sets=sets, resume=resume, from_phase=from_phase, dry_run=dry_run,
-                               plan_options=plan_options)
+                               plan_options={flag: getattr(dry, name) for name, flag in DRY_RUN_FLAGS.items()})
         return
     if dry_run:
-        if as_yaml:
+        if dry.as_yaml:
             from dapo_cli.config import dump_yaml
 
             typer.echo(dump_yaml(cfg), nl=False)
@@ -109,11 +115,11 @@ def train(
         from dapo_cli.plan.render import render, to_json
 
         plan = make_plan(
-            cfg, world_size=world_size, config_name=config or "experiments/tiny.yaml (embedded)",
-            gpu_memory_gib=DEFAULT_GPU_GIB if gpu_memory_gib is None else gpu_memory_gib,
-            gpus_per_node=DEFAULT_GPUS_PER_NODE if gpus_per_node is None else gpus_per_node,
+            cfg, world_size=dry.world_size, config_name=config or "experiments/tiny.yaml (embedded)",
+            gpu_memory_gib=DEFAULT_GPU_GIB if dry.gpu_memory_gib is None else dry.gpu_memory_gib,
+            gpus_per_node=DEFAULT_GPUS_PER_NODE if dry.gpus_per_node is None else dry.gpus_per_node,
         )
-        if as_json:
+        if dry.as_json:
             typer.echo(to_json(plan))
         else:
             render(plan)
@@ -121,7 +127,7 @@ def train(
         if failed:
             raise UserError(f"the settings cannot run at world size {plan.world_size}: {failed[0]}")
         return
-    used = [name for name, value in plan_options.items() if value is not None and name != "--json"]
+    used = [DRY_RUN_FLAGS[name] for name in dry.given() if name != "as_json"]  # --json also formats the results
     if used:
         from dapo_cli.errors import UserError
 

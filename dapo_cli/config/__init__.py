@@ -1,8 +1,14 @@
 """Configuration: one dataclass schema, YAML + ``--set`` loading, validation, technique toggles."""
 
-from dapo_cli.config.load import ConfigError, dump_yaml, flatten, load_config, to_dict
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from dapo_cli.config.load import ConfigError, build_config, dump_yaml, flatten, to_dict
 from dapo_cli.config.schema import Config
 from dapo_cli.config.techniques import TECHNIQUES, apply_techniques, technique_state
+from dapo_cli.config.validate import validate
 
 __all__ = [
     "Config",
@@ -15,3 +21,10 @@ __all__ = [
     "technique_state",
     "to_dict",
 ]
+
+
+def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
+    """Resolve a config: the YAML at ``path`` (or the embedded tiny experiment), then overrides, validated."""
+    cfg = build_config(path, overrides)
+    validate(cfg)
+    return cfg

@@ -1,4 +1,7 @@
-"""Load a config: YAML file → deep-merged ``--set a.b=c`` overrides → validated dataclasses.
+"""Load a config: YAML file → deep-merged ``--set a.b=c`` overrides → typed dataclasses.
+
+Validation is the caller's next step (:func:`dapo_cli.config.load_config` does both), so
+``validate.py`` can use this module without this module using it.
 
 Every value is typed from the schema; an unknown key fails with a did-you-mean
 suggestion; every problem raises :class:`ConfigError` (a :class:`UserError`, so the
@@ -35,15 +38,6 @@ def embedded_experiment_path(name: str = EMBEDDED_EXPERIMENT) -> Path:
     """An experiment shipped inside the package: the tiny CPU one (used when no CONFIG is given),
     or :data:`EMBEDDED_LADDER`."""
     return Path(str(resources.files("dapo_cli") / "presets" / name))
-
-
-def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] = ()) -> Config:
-    """Resolve a config: the YAML at ``path`` (or the embedded tiny experiment), then overrides, validated."""
-    cfg = build_config(path, overrides)
-    from dapo_cli.config.validate import validate
-
-    validate(cfg)
-    return cfg
 
 
 def build_config(path: str | Path | None = None, overrides: typing.Sequence[str] = ()) -> Config:

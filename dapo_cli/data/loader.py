@@ -14,7 +14,7 @@ and validation alike, counted in the run's dataset manifest and reported on stde
 (:func:`keep_fitting`, :func:`dropped_note`); the preflight has already checked that
 ``max_prompt_length`` plus the response limit fits the model's context.
 
-Everything but ``synthetic:NAME`` goes through :func:`dapo_cli.datasets.load_dataset_rows`,
+Everything but ``synthetic:NAME`` goes through :func:`dapo_cli.data.registry.load_dataset_rows`,
 so training and ``dapo eval`` accept the same specs.
 """
 
@@ -49,7 +49,7 @@ def load_rows(spec: str, *, split: str, synthetic_size: int) -> list[dict[str, A
         from dapo_cli.data.synthetic import generate_rows
 
         return generate_rows(spec[len(SYNTHETIC_PREFIX) :], synthetic_size, SYNTHETIC_DATA_SEED, split)
-    from dapo_cli.datasets import load_dataset_rows
+    from dapo_cli.data.registry import load_dataset_rows
 
     return load_dataset_rows(spec).rows  # paths and names, DAPO or raw (converted), parquet or JSONL
 

@@ -1,5 +1,8 @@
 """What ``dapo prepare-data`` records: per-input reports, the manifest, MLflow params and metrics.
 
+The run they are recorded in is the caller's (:data:`OpenRun`; ``dapo prepare-data`` opens an
+MLflow run): this layer knows the :class:`RunRecord` it writes to, not a tracking backend.
+
 The manifest (``<out>.manifest.json``) holds the options, one entry per input (sha256,
 the fields its problems and answers were read from and the detection report, rows per
 problem, rows kept per conversion and dropped per reason), the totals under
@@ -13,9 +16,11 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from dapo_cli import __version__
 from dapo_cli.data.convert import CONVERSIONS
@@ -162,3 +167,39 @@ def write_outputs(
         manifest_tmp = stage.path_for(options.manifest_path)
         manifest_tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return manifest
+
+
+class RunRecord(Protocol):
+    """Where one preparation is recorded (a :class:`dapo_cli.tracking.Tracker` is one)."""
+
+    run_id: str
+
+    def log_params(self, params: Mapping[str, Any]) -> None: ...
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None: ...
+
+    def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None: ...
+
+
+OpenRun = Callable[["PrepareOptions"], AbstractContextManager[RunRecord]]
+"""Opens the record of one preparation (called once the inputs are read, before anything is written)."""
+
+
+class Unrecorded:
+    """A preparation recorded nowhere (``run_id`` empty): the default of :func:`dapo_cli.data.prepare.run_prepare`."""
+
+    run_id = ""
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        pass
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        pass
+
+    def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
+        pass
+
+
+def unrecorded(options: PrepareOptions) -> AbstractContextManager[RunRecord]:
+    """The :data:`OpenRun` that records nothing."""
+    return nullcontext(Unrecorded())

@@ -36,7 +36,7 @@ def count_problems(cfg: Any) -> tuple[int, str]:
             total += cfg.data.synthetic_train_size
             continue
         try:
-            from dapo_cli.datasets import load_dataset_rows
+            from dapo_cli.data.registry import load_dataset_rows
 
             total += len(load_dataset_rows(spec).rows)
         except Exception:  # noqa: BLE001 - a plan must not fail on a dataset it cannot read

@@ -36,30 +36,11 @@ from typing import Any, Protocol
 from dapo_cli.config.schema import EvalConfig
 from dapo_cli.errors import UserError
 from dapo_cli.eval import metrics as M
+from dapo_cli.eval.generations import CHECKPOINT_FILE, GENERATIONS_FILE, SUMMARY_FILE, SampleRecord, write_generations
 from dapo_cli.eval.limits import check_memory, sequences_per_call
 from dapo_cli.eval.problems import Problem
 from dapo_cli.fileio import atomic_path, write_json_atomic
 from dapo_cli.rollout.base import RolloutEngine, SamplingParams
-
-CHECKPOINT_FILE = "generations.partial.jsonl"
-GENERATIONS_FILE = "generations.parquet"
-SUMMARY_FILE = "summary.json"
-
-
-@dataclass(frozen=True)
-class SampleRecord:
-    """One scored response: sample ``sample_index`` (0..K-1) of problem ``problem_id``."""
-
-    problem_id: str
-    sample_index: int
-    response: str
-    pred: str
-    acc: bool
-    score: float
-    ground_truth: str
-    length: int
-    truncated: bool
-
 
 @dataclass
 class EvalResult:
@@ -379,8 +360,6 @@ def summary_dict(result: EvalResult, settings: Mapping[str, Any]) -> dict[str, A
 def write_outputs(directory: Path, result: EvalResult, settings: Mapping[str, Any]) -> dict[str, Path]:
     """Write ``generations.parquet`` and ``summary.json`` into ``directory`` (each atomically)."""
     paths = {"generations": directory / GENERATIONS_FILE, "summary": directory / SUMMARY_FILE}
-    from dapo_cli.eval.compare import write_generations
-
     write_generations(result.records, paths["generations"])
     write_json_atomic(paths["summary"], summary_dict(result, settings))
     return paths
@@ -514,7 +493,7 @@ def run_eval(
 ) -> EvalReport:
     """Evaluate ``opts.checkpoint`` on ``opts.dataset`` (see the module docstring)."""
     from dapo_cli.config.schema import TrackingConfig
-    from dapo_cli.datasets import load_dataset_rows
+    from dapo_cli.data.registry import load_dataset_rows
     from dapo_cli.eval.links import link_runs, read_source, resolve_tracking, source_label, source_tags
     from dapo_cli.eval.problems import describe_layout, group_problems
     from dapo_cli.eval.table import log_generations_table

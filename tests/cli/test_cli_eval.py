@@ -12,8 +12,7 @@ from typer.testing import CliRunner
 
 from dapo_cli.cli import app
 from dapo_cli.data.schema import make_row, write_dapo_parquet
-from dapo_cli.eval.compare import write_generations
-from dapo_cli.eval.run import CHECKPOINT_FILE, SampleRecord
+from dapo_cli.eval.generations import CHECKPOINT_FILE, SampleRecord, write_generations
 
 DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
 AIME = DATA / "aime-2024.parquet"

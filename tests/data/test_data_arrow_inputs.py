@@ -29,8 +29,8 @@ def test_save_to_disk_folder_gives_what_the_jsonl_gives(tmp_path: Path) -> None:
     assert (source.format, source.kind, source.rows_read, source.split) == ("datasets", "raw", 385, "train")
     assert [f.name for f in source.data_files] == [f"data-0000{k}-of-00003.arrow" for k in range(3)]
     assert source.describe() == 'datasets, split train, 385 rows; problem from "question"; answer from "answer"'
-    from_folder = run_prepare(PrepareOptions(output=tmp_path / "a.parquet", inputs=(folder,), track=False))
-    from_jsonl = run_prepare(PrepareOptions(output=tmp_path / "b.parquet", inputs=(DATA / "raw-gaokao2023en.jsonl",), track=False))
+    from_folder = run_prepare(PrepareOptions(output=tmp_path / "a.parquet", inputs=(folder,)))
+    from_jsonl = run_prepare(PrepareOptions(output=tmp_path / "b.parquet", inputs=(DATA / "raw-gaokao2023en.jsonl",)))
     assert from_folder.kept == from_jsonl.kept and from_folder.dropped == from_jsonl.dropped
     assert (tmp_path / "a.parquet").read_bytes() == (tmp_path / "b.parquet").read_bytes()  # same rows, same order
     [entry] = from_folder.manifest["inputs"]

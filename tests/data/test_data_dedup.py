@@ -84,7 +84,7 @@ def write(rows: list[dict], path: Path) -> Path:
 
 
 def prepare(tmp_path: Path, *inputs: Path, **options: object) -> P.PrepareResult:
-    return run_prepare(PrepareOptions(output=tmp_path / "out.parquet", inputs=inputs, track=False, **options))
+    return run_prepare(PrepareOptions(output=tmp_path / "out.parquet", inputs=inputs, **options))
 
 
 def out_rows(tmp_path: Path, name: str = "out.parquet") -> list[dict]:

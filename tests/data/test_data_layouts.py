@@ -108,7 +108,7 @@ def test_gsm8k_answer_after_hashes(tmp_path: Path) -> None:
     source = open_input(write_jsonl(tmp_path / "gsm8k.jsonl", [GSM8K, GSM8K_COMMA]))
     assert source.describe() == 'jsonl, 2 rows; problem from "question"; answer from "answer"'
     assert [(a, s) for _, a, s in found(source.path)] == [("72", "answer:####"), ("1,080", "answer:####")]
-    result = run_prepare(PrepareOptions(output=tmp_path / "out.parquet", inputs=(source.path,), track=False))
+    result = run_prepare(PrepareOptions(output=tmp_path / "out.parquet", inputs=(source.path,)))
     truths = [r["reward_model"]["ground_truth"] for r in pq.read_table(tmp_path / "out.parquet").to_pylist()]
     assert truths == ["72", "1080"] and dict(result.kept) == {"integer": 2}
 
@@ -159,7 +159,7 @@ def test_list_answers_one_kept_several_dropped(tmp_path: Path) -> None:
     ]
     # "context" exists but is never guessed: the report says how to prepend it
     assert source.describe().endswith('; "context" not prepended (--context-field context to prepend it)')
-    result = run_prepare(PrepareOptions(output=tmp_path / "out.parquet", inputs=(path,), track=False))
+    result = run_prepare(PrepareOptions(output=tmp_path / "out.parquet", inputs=(path,)))
     assert dict(result.kept) == {"integer": 1} and dict(result.dropped) == {"multiple_answers": 1}
 
 

@@ -24,7 +24,7 @@ from dapo_cli.fileio import sha256_file
 DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
 AIME = DATA / "aime-2024.parquet"
 HAS_SYNTHETIC = importlib.util.find_spec("dapo_cli.data.synthetic") is not None
-HAS_DATASETS = importlib.util.find_spec("dapo_cli.datasets") is not None
+HAS_DATASETS = importlib.util.find_spec("dapo_cli.data.registry") is not None
 
 
 def prompts(n: int) -> list[Prompt]:
@@ -139,7 +139,7 @@ def test_load_rows_own_parquet(tmp_path: Path) -> None:
     assert [r["reward_model"]["ground_truth"] for r in rows] == ["2", "4"]
 
 
-@pytest.mark.skipif(not HAS_DATASETS, reason="dapo_cli.datasets is not built yet")
+@pytest.mark.skipif(not HAS_DATASETS, reason="dapo_cli.data.registry is not built yet")
 def test_load_rows_dapo_jsonl_through_the_dataset_layer(tmp_path: Path) -> None:
     rows = [make_row("1+1?", "2", index=0), make_row("2+2?", "4", index=1)]
     path = tmp_path / "mine.jsonl"

@@ -5,6 +5,7 @@ Deduplication of a DAPO-Math-17K-shaped file has its own module: test_data_dedup
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 from collections import Counter
@@ -26,7 +27,7 @@ needs_data = pytest.mark.skipif(not DATA.is_dir(), reason=f"shared data not foun
 
 
 def prepare(tmp_path: Path, *inputs: Path, **options: object) -> P.PrepareResult:
-    return run_prepare(PrepareOptions(output=tmp_path / "out.parquet", inputs=inputs, track=False, **options))
+    return run_prepare(PrepareOptions(output=tmp_path / "out.parquet", inputs=inputs, **options))
 
 
 def rows(path: Path) -> list[dict]:
@@ -248,15 +249,15 @@ def test_bad_options(tmp_path: Path, options: dict, message: str) -> None:
 def test_output_must_not_be_an_input(tmp_path: Path) -> None:
     raw = _amc_like(tmp_path, 3)
     with pytest.raises(UserError, match="is also an input"):
-        run_prepare(PrepareOptions(output=raw, inputs=(raw,), track=False))
+        run_prepare(PrepareOptions(output=raw, inputs=(raw,)))
     with pytest.raises(UserError, match="exactly one of them"):
-        run_prepare(PrepareOptions(output=tmp_path / "o.parquet", track=False))
+        run_prepare(PrepareOptions(output=tmp_path / "o.parquet"))
 
 
 def test_synthetic_task_splits_from_disjoint_partitions(tmp_path: Path) -> None:
     pytest.importorskip("dapo_cli.data.synthetic")
     result = run_prepare(
-        PrepareOptions(output=tmp_path / "syn.parquet", synthetic="add-3digit", n=20, val_fraction=0.25, seed=3, track=False)
+        PrepareOptions(output=tmp_path / "syn.parquet", synthetic="add-3digit", n=20, val_fraction=0.25, seed=3)
     )
     train, val = rows(tmp_path / "syn.parquet"), rows(tmp_path / "syn.val.parquet")
     assert (len(train), len(val), result.train_rows, result.val_rows) == (15, 5, 15, 5)
@@ -264,7 +265,7 @@ def test_synthetic_task_splits_from_disjoint_partitions(tmp_path: Path) -> None:
     assert not {r["extra_info"]["raw_problem"] for r in train} & {r["extra_info"]["raw_problem"] for r in val}
     assert all(r["data_source"] == "synthetic/add-3digit" for r in train + val)
     again = run_prepare(
-        PrepareOptions(output=tmp_path / "syn2.parquet", synthetic="add-3digit", n=20, val_fraction=0.25, seed=3, track=False)
+        PrepareOptions(output=tmp_path / "syn2.parquet", synthetic="add-3digit", n=20, val_fraction=0.25, seed=3)
     )
     assert sha256_file(tmp_path / "syn.parquet") == sha256_file(tmp_path / "syn2.parquet")
     assert again.manifest["counts"] == result.manifest["counts"]
@@ -309,7 +310,7 @@ def test_output_that_is_a_directory_is_refused_and_nothing_is_written(tmp_path: 
     raw = _amc_like(tmp_path, 3)
     (tmp_path / "existing").mkdir()
     with pytest.raises(UserError, match=r"output .*existing is a directory; give a file path") as info:
-        run_prepare(PrepareOptions(output=tmp_path / "existing", inputs=(raw,), track=False))
+        run_prepare(PrepareOptions(output=tmp_path / "existing", inputs=(raw,)))
     assert "\n" not in str(info.value)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["existing", "raw.jsonl"]  # no existing.manifest.json
     assert list((tmp_path / "existing").iterdir()) == []
@@ -322,7 +323,7 @@ def test_output_that_is_a_directory_is_refused_and_nothing_is_written(tmp_path: 
 def test_a_file_where_a_directory_is_expected_is_refused(tmp_path: Path) -> None:
     raw = _amc_like(tmp_path, 3)
     with pytest.raises(UserError, match=r"cannot write .*raw.jsonl/sub/out.parquet: .*raw.jsonl is a file, not a directory"):
-        run_prepare(PrepareOptions(output=raw / "sub" / "out.parquet", inputs=(raw,), track=False))
+        run_prepare(PrepareOptions(output=raw / "sub" / "out.parquet", inputs=(raw,)))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["raw.jsonl"]
 
 
@@ -373,7 +374,7 @@ def test_read_only_destination_leaves_nothing(tmp_path: Path, small_tmpfs: Calla
     destination = small_tmpfs("64k", True)
     raw = _amc_like(tmp_path, 3)
     with pytest.raises(UserError, match=r"cannot write .*out.parquet: Read-only file system; nothing was written") as info:
-        run_prepare(PrepareOptions(output=destination / "out.parquet", inputs=(raw,), track=False))
+        run_prepare(PrepareOptions(output=destination / "out.parquet", inputs=(raw,)))
     assert "\n" not in str(info.value) and list(destination.iterdir()) == []
 
 
@@ -382,5 +383,56 @@ def test_full_disk_leaves_nothing_not_even_the_directory_it_made(tmp_path: Path,
     records = [{"problem": f"Problem {i}: " + "text " * 60, "answer": str(i)} for i in range(400)]  # ~50 kB of parquet
     raw = write_jsonl(tmp_path / "raw.jsonl", records)
     with pytest.raises(UserError, match=r"cannot write .*sub/out.parquet: .*No space left on device.*; nothing was written"):
-        run_prepare(PrepareOptions(output=destination / "sub" / "out.parquet", inputs=(raw,), track=False))
+        run_prepare(PrepareOptions(output=destination / "sub" / "out.parquet", inputs=(raw,)))
     assert list(destination.iterdir()) == []  # no parquet, manifest, temporary file or sub/
+
+
+class FakeRecord:
+    """A RunRecord that keeps what it is given (the data layer knows no tracking backend)."""
+
+    run_id = "run-1"
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, object]] = []
+
+    def log_params(self, params: object) -> None:
+        self.calls.append(("params", params))
+
+    def log_metrics(self, metrics: object, step: int | None = None) -> None:
+        self.calls.append(("metrics", step))
+
+    def log_artifact(self, path: object, artifact_path: str | None = None) -> None:
+        self.calls.append(("artifact", path))
+
+
+def test_the_caller_opens_the_record_after_reading_and_before_writing(tmp_path: Path) -> None:
+    raw = write_jsonl(tmp_path / "raw.jsonl", [{"problem": "1+1?", "answer": "2"}, {"problem": "2+3?", "answer": "5"}])
+    record, opened = FakeRecord(), []
+
+    def open_run(options: PrepareOptions):
+        assert not options.output.exists()  # opened before anything is written
+        opened.append(options.output)
+        return contextlib.nullcontext(record)
+
+    options = PrepareOptions(output=tmp_path / "out.parquet", inputs=(raw,))
+    result = run_prepare(options, open_run=open_run)
+    assert opened == [options.output]
+    assert [kind for kind, _ in record.calls] == ["params", "metrics", "artifact"]
+    assert record.calls[0][1]["inputs"] == str(raw) and record.calls[1][1] == 0
+    assert record.calls[2][1] == options.manifest_path
+    assert result.run_id == "run-1"
+
+
+def test_bad_input_opens_no_record(tmp_path: Path) -> None:
+    raw = write_jsonl(tmp_path / "raw.jsonl", [{"problem": "what?", "answer": "x"}])
+
+    def open_run(options: PrepareOptions):
+        raise AssertionError("no record for a preparation that writes nothing")
+
+    with pytest.raises(UserError, match="every row was dropped"):
+        run_prepare(PrepareOptions(output=tmp_path / "out.parquet", inputs=(raw,)), open_run=open_run)
+
+
+def test_by_default_nothing_is_recorded(tmp_path: Path) -> None:
+    raw = write_jsonl(tmp_path / "raw.jsonl", [{"problem": "1+1?", "answer": "2"}])
+    assert run_prepare(PrepareOptions(output=tmp_path / "out.parquet", inputs=(raw,))).run_id == ""

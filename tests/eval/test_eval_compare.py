@@ -7,14 +7,8 @@ from pathlib import Path
 import pytest
 
 from dapo_cli.errors import UserError
-from dapo_cli.eval.compare import (
-    compare_accuracies,
-    compare_results,
-    per_problem_accuracy,
-    read_generations,
-    write_generations,
-)
-from dapo_cli.eval.run import CHECKPOINT_FILE, SampleRecord
+from dapo_cli.eval.compare import compare_accuracies, compare_results, per_problem_accuracy
+from dapo_cli.eval.generations import CHECKPOINT_FILE, SampleRecord, read_generations, write_generations
 
 
 def write_run(path: Path, correct: dict[str, int], k: int = 4) -> Path:

@@ -249,7 +249,7 @@ def test_hostile_rows_through_prepare_data_execute_nothing_and_are_capped(
     ] + [{"prompt": [{"role": "user", "content": "Prepared: the answer is long"}], "reward_model": {"ground_truth": "7" * 200_000}}]
     inputs = (write_jsonl(tmp_path / "raw.jsonl", raw), write_jsonl(tmp_path / "prepared.jsonl", prepared))
     with no_evaluators(marker):
-        result = run_prepare(PrepareOptions(output=tmp_path / "out.parquet", inputs=inputs, track=False))
+        result = run_prepare(PrepareOptions(output=tmp_path / "out.parquet", inputs=inputs))
 
     assert not marker.exists() and ENV_FLAG not in os.environ
     # bounded: the letter scan sees at most MAX_PROBLEM_CHARS, the parser at most MAX_CHARS
@@ -277,7 +277,7 @@ def test_deeply_nested_json_through_prepare_data_is_one_line(tmp_path: Path) -> 
     path = tmp_path / "deep.jsonl"
     path.write_text('{"problem": "p", "answer": "1"}\n' + json.dumps({"problem": "q"})[:-1] + f', "answer": {deep}}}\n')
     with pytest.raises(UserError) as info:
-        run_prepare(PrepareOptions(output=tmp_path / "out.parquet", inputs=(path,), track=False))
+        run_prepare(PrepareOptions(output=tmp_path / "out.parquet", inputs=(path,)))
     message = str(info.value)
     assert f"{path}: line 2 nests arrays/objects deeper than {MAX_JSON_DEPTH} levels" in message and "\n" not in message
     assert sorted(p.name for p in tmp_path.iterdir()) == ["deep.jsonl"]

@@ -1,4 +1,4 @@
-"""The named-dataset registry (dapo_cli/datasets.py): resolution, checksums, download fallbacks."""
+"""The named-dataset registry (dapo_cli/data/registry.py): resolution, checksums, download fallbacks."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ import huggingface_hub
 import pytest
 from fixtures.hub_cache import populate
 
-from dapo_cli import datasets as D
+from dapo_cli.data import registry as D
 from dapo_cli.data.schema import make_row, write_dapo_parquet
 from dapo_cli.errors import UserError
 from dapo_cli.fileio import sha256_file
 
-DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
+DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
 AIME = DATA / "aime-2024.parquet"
 needs_data = pytest.mark.skipif(not AIME.is_file(), reason=f"shared data not found at {DATA}")
 
@@ -28,7 +28,7 @@ def isolated_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_registry_is_read_from_the_package_and_lists_aime24() -> None:
     registry = D.load_registry()
-    assert D.registry_path().resolve() == (Path(__file__).resolve().parents[1] / "datasets" / "registry.yaml")
+    assert D.registry_path().resolve() == (Path(__file__).resolve().parents[2] / "datasets" / "registry.yaml")
     entry = registry["aime24"]
     assert (entry.repo_id, entry.path_in_repo, entry.num_rows, entry.format) == (
         "BytedTsinghua-SIA/AIME-2024", "data/aime-2024.parquet", 960, "dapo",

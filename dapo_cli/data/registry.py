@@ -1,5 +1,8 @@
 """Named datasets (``aime24``, ``dapo-math-17k``, …) resolved to local files, and dataset loading.
 
+The data layer's registry: :mod:`dapo_cli.data.loader` (training prompts) and ``dapo eval``
+resolve dataset specs through it.
+
 The registry is data: ``datasets/registry.yaml`` (shipped in the package as
 ``dapo_cli/presets/datasets.yaml``). A name resolves to a local file, first found of:
 
@@ -249,7 +252,7 @@ def convert_raw(path: Path) -> list[dict[str, Any]]:
     with tempfile.TemporaryDirectory(prefix="dapo-eval-prepare-") as tmp:
         out = Path(tmp) / "prepared.parquet"
         try:
-            prepare.run_prepare(prepare.PrepareOptions(output=out, inputs=(path,), track=False))
+            prepare.run_prepare(prepare.PrepareOptions(output=out, inputs=(path,)))
         except UserError as exc:  # prepare-data's words ("nothing to write") in the words of the caller
             raise UserError(
                 f"raw dataset {path} cannot be converted to DAPO rows ({exc}); check it with `dapo prepare-data {path} -o x.parquet --no-track`"

@@ -1,0 +1,188 @@
+"""Imports point one way (docs/architecture.md): no cycle among dapo_cli modules, and the bottom layers
+(config/, algo/, data/, models/, rewards/) import nothing above them.
+
+Every ``dapo_cli`` module is parsed with ``ast``; an import anywhere in a module counts (one inside a
+function too: it runs, and ties the modules together all the same), except under ``if TYPE_CHECKING:``
+(annotations only, never executed).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "dapo_cli"
+
+BOTTOM_LAYERS = ("config", "algo", "data", "models", "rewards")
+"""Packages that may import only each other and the leaf utilities below."""
+
+LEAF_UTILITIES = ("dapo_cli", "dapo_cli.errors", "dapo_cli.fileio")
+"""Modules the bottom layers may import besides each other: each imports no dapo_cli module
+(asserted below). ``dapo_cli`` itself is the package's ``__init__`` (the version string only)."""
+
+KNOWN_EXCEPTIONS: set[tuple[str, str]] = {
+    # (importer, imported) edges still in the code, each removed by another branch of the issue-27
+    # refactor. The lead deletes this set (and the test of it) once those branches are merged.
+    # wt-stack (the direct-advantage checks move into config/):
+    ("dapo_cli.config.validate", "dapo_cli.direct_advantage.checks"),
+    # wt-stack (warm-start leaves models/, or gets its rollout engine injected):
+    ("dapo_cli.models.warmstart", "dapo_cli.progress"),
+    ("dapo_cli.models.warmstart", "dapo_cli.rollout.base"),
+    ("dapo_cli.models.warmstart", "dapo_cli.rollout.hf"),
+    # wt-ablate (no import cycle inside ablate/): the back edges of runner <-> pool/slurm and
+    # report <-> diagnostics/plots.
+    ("dapo_cli.ablate.runner", "dapo_cli.ablate.pool"),
+    ("dapo_cli.ablate.runner", "dapo_cli.ablate.slurm"),
+    ("dapo_cli.ablate.diagnostics", "dapo_cli.ablate.report"),
+    ("dapo_cli.ablate.plots", "dapo_cli.ablate.report"),
+}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _runtime_nodes(node: ast.AST) -> Iterator[ast.AST]:
+    """Every node under ``node`` except the bodies of ``if TYPE_CHECKING:`` (their ``else`` runs)."""
+    for child in ast.iter_child_nodes(node):
+        yield child
+        if isinstance(child, ast.If) and _is_type_checking(child.test):
+            for orelse in child.orelse:
+                yield orelse
+                yield from _runtime_nodes(orelse)
+        else:
+            yield from _runtime_nodes(child)
+
+
+def _module_of(name: str) -> str | None:
+    """The dapo_cli module that ``import name`` loads last (a name inside a module: that module)."""
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def imports_of(module: str) -> set[str]:
+    """The dapo_cli modules ``module`` imports at run time."""
+    path = MODULES[module]
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: set[str | None] = set()
+    for node in _runtime_nodes(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(_module_of(a.name) for a in node.names if a.name.split(".")[0] == "dapo_cli")
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join(anchor + ([node.module] if node.module else []))
+            if base.split(".")[0] != "dapo_cli":
+                continue
+            # `from pkg import mod` imports the submodule; `from mod import name` the module
+            found.update(_module_of(f"{base}.{a.name}") if f"{base}.{a.name}" in MODULES else _module_of(base) for a in node.names)
+    found.discard(None)
+    found.discard(module)
+    return {m for m in found if m is not None}
+
+
+GRAPH = {m: imports_of(m) for m in MODULES}
+EDGES = {(a, b) for a, targets in GRAPH.items() for b in targets}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    counter = 0
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def layer(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in BOTTOM_LAYERS else None
+
+
+def test_the_walk_sees_the_package() -> None:
+    # the walk finds real edges: top-level ones and a function-local one
+    assert "dapo_cli.data.schema" in GRAPH["dapo_cli.data.prepare"]
+    assert "dapo_cli.data.prepare" in GRAPH["dapo_cli.data.registry"]  # imported inside convert_raw
+    assert "dapo_cli.eval.generations" in GRAPH["dapo_cli.eval.run"]
+
+
+def test_type_checking_imports_do_not_count() -> None:
+    tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import a\nelse:\n    import b\ndef f():\n    import c\n")
+    names = {a.name for n in _runtime_nodes(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert names == {"b", "c"}
+
+
+def test_no_import_cycle() -> None:
+    graph = {m: {t for t in targets if (m, t) not in KNOWN_EXCEPTIONS} for m, targets in GRAPH.items()}
+    assert cycles(graph) == []
+
+
+def test_bottom_layers_import_nothing_above_them() -> None:
+    upward = sorted(
+        (m, t)
+        for m, t in EDGES
+        if layer(m) is not None and layer(t) is None and t not in LEAF_UTILITIES and (m, t) not in KNOWN_EXCEPTIONS
+    )
+    assert upward == [], "\n".join(f"{m} -> {t}" for m, t in upward)
+
+
+@pytest.mark.parametrize("leaf", LEAF_UTILITIES)
+def test_leaf_utilities_are_leaves(leaf: str) -> None:
+    assert GRAPH[leaf] == set()
+
+
+def test_known_exceptions_are_still_there() -> None:
+    # an exception whose import is gone must leave the set, so none hides a new edge later
+    gone = sorted(KNOWN_EXCEPTIONS - EDGES)
+    assert gone == [], f"remove from KNOWN_EXCEPTIONS: {gone}"
