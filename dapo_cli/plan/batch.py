@@ -152,12 +152,12 @@ class Check:
 
 
 def world_checks(cfg: Config, world_size: int, *, gpus_per_node: int, num_attention_heads: int, num_kv_heads: int) -> list[Check]:
-    """The checks ``dapo train`` would apply (``components.check_world_size``) and vLLM's tensor-parallel ones."""
-    from dapo_cli.components import check_world_size
+    """The checks ``dapo train`` would apply (``config.validate.check_world_size``) and vLLM's tensor-parallel ones."""
+    from dapo_cli.config import validate as rules
 
     checks: list[Check] = []
     try:
-        check_world_size(cfg, world_size)
+        rules.check_world_size(cfg.data, world_size)
         per_round = cfg.data.gen_batch_size or cfg.data.train_batch_size
         checks.append(Check(
             "batches divide the world size", True,
