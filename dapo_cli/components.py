@@ -47,6 +47,13 @@ def build_collective(engine_cfg: EngineConfig) -> Collective:
 # ---------------------------------------------------------------- training engines
 
 
+def training_device(engine_cfg: EngineConfig, dist: Collective) -> torch.device:
+    """Where a training engine puts this rank's policy: ``engine.device`` (auto: cuda when visible)."""
+    from dapo_cli.engine.torch import pick_device
+
+    return pick_device(engine_cfg.device, dist.local_rank)
+
+
 def build_training_engine(
     engine_cfg: EngineConfig, model: torch.nn.Module, dist: Collective, *, lr: float, weight_decay: float,
     warmup_steps: int, grad_clip: float, bf16: bool, load_reference: Callable[[], torch.nn.Module] | None,

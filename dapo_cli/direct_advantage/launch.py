@@ -135,7 +135,6 @@ def run_direct_advantage(
     """Run, resume (``resume``) or partly rerun (``from_phase``) a direct-advantage training run; its summary."""
     from dapo_cli import components
     from dapo_cli.checkpoint import claim_run_dir
-    from dapo_cli.engine.torch import pick_device
     from dapo_cli.models.loading import load_tokenizer
 
     dist = components.build_collective(cfg.engine)
@@ -194,7 +193,7 @@ def run_direct_advantage(
                 completer_path=resolve_path(cfg.direct_advantage.completer, cfg) if cfg.direct_advantage.completer else base_path,
                 critic_path=resolve_path(cfg.direct_advantage.critic_path, cfg) if cfg.direct_advantage.critic_path else base_path,
                 tokenizer=tokenizer, problems=problems, val_problems=val_problems, val_prompts=val_prompts,
-                model_info=read_model_info(base_path), device=pick_device(cfg.engine.device), dist=dist,
+                model_info=read_model_info(base_path), device=components.training_device(cfg.engine, dist), dist=dist,
             )
             if not same_run and store.started() and start is not None:
                 relog(ctx, start)

@@ -27,15 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-)
-
 from dapo_cli import components
 from dapo_cli.direct_advantage import PHASES
 from dapo_cli.direct_advantage.phases import (
@@ -48,6 +39,7 @@ from dapo_cli.direct_advantage.steps import unescape_delimiter
 from dapo_cli.direct_advantage.store import RunStore
 from dapo_cli.errors import UserError
 from dapo_cli.fileio import write_json_atomic, write_text_atomic
+from dapo_cli.progress import PhaseReporter
 from dapo_cli.engine.dist import Collective
 from dapo_cli.rollout.base import RolloutEngine, SamplingParams
 from dapo_cli.session import (
@@ -64,28 +56,8 @@ SUMMARY_KEYS: dict[str, tuple[tuple[str, str, str], ...]] = {
 }
 
 
-class Reporter:
+class Reporter(PhaseReporter):
     """One line per stage on stderr and a transient bar while a phase generates (quiet: nothing)."""
-
-    def __init__(self, quiet: bool) -> None:
-        self.quiet = quiet
-        self.console = Console(stderr=True)
-
-    def note(self, text: str) -> None:
-        if not self.quiet:
-            self.console.print(text, highlight=False, soft_wrap=True)
-
-    def bar(self, label: str) -> tuple[Progress, Callable[[int, int], None]]:
-        progress = Progress(
-            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            console=self.console, transient=True, disable=self.quiet or not self.console.is_terminal,
-        )
-        task = progress.add_task(label, total=None)
-
-        def update(done: int, total: int) -> None:
-            progress.update(task, completed=done, total=total)
-
-        return progress, update
 
     def stage(self, i: int, iterations: int, stage: str, metrics: dict[str, float], reused: bool = False) -> None:
         parts = [f"iteration {i + 1}/{iterations}  {stage:<10}"]
