@@ -41,13 +41,22 @@ def eval_problem(*, k: int, batch_size: int, names: tuple[str, str]) -> str | No
     return None
 
 
-def check_engine(engine: EngineConfig) -> None:
-    """Engine settings that cannot work together whatever the machine (the training commands' preflight
-    applies them; a ``--dry-run`` plan lists them as failed checks instead)."""
+def engine_problems(engine: EngineConfig) -> list[tuple[str, str]]:
+    """Engine settings that cannot work together whatever the machine, as (check name, message):
+    the training commands' preflight raises the first (:func:`check_engine`), a ``--dry-run`` plan
+    lists them all as failed checks."""
+    problems = []
     if engine.name != "deepspeed" and (engine.offload_optimizer or engine.offload_params):
-        raise ConfigError("CPU offload (engine.offload_optimizer / engine.offload_params) needs engine.name=deepspeed")
+        problems.append(("offload needs DeepSpeed", "CPU offload (engine.offload_optimizer / engine.offload_params) needs engine.name=deepspeed"))
     if engine.offload_params and engine.zero_stage != 3:
-        raise ConfigError("engine.offload_params needs engine.zero_stage=3 (parameters are sharded only at stage 3)")
+        problems.append(("offload_params needs ZeRO-3", "engine.offload_params needs engine.zero_stage=3 (parameters are sharded only at stage 3)"))
+    return problems
+
+
+def check_engine(engine: EngineConfig) -> None:
+    """Raise the first of :func:`engine_problems`."""
+    problems = engine_problems(engine)
+    require(not problems, problems[0][1] if problems else "")
 
 
 def check_world_size(data: DataConfig, world_size: int) -> None:

@@ -186,10 +186,7 @@ def world_checks(cfg: Config, world_size: int, *, gpus_per_node: int, num_attent
             + ("" if within else " (tensor parallelism across nodes is slow)"),
             hard=False,
         ))
-    if cfg.engine.name != "deepspeed" and (cfg.engine.offload_optimizer or cfg.engine.offload_params):
-        checks.append(Check("offload needs DeepSpeed", False, "engine.offload_* needs engine.name=deepspeed"))
-    if cfg.engine.offload_params and cfg.engine.zero_stage != 3:
-        checks.append(Check("offload_params needs ZeRO-3", False, "engine.offload_params needs engine.zero_stage=3"))
+    checks.extend(Check(name, False, message) for name, message in rules.engine_problems(cfg.engine))
     return checks
 
 
