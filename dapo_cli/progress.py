@@ -5,6 +5,8 @@ Everything here goes to stderr (results are the caller's, on stdout). Two pieces
 * :class:`CountProgress`: progress of a count (warm-start steps, eval samples): a transient
   rich bar with elapsed time and ETA on a terminal, else a plain line every 10% (CI logs,
   ``2>file``);
+* :class:`PhaseReporter`: lines of a run made of phases (``--algo direct-advantage``), and a
+  transient bar while a phase generates;
 * :class:`StepReporter`: the training loop's bar with the running phase, and one summary line
   per step (with the ETA); verbosity -1 (``--quiet``) prints nothing, 1 (``--verbose``) adds
   every metric of the step.
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console
@@ -151,6 +154,31 @@ class CountProgress:
         """The first count past ``done`` at a multiple of ``every`` × total (the next plain line)."""
         step = max(1, math.ceil(self.total * max(0.0, self.every)))
         return min(self.total, (done // step + 1) * step)
+
+
+class PhaseReporter:
+    """Lines on stderr, and a transient count bar on a terminal while a phase runs (``quiet``: nothing)."""
+
+    def __init__(self, quiet: bool, console: Console | None = None) -> None:
+        self.quiet = quiet
+        self.console = console or Console(stderr=True)
+
+    def note(self, text: str) -> None:
+        if not self.quiet:
+            self.console.print(text, highlight=False, soft_wrap=True)
+
+    def bar(self, label: str) -> tuple[Progress, Callable[[int, int], None]]:
+        """A bar to use as a context manager, and ``update(done, total)`` to move it."""
+        progress = Progress(
+            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            console=self.console, transient=True, disable=self.quiet or not self.console.is_terminal,
+        )
+        task = progress.add_task(label, total=None)
+
+        def update(done: int, total: int) -> None:
+            progress.update(task, completed=done, total=total)
+
+        return progress, update
 
 
 class StepReporter:

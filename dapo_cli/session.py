@@ -31,8 +31,10 @@ from dapo_cli.checkpoint import (
     set_rng_state,
 )
 from dapo_cli.config import Config, dump_yaml, flatten, technique_state, to_dict
+from dapo_cli.config.schema import DataConfig
 from dapo_cli.config.techniques import variant_name
-from dapo_cli.data.loader import PromptStream, build_prompts, dataset_manifest, dropped_note, keep_fitting, load_rows
+from dapo_cli.config.validate import check_world_size
+from dapo_cli.data.loader import Prompt, PromptStream, build_prompts, dataset_manifest, dropped_note, keep_fitting, load_rows
 from dapo_cli.engine.dist import Collective, SingleProcess, shutdown_process_group
 from dapo_cli.errors import NON_FINITE, RunStopped, UserError
 from dapo_cli.fileio import write_text_atomic
@@ -218,8 +220,6 @@ class TrainingSession:
         from dapo_cli import components
         from dapo_cli.models import load_policy, resolve_model
 
-        components.check_engine_settings(cfg.engine)
-        components.check_rollout_settings(cfg.rollout)
         if cfg.engine.num_threads > 0:
             torch.set_num_threads(cfg.engine.num_threads)
         dist = components.build_collective(cfg.engine)
@@ -231,7 +231,7 @@ class TrainingSession:
             return held[0]
 
         try:
-            components.check_world_size(cfg, dist.world_size)
+            check_world_size(cfg.data, dist.world_size)
             claim = agreed(dist, claim_on_main)
             name, run_dir, latest = claim.name, claim.run_dir, claim.resume_from
             ckpt = CheckpointManager(run_dir)
@@ -242,11 +242,16 @@ class TrainingSession:
             torch.manual_seed(cfg.trainer.seed)
             dtype = getattr(torch, cfg.model.dtype)
             model, tokenizer = load_policy(model_path, device="cpu", dtype=dtype)
+            t = cfg.trainer
             engine = components.build_training_engine(
-                cfg, model, dist, load_reference=components.model_loader(base_path, dtype)
+                cfg.engine, model, dist, lr=t.lr, weight_decay=t.weight_decay, warmup_steps=t.lr_warmup_steps,
+                grad_clip=t.grad_clip, bf16=cfg.model.dtype == "bfloat16",
+                load_reference=components.model_loader(base_path, dtype) if cfg.algorithm.use_kl_loss else None,
             )
             rollout = components.build_train_rollout(
-                cfg, engine, tokenizer, components.model_loader(model_path, dtype), model_path, note=engine_notes.append
+                cfg.rollout, engine, tokenizer, components.model_loader(model_path, dtype), model_path,
+                max_model_len=cfg.data.max_prompt_length + cfg.rollout.max_response_length, dtype=cfg.model.dtype,
+                seed=t.seed, note=engine_notes.append,
             )
             stream, val_problems, val_prompts, manifest = load_run_data(cfg, tokenizer, dist.world_size)
         except BaseException:  # the claim is released (an empty new run dir removed) whatever failed
@@ -302,11 +307,7 @@ class TrainingSession:
     def tags(self, command: str, extra: dict[str, str] | None) -> dict[str, str]:
         techniques = technique_state(self.cfg)
         return {
-            "dapo.command": command,
-            "dapo.git_commit": git_commit(),
-            "dapo.seed": str(self.cfg.trainer.seed),
-            "dapo.variant": variant_name(techniques),
-            "dapo.run_dir": str(self.run_dir.resolve()),
+            **run_tags(command, seed=self.cfg.trainer.seed, variant=variant_name(techniques), run_dir=self.run_dir),
             "dapo.run_name": self.run_name,
             **{f"technique.{k}": str(v).lower() for k, v in techniques.items()},
             **(extra or {}),
@@ -398,9 +399,7 @@ class TrainingSession:
 
     def upload_checkpoint(self, tracker: Tracker, checkpoint: Path, artifact_path: str) -> None:
         """Copy a checkpoint's ``model/`` into MLflow's artifacts when it is at most 64 MiB (else its path is the tag)."""
-        size = sum(f.stat().st_size for f in (checkpoint / "model").rglob("*") if f.is_file())
-        if size <= MAX_MODEL_ARTIFACT_BYTES:
-            tracker.log_artifact(checkpoint / "model", artifact_path)
+        upload_model(tracker, checkpoint / "model", artifact_path)
 
     def _write_checkpoint(self, directory: Path) -> None:
         """Every rank: the engine's training state (its shards), then the policy + tokenizer export
@@ -474,8 +473,34 @@ class TrainingSession:
         return summary  # the CLI prints it (held-out accuracy base → final, run dir, checkpoint) once, on stdout
 
 
-def load_run_data(cfg: Config, tokenizer: Any, world_size: int) -> tuple[PromptStream, list[Any], list[str], dict[str, Any]]:
-    """The training prompt stream, the validation problems and prompts, and the dataset manifest."""
+@dataclasses.dataclass
+class RunData:
+    """A run's datasets read once: templated training prompts (too-long ones dropped), validation problems."""
+
+    format: Callable[[Any], str]
+    """Messages → the templated prompt text of the run's tokenizer."""
+    count: Callable[[str], int]
+    """Text → its number of tokens."""
+    train_prompts: list[Prompt]
+    train_dropped: int
+    val_problems: list[Any]
+    train_rows: list[int]
+    """Rows read from each of ``data.train_files`` (and ``val_rows`` of ``data.val_files``)."""
+    val_rows: list[int]
+
+    def manifest(self, data: DataConfig) -> dict[str, Any]:
+        """The dataset manifest's entries common to every algorithm (the caller adds its own after them)."""
+        return {
+            "train": dataset_manifest(data.train_files, self.train_rows, data.synthetic_train_size),
+            "val": dataset_manifest(data.val_files, self.val_rows, data.synthetic_val_size),
+            "train_prompts": len(self.train_prompts),
+            "train_prompts_dropped_too_long": self.train_dropped,
+        }
+
+
+def read_run_data(data: DataConfig, tokenizer: Any) -> RunData:
+    """``data.train_files`` as templated prompts (those over ``data.max_prompt_length`` dropped) and
+    ``data.val_files`` as problems (ids prefixed with the file's index when there are several)."""
     from dapo_cli.eval.problems import group_problems
     from dapo_cli.models import format_prompt
 
@@ -485,24 +510,32 @@ def load_run_data(cfg: Config, tokenizer: Any, world_size: int) -> tuple[PromptS
     def count(text: str) -> int:
         return len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
-    train_rows_by_spec = [load_rows(s, split="train", synthetic_size=cfg.data.synthetic_train_size) for s in cfg.data.train_files]
-    train_prompts, dropped = build_prompts([r for rows in train_rows_by_spec for r in rows], fmt, count, cfg.data.max_prompt_length)
-    stream = PromptStream(train_prompts, seed=cfg.trainer.seed, shuffle=cfg.data.shuffle)
-    val_rows_by_spec = [load_rows(s, split="val", synthetic_size=cfg.data.synthetic_val_size) for s in cfg.data.val_files]
+    train_rows_by_spec = [load_rows(s, split="train", synthetic_size=data.synthetic_train_size) for s in data.train_files]
+    train_prompts, dropped = build_prompts([r for rows in train_rows_by_spec for r in rows], fmt, count, data.max_prompt_length)
+    val_rows_by_spec = [load_rows(s, split="val", synthetic_size=data.synthetic_val_size) for s in data.val_files]
     val_problems = [
         dataclasses.replace(p, problem_id=f"{i}:{p.problem_id}") if len(val_rows_by_spec) > 1 else p
         for i, rows in enumerate(val_rows_by_spec)
         for p in group_problems(rows)
     ]
-    val_total = len(val_problems)
+    return RunData(
+        format=fmt, count=count, train_prompts=train_prompts, train_dropped=dropped, val_problems=val_problems,
+        train_rows=[len(r) for r in train_rows_by_spec], val_rows=[len(r) for r in val_rows_by_spec],
+    )
+
+
+def load_run_data(cfg: Config, tokenizer: Any, world_size: int) -> tuple[PromptStream, list[Any], list[str], dict[str, Any]]:
+    """The training prompt stream, the validation problems and prompts, and the dataset manifest."""
+    run_data = read_run_data(cfg.data, tokenizer)
+    train_prompts, dropped = run_data.train_prompts, run_data.train_dropped
+    stream = PromptStream(train_prompts, seed=cfg.trainer.seed, shuffle=cfg.data.shuffle)
+    val_total = len(run_data.val_problems)
     val_problems, val_prompts, val_dropped = keep_fitting(
-        val_problems, [fmt(p.messages) for p in val_problems], count, cfg.data.max_prompt_length
+        run_data.val_problems, [run_data.format(p.messages) for p in run_data.val_problems], run_data.count,
+        cfg.data.max_prompt_length,
     )
     manifest = {
-        "train": dataset_manifest(cfg.data.train_files, [len(r) for r in train_rows_by_spec], cfg.data.synthetic_train_size),
-        "val": dataset_manifest(cfg.data.val_files, [len(r) for r in val_rows_by_spec], cfg.data.synthetic_val_size),
-        "train_prompts": len(train_prompts),
-        "train_prompts_dropped_too_long": dropped,
+        **run_data.manifest(cfg.data),
         "val_problems": len(val_problems),
         "val_problems_dropped_too_long": val_dropped,
         "world_size": world_size,
@@ -512,6 +545,26 @@ def load_run_data(cfg: Config, tokenizer: Any, world_size: int) -> tuple[PromptS
         ) if note],
     }
     return stream, val_problems, val_prompts, manifest
+
+
+def run_tags(command: str, *, seed: int, variant: str, run_dir: Path) -> dict[str, str]:
+    """The tags every training run carries (either algorithm): what ran, with which code, seed and
+    variant, and where its files are."""
+    return {
+        "dapo.command": command,
+        "dapo.git_commit": git_commit(),
+        "dapo.seed": str(seed),
+        "dapo.variant": variant,
+        "dapo.run_dir": str(run_dir.resolve()),
+    }
+
+
+def upload_model(tracker: Tracker, model_dir: Path, artifact_path: str) -> None:
+    """Copy a saved model folder into MLflow's artifacts when it is at most
+    :data:`MAX_MODEL_ARTIFACT_BYTES` (a larger one is recorded by its path only)."""
+    size = sum(f.stat().st_size for f in model_dir.rglob("*") if f.is_file())
+    if size <= MAX_MODEL_ARTIFACT_BYTES:
+        tracker.log_artifact(model_dir, artifact_path)
 
 
 def dataset_digest(entry: dict[str, Any]) -> str:

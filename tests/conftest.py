@@ -82,9 +82,20 @@ NEEDS = {"vllm": ("vllm",), "gguf": ("gguf", "accelerate")}
 """Marker → the packages its tests need (``make test`` runs both kinds in ``.venv-vllm``)."""
 
 
+PATH_MARKERS = {"e2e": "e2e", "distributed": "distributed"}
+"""Folder under tests/ → the marker every test in it carries (``make test-fast`` leaves them out)."""
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """``vllm``- and ``gguf``-marked tests need packages the main ``.venv`` lacks (vLLM's CPU build; the
+    """Tests under ``tests/e2e/`` and ``tests/distributed/`` are marked ``e2e`` / ``distributed`` by path.
+
+    ``vllm``- and ``gguf``-marked tests need packages the main ``.venv`` lacks (vLLM's CPU build; the
     ``[gguf]`` extra): there they are skipped with the reason; ``make test`` runs them in ``.venv-vllm``."""
+    tests_dir = Path(__file__).resolve().parent
+    for item in items:
+        parts = Path(str(item.fspath)).resolve().relative_to(tests_dir).parts
+        if parts and parts[0] in PATH_MARKERS:
+            item.add_marker(PATH_MARKERS[parts[0]])
     for marker, packages in NEEDS.items():
         missing = [p for p in packages if importlib.util.find_spec(p) is None]
         if not missing:

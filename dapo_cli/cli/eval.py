@@ -181,7 +181,7 @@ def check_options(opts: EvalOptions) -> None:
     if opts.limit is not None and opts.limit < 1:
         raise UserError(f"--limit must be at least 1 (got {opts.limit})")
     if opts.engine == "vllm":  # before the MLflow run opens (the engine is built inside it)
-        from dapo_cli.components import check_vllm
+        from dapo_cli.cli.preflight import check_vllm
 
         check_vllm("--engine vllm")
     if opts.output is not None:

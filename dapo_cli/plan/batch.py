@@ -152,12 +152,12 @@ class Check:
 
 
 def world_checks(cfg: Config, world_size: int, *, gpus_per_node: int, num_attention_heads: int, num_kv_heads: int) -> list[Check]:
-    """The checks ``dapo train`` would apply (``components.check_world_size``) and vLLM's tensor-parallel ones."""
-    from dapo_cli.components import check_world_size
+    """The checks ``dapo train`` would apply (``config.validate.check_world_size``) and vLLM's tensor-parallel ones."""
+    from dapo_cli.config import validate as rules
 
     checks: list[Check] = []
     try:
-        check_world_size(cfg, world_size)
+        rules.check_world_size(cfg.data, world_size)
         per_round = cfg.data.gen_batch_size or cfg.data.train_batch_size
         checks.append(Check(
             "batches divide the world size", True,
@@ -186,10 +186,7 @@ def world_checks(cfg: Config, world_size: int, *, gpus_per_node: int, num_attent
             + ("" if within else " (tensor parallelism across nodes is slow)"),
             hard=False,
         ))
-    if cfg.engine.name != "deepspeed" and (cfg.engine.offload_optimizer or cfg.engine.offload_params):
-        checks.append(Check("offload needs DeepSpeed", False, "engine.offload_* needs engine.name=deepspeed"))
-    if cfg.engine.offload_params and cfg.engine.zero_stage != 3:
-        checks.append(Check("offload_params needs ZeRO-3", False, "engine.offload_params needs engine.zero_stage=3"))
+    checks.extend(Check(name, False, message) for name, message in rules.engine_problems(cfg.engine))
     return checks
 
 

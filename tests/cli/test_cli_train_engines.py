@@ -93,3 +93,31 @@ def test_deepspeed_zero3_in_one_process_with_a_sharded_kl_reference_matches_the_
 
     model = AutoModelForCausalLM.from_pretrained(checkpoint)  # the ZeRO-3 run's export, gathered from the shards
     assert sum(p.numel() for p in model.parameters()) > 1000
+
+
+def test_each_engine_check_runs_once_per_train_command(tmp_path, monkeypatch, tiny_model_dir):
+    """The preflight checks the engines and the session the world size, each once; the builders check nothing."""
+    from dapo_cli.cli import preflight
+    from dapo_cli.config import validate as rules
+
+    for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.chdir(tmp_path)
+    calls: list[str] = []
+
+    def counted(name, fn):
+        def wrapper(*args, **kwargs):
+            calls.append(name)
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    monkeypatch.setattr(preflight, "check_engines", counted("engines", preflight.check_engines))
+    monkeypatch.setattr(rules, "check_engine", counted("engine rules", rules.check_engine))
+    import dapo_cli.session as session
+
+    monkeypatch.setattr(session, "check_world_size", counted("world size", session.check_world_size))
+    config = write_config(tmp_path, tiny_model_dir, steps=1)
+    result = CliRunner().invoke(app, ["train", str(config)])
+    assert result.exit_code == 0, result.output
+    assert sorted(calls) == ["engine rules", "engines", "world size"]

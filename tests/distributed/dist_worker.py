@@ -66,7 +66,11 @@ def one_update(
     cfg = config(engine_name, stage, micro, epochs, dynamic=uneven, shared=shared)
     torch.manual_seed(0)
     model, _ = load_policy(model_dir)
-    engine = build_training_engine(cfg, model, dist, load_reference=None)
+    t = cfg.trainer
+    engine = build_training_engine(
+        cfg.engine, model, dist, lr=t.lr, weight_decay=t.weight_decay, warmup_steps=t.lr_warmup_steps,
+        grad_clip=t.grad_clip, bf16=cfg.model.dtype == "bfloat16", load_reference=None,
+    )
     prompts = [Prompt(text=f"p{k}", ground_truth=str(k), problem_id=str(k)) for k in range(GROUPS)]
     stream = PromptStream(prompts, seed=0, shuffle=False)
     rollout = ScriptedRollout(lopsided if uneven else script)

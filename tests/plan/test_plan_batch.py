@@ -67,12 +67,12 @@ def test_world_checks_reuse_check_world_size(monkeypatch: pytest.MonkeyPatch) ->
     bad = _checks(cfg, 3)["batches divide the world size"]
     assert not bad.ok and "not divisible by the world size 3" in bad.message
 
-    from dapo_cli import components
+    from dapo_cli.config import validate as rules
 
-    def sentinel(cfg, world_size):
+    def sentinel(data, world_size):
         raise UserError(f"sentinel {world_size}")
 
-    monkeypatch.setattr(components, "check_world_size", sentinel)
+    monkeypatch.setattr(rules, "check_world_size", sentinel)
     assert _checks(cfg, 2)["batches divide the world size"].message == "sentinel 2"
 
 

@@ -85,12 +85,13 @@ def test_world_size_that_does_not_divide_the_batch_exits_2_after_the_plan() -> N
 
 
 def test_32b_plan_without_gpu_or_vllm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from dapo_cli import components
+    from dapo_cli.cli import preflight
 
     def no_vllm(*args, **kwargs):
         raise AssertionError("the dry run must not check the rollout engine")
 
-    monkeypatch.setattr(components, "check_rollout_settings", no_vllm)
+    monkeypatch.setattr(preflight, "check_engines", no_vllm)
+    monkeypatch.setattr(preflight, "check_vllm", no_vllm)
     result = invoke(q32_config(tmp_path), "--dry-run", "--world-size", "32")
     assert result.exit_code == 0, result.output
     out = result.output
