@@ -8,7 +8,7 @@ from pathlib import Path
 from dapo_cli.config.load import ConfigError, build_config, dump_yaml, flatten, to_dict
 from dapo_cli.config.schema import Config
 from dapo_cli.config.techniques import TECHNIQUES, apply_techniques, technique_state
-from dapo_cli.config.validate import validate
+from dapo_cli.config import validate as _rules  # the module: ``config.validate`` stays the submodule
 
 __all__ = [
     "Config",
@@ -26,5 +26,5 @@ __all__ = [
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
     """Resolve a config: the YAML at ``path`` (or the embedded tiny experiment), then overrides, validated."""
     cfg = build_config(path, overrides)
-    validate(cfg)
+    _rules.validate(cfg)
     return cfg
