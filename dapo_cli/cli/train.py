@@ -133,7 +133,7 @@ def train(
     # `dapo ablate` children started as processes (--launcher print/slurm, ablate.nproc > 1) get
     # DAPO_PARENT_RUN_ID, so the child's MLflow run nests under the ablation's parent run, and
     # DAPO_EXTRA_TAGS (a JSON object: its ablate.* tags).
-    from dapo_cli.ablate.runner import extra_tags_from_env
+    from dapo_cli.tracking.tags import extra_tags_from_env
 
     from dapo_cli.cli.preflight import check_train, removing_new_dirs
 

@@ -53,7 +53,7 @@ def train_direct_advantage(
         raise UserError(f"{', '.join(used)} only work with --dry-run (add --dry-run, or drop them)")
     if resume and from_phase is not None:
         raise UserError("--resume and --from-phase: give one (--from-phase already continues the run)")
-    from dapo_cli.ablate.runner import extra_tags_from_env
+    from dapo_cli.tracking.tags import extra_tags_from_env
     from dapo_cli.direct_advantage.launch import run_direct_advantage
     from dapo_cli.tracking import PARENT_RUN_ENV
 
