@@ -43,6 +43,8 @@ def default_train() -> TrainFn:
 
 @dataclass
 class ChildOutcome:
+    """What became of one child in this run of the driver: decided, then (when trained here) its summary."""
+
     child: Child
     action: str
     """skip / resume / fresh (trained here) or, with the print launcher, the printed command."""
