@@ -22,6 +22,7 @@ from __future__ import annotations
 import shlex
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from dapo_cli.ablate.child import (
@@ -51,20 +52,29 @@ def no_log(_: str) -> None:
     """A :data:`Log` that drops every line."""
 
 
+@dataclass(frozen=True)
+class Parent:
+    """What the driver hands a launcher with each call: the parent run, and the progress clock it started
+    when the parent opened (None for a launcher whose :attr:`~Launcher.jobs` is None)."""
+
+    run_id: str
+    clock: AblationClock | None
+
+
 class Launcher(Protocol):
     """What :func:`~dapo_cli.ablate.runner.drive` needs of a way to run children."""
 
     name: str
     """The parent's ``ablate.launcher`` tag: ``local``, ``slurm`` or ``print``."""
-    clock: AblationClock | None
-    """Progress across the children (skips count on it), or None where nothing is timed here."""
+    jobs: int | None
+    """Children trained here at once, for the progress clock's ETA; None: nothing is timed here (no clock)."""
     reports: bool
     """Whether the report is written once :meth:`finish` returns."""
 
-    def start(self, o: ChildOutcome, parent_id: str) -> None:
+    def start(self, o: ChildOutcome, parent: Parent) -> None:
         """Start (or queue) one decided child that is not skipped; children come in plan order."""
 
-    def finish(self, outcomes: Sequence[ChildOutcome], parent_id: str) -> None:
+    def finish(self, outcomes: Sequence[ChildOutcome], parent: Parent) -> None:
         """After every child was decided: wait for the started ones; a UserError names failures."""
 
 
@@ -120,23 +130,22 @@ def child_done(o: ChildOutcome, summary: dict[str, Any] | None, seconds: float, 
 class _OneAtATime:
     """Each child runs to its end inside :meth:`start`, timed and logged; :meth:`run` says how."""
 
-    name, reports = "local", True
+    name, reports, jobs = "local", True, 1
 
     def __init__(self, plan: AblationPlan, *, config_path: str | None, sets: Sequence[str], quiet: bool, log: Log) -> None:
         self.plan, self.config_path, self.sets, self.quiet, self.log = plan, config_path, sets, quiet, log
-        self.clock: AblationClock | None = AblationClock(len(plan.children()))
 
     def run(self, o: ChildOutcome, parent_id: str) -> dict[str, Any] | None:
         raise NotImplementedError
 
-    def start(self, o: ChildOutcome, parent_id: str) -> None:
-        assert self.clock is not None
-        self.log(start_line(o, self.clock))
+    def start(self, o: ChildOutcome, parent: Parent) -> None:
+        assert parent.clock is not None
+        self.log(start_line(o, parent.clock))
         t0 = time.perf_counter()
-        summary = self.run(o, parent_id)
-        child_done(o, summary, time.perf_counter() - t0, self.clock, self.log)
+        summary = self.run(o, parent.run_id)
+        child_done(o, summary, time.perf_counter() - t0, parent.clock, self.log)
 
-    def finish(self, outcomes: Sequence[ChildOutcome], parent_id: str) -> None:
+    def finish(self, outcomes: Sequence[ChildOutcome], parent: Parent) -> None:
         pass
 
 
@@ -183,18 +192,18 @@ class PrintCommands:
     """One shell line per child (``DAPO_PARENT_RUN_ID=... dapo train ...``, ``# done: ...`` when finished),
     in :attr:`commands` and as each outcome's ``action``; no report."""
 
-    name, reports, clock = "print", False, None
+    name, reports, jobs = "print", False, None
 
     def __init__(self, plan: AblationPlan, *, config_path: str | None, sets: Sequence[str]) -> None:
         self.plan, self.config_path, self.sets = plan, config_path, sets
         self.commands: list[str] = []
 
-    def start(self, o: ChildOutcome, parent_id: str) -> None:
+    def start(self, o: ChildOutcome, parent: Parent) -> None:
         pass
 
-    def finish(self, outcomes: Sequence[ChildOutcome], parent_id: str) -> None:
+    def finish(self, outcomes: Sequence[ChildOutcome], parent: Parent) -> None:
         for o in outcomes:
             words = child_argv(self.plan, o.child, self.config_path, self.sets, resume=o.action == "resume")
-            line = f"{PARENT_RUN_ENV}={parent_id} {shlex.join(words)}"
+            line = f"{PARENT_RUN_ENV}={parent.run_id} {shlex.join(words)}"
             self.commands.append(f"# done: {o.child.run_name}" if o.action == "skip" else line)
             o.action = self.commands[-1]

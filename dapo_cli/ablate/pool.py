@@ -41,7 +41,7 @@ from dapo_cli.ablate.child import (
     exited_finished,
     read_summary,
 )
-from dapo_cli.ablate.launchers import AblationClock, Log, child_done, start_line
+from dapo_cli.ablate.launchers import AblationClock, Log, Parent, child_done, start_line
 from dapo_cli.ablate.plan import AblationPlan
 from dapo_cli.errors import UserError
 from dapo_cli.progress import format_duration
@@ -213,13 +213,13 @@ class Pool:
     def __init__(self, plan: AblationPlan, *, config_path: str | None, sets: Sequence[str], log: Log,
                  popen: PopenFn | None = None, poll_s: float = 0.2) -> None:
         self.plan, self.config_path, self.sets, self.log, self.popen, self.poll_s = plan, config_path, sets, log, popen, poll_s
-        self.clock: AblationClock | None = AblationClock(len(plan.children()), jobs=plan.base.ablate.jobs)
+        self.jobs: int | None = plan.base.ablate.jobs
 
-    def start(self, o: ChildOutcome, parent_id: str) -> None:
+    def start(self, o: ChildOutcome, parent: Parent) -> None:
         pass  # queued: they all start in finish, once every child is decided
 
-    def finish(self, outcomes: Sequence[ChildOutcome], parent_id: str) -> None:
-        assert self.clock is not None
+    def finish(self, outcomes: Sequence[ChildOutcome], parent: Parent) -> None:
+        assert parent.clock is not None
         train_in_parallel(self.plan, [o for o in outcomes if o.action != "skip"], config_path=self.config_path,
-                          sets=self.sets, parent_id=parent_id, clock=self.clock, log=self.log, popen=self.popen,
+                          sets=self.sets, parent_id=parent.run_id, clock=parent.clock, log=self.log, popen=self.popen,
                           poll_s=self.poll_s)

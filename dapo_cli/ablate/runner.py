@@ -50,7 +50,16 @@ from pathlib import Path
 from typing import Any
 
 from dapo_cli.ablate.child import ChildOutcome, SpawnFn, TrainFn, ablation_dir
-from dapo_cli.ablate.launchers import AblationClock, InProcess, Launcher, Log, OneProcessAtATime, PrintCommands, no_log
+from dapo_cli.ablate.launchers import (
+    AblationClock,
+    InProcess,
+    Launcher,
+    Log,
+    OneProcessAtATime,
+    Parent,
+    PrintCommands,
+    no_log,
+)
 from dapo_cli.ablate.plan import AblationPlan, Child, config_hash
 from dapo_cli.ablate.pool import Pool
 from dapo_cli.ablate.report import build_report, summary_markdown, summary_metrics, write_report
@@ -199,18 +208,19 @@ def drive(plan: AblationPlan, launcher: Launcher, *, command: str, html: bool = 
     _require_mlflow(plan)
     client = mlflow_client(plan.base.tracking.tracking_uri, create=True)
     with _parent_run(client, plan, command=command, launcher=launcher.name) as (tracker, runs):
-        parent_id = tracker.run_id
+        clock = AblationClock(len(plan.children()), jobs=launcher.jobs) if launcher.jobs is not None else None
+        parent = Parent(tracker.run_id, clock)
         outcomes: list[ChildOutcome] = []
         for i, child in enumerate(plan.children(), start=1):
-            o = _decide_child(client, plan, runs, i, child, log=log, clock=launcher.clock)
+            o = _decide_child(client, plan, runs, i, child, log=log, clock=clock)
             outcomes.append(o)
             if o.action != "skip":
-                launcher.start(o, parent_id)
-        launcher.finish(outcomes, parent_id)
+                launcher.start(o, parent)
+        launcher.finish(outcomes, parent)
         if not launcher.reports:
-            return AblationOutcome(parent_id, outcomes)
+            return AblationOutcome(parent.run_id, outcomes)
         report, files = _write_report(client, tracker, plan, html=html)
-    return AblationOutcome(parent_id, outcomes, report, files)
+    return AblationOutcome(parent.run_id, outcomes, report, files)
 
 
 def run_ablation(

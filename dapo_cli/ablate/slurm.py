@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from dapo_cli.ablate.child import ChildOutcome, child_argv, child_env, child_tags, run_child
+from dapo_cli.ablate.launchers import Parent
 from dapo_cli.ablate.plan import AblationPlan, Child
 from dapo_cli.errors import COLLAPSED, UserError
 
@@ -146,7 +147,7 @@ class Slurm:
     restarts just those. ``poll_s``: seconds between state checks (default 30 on Slurm, 0.5 with
     ``cluster: local``). Refuses at construction when submitit is missing or the job shape is wrong."""
 
-    name, reports, clock = "slurm", True, None
+    name, reports, jobs = "slurm", True, None
 
     def __init__(self, plan: AblationPlan, *, config_path: str | None, sets: Sequence[str],
                  log: Callable[[str], None], argv_for: ArgvFn | None = None, poll_s: float | None = None) -> None:
@@ -158,14 +159,14 @@ class Slurm:
         self.executor = make_executor(self.submitit, self.settings)
         self.submitted: list[tuple[str, Any]] = []
 
-    def start(self, o: ChildOutcome, parent_id: str) -> None:
+    def start(self, o: ChildOutcome, parent: Parent) -> None:
         child = o.child
         job = submit(self.executor, self.settings, child.run_name, self.argv_for(child, o.action == "resume"),
-                     child_env(parent_id, child_tags(self.plan, child, parent_id)))
+                     child_env(parent.run_id, child_tags(self.plan, child, parent.run_id)))
         self.log(f"{o.where}: submitted job {job.job_id}{' (resuming)' if o.action == 'resume' else ''}")
         self.submitted.append((child.run_name, job))
 
-    def finish(self, outcomes: Sequence[ChildOutcome], parent_id: str) -> None:
+    def finish(self, outcomes: Sequence[ChildOutcome], parent: Parent) -> None:
         folder = self.settings.folder
         if self.submitted:
             self.log(f"waiting for {len(self.submitted)} job(s); logs in {folder}")

@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from ablate_fakes import FakeTrain  # noqa: E402
 
 from dapo_cli.ablate.child import ChildOutcome  # noqa: E402
-from dapo_cli.ablate.launchers import AblationClock, InProcess, Launcher  # noqa: E402
+from dapo_cli.ablate.launchers import InProcess, Launcher, Parent  # noqa: E402
 from dapo_cli.ablate.plan import make_plan  # noqa: E402
 from dapo_cli.ablate.runner import drive, run_ablation  # noqa: E402
 from dapo_cli.config.load import build_config  # noqa: E402
@@ -33,23 +33,24 @@ def plan_for(tmp: Path):
 class Recording:
     """A launcher that runs nothing: it records what the driver hands it."""
 
-    name, reports = "recording", False
+    name, reports, jobs = "recording", False, 1
 
-    def __init__(self, total: int) -> None:
-        self.clock: AblationClock | None = AblationClock(total)
+    def __init__(self) -> None:
         self.started: list[tuple[str, str]] = []
         self.finished: list[list[str]] = []
+        self.parents: list[Parent] = []
 
-    def start(self, o: ChildOutcome, parent_id: str) -> None:
+    def start(self, o: ChildOutcome, parent: Parent) -> None:
         self.started.append((o.child.run_name.rsplit("/", 1)[-1], o.action))
 
-    def finish(self, outcomes: Sequence[ChildOutcome], parent_id: str) -> None:
+    def finish(self, outcomes: Sequence[ChildOutcome], parent: Parent) -> None:
         self.finished.append([o.action for o in outcomes])
+        self.parents.append(parent)
 
 
 def test_the_driver_starts_each_child_not_skipped_in_plan_order_then_finishes_once(tmp_path: Path) -> None:
     plan = plan_for(tmp_path)
-    launcher = Recording(len(plan.children()))
+    launcher = Recording()
     lines: list[str] = []
     outcome = drive(plan, launcher, command="x", log=lines.append)
     assert launcher.started == [("grpo-s0", "fresh"), ("dapo-s0", "fresh"), ("grpo-s1", "fresh"), ("dapo-s1", "fresh")]
@@ -57,11 +58,13 @@ def test_the_driver_starts_each_child_not_skipped_in_plan_order_then_finishes_on
     assert outcome.report is None and outcome.files == {}  # reports=False: no report
     # the parent is tagged with the launcher's name; a rerun finds the same parent
     run_ablation(plan, command="x", config_path=None, train=FakeTrain())
-    again = Recording(len(plan.children()))
+    again = Recording()
     rerun = drive(plan, again, command="x", log=lines.append)
     assert rerun.parent_run_id == outcome.parent_run_id
     assert again.started == [] and again.finished == [["skip"] * 4]  # all finished: nothing started
-    assert again.clock is not None and again.clock.done == 4  # skips count on the launcher's clock
+    (parent,) = again.parents
+    assert parent.run_id == outcome.parent_run_id
+    assert parent.clock is not None and parent.clock.done == 4  # skips count on the clock the driver started
     assert lines[-1].startswith("[4/4] dapo seed 1: finished earlier, skipped; ablation: 4/4 children done")
 
 
@@ -77,5 +80,5 @@ def test_the_builtin_launchers_satisfy_the_protocol(tmp_path: Path) -> None:
         Pool(plan, log=print, **where),
         PrintCommands(plan, **where),
     ]
-    assert [(x.name, x.reports, x.clock is not None) for x in made] == [
-        ("local", True, True), ("local", True, True), ("local", True, True), ("print", False, False)]
+    assert [(x.name, x.reports, x.jobs) for x in made] == [
+        ("local", True, 1), ("local", True, 1), ("local", True, 1), ("print", False, None)]
