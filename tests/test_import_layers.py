@@ -30,12 +30,6 @@ KNOWN_EXCEPTIONS: set[tuple[str, str]] = {
     ("dapo_cli.models.warmstart", "dapo_cli.progress"),
     ("dapo_cli.models.warmstart", "dapo_cli.rollout.base"),
     ("dapo_cli.models.warmstart", "dapo_cli.rollout.hf"),
-    # wt-ablate (no import cycle inside ablate/): the back edges of runner <-> pool/slurm and
-    # report <-> diagnostics/plots.
-    ("dapo_cli.ablate.runner", "dapo_cli.ablate.pool"),
-    ("dapo_cli.ablate.runner", "dapo_cli.ablate.slurm"),
-    ("dapo_cli.ablate.diagnostics", "dapo_cli.ablate.report"),
-    ("dapo_cli.ablate.plots", "dapo_cli.ablate.report"),
 }
 
 

@@ -1,12 +1,17 @@
 """`dapo ablate` / `dapo report`: the DAPO ladder and technique grids as one resumable, reported experiment.
 
 ``plan`` decides what runs (variants × seeds, names, the ablation id; pure),
-``runner`` runs it as an MLflow parent with nested children (in this process, as torchrun
-processes, as Slurm jobs through ``slurm``, or prints the ``dapo train`` commands),
-``report`` reads everything back from MLflow and recomputes the table, the curves and
-``report.md``.
+``runner`` runs it as an MLflow parent with nested children: one driver over a launcher
+(``launchers``: in this process, torchrun processes one at a time, or the printed ``dapo train``
+commands; ``pool``: N processes at once; ``slurm``: submitit jobs), each child's command,
+environment and outcome from ``child``. ``store`` reads everything back from MLflow into the
+types of ``results``; ``report`` recomputes the table (``stats``, ``mechanisms``), the curves
+(``plots``) and ``report.md``. Imports run one way, in this order (a test keeps it so):
+plan, results, stats → store, mechanisms, plots → report; plan → child → launchers → pool, slurm
+→ runner; estimate uses child.
 """
 
+from dapo_cli.ablate.child import child_argv
 from dapo_cli.ablate.estimate import calibrate
 from dapo_cli.ablate.plan import (
     LADDER_LABELS,
@@ -17,19 +22,10 @@ from dapo_cli.ablate.plan import (
     Variant,
     make_plan,
 )
-from dapo_cli.ablate.report import (
-    AblationReport,
-    build_report,
-    resolve_parent,
-    write_report,
-)
-from dapo_cli.ablate.runner import (
-    AblationOutcome,
-    child_argv,
-    print_launch,
-    run_ablation,
-    slurm_launch,
-)
+from dapo_cli.ablate.report import build_report, write_report
+from dapo_cli.ablate.results import AblationReport
+from dapo_cli.ablate.runner import AblationOutcome, print_launch, run_ablation, slurm_launch
+from dapo_cli.ablate.store import resolve_parent
 
 __all__ = [
     "LADDER_LABELS",

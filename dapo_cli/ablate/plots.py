@@ -4,13 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from dapo_cli.ablate.diagnostics import SAMPLES_METRIC, VAL_CURVE
+from dapo_cli.ablate.results import CURVE_METRICS, SAMPLES_METRIC, VAL_CURVE, AblationReport, ChildResult
 from dapo_cli.fileio import atomic_path
-
-if TYPE_CHECKING:
-    from dapo_cli.ablate.report import AblationReport, ChildResult
 
 
 def cumulative(values: Sequence[float]) -> list[float]:
@@ -55,8 +51,6 @@ def plot_curves(report: AblationReport, out_dir: Path) -> dict[str, list[Path]]:
     by_variant: dict[str, list[ChildResult]] = {}
     for child in report.children:
         by_variant.setdefault(child.variant, []).append(child)
-    from dapo_cli.ablate.report import CURVE_METRICS
-
     for metric in CURVE_METRICS:
         for axis in ("step", "samples"):
             fig = Figure(figsize=(6.4, 4.0))

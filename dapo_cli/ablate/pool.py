@@ -6,7 +6,7 @@ earlier runs superseded), then hands the ones to train to :func:`train_in_parall
 * resolves (builds, if missing) a ``builtin:*`` policy once here, so no two children build the
   cached warm-start at the same time;
 * keeps up to ``ablate.jobs`` children running (:func:`run_jobs`), each as
-  ``python -m dapo_cli train ...`` (torchrun when ``ablate.nproc > 1``; :func:`~dapo_cli.ablate.runner.child_argv`)
+  ``python -m dapo_cli train ...`` (torchrun when ``ablate.nproc > 1``; :func:`~dapo_cli.ablate.child.child_argv`)
   with ``DAPO_PARENT_RUN_ID``/``DAPO_EXTRA_TAGS`` set, its stdout and stderr appended to
   ``<ablation>/logs/<variant>-s<seed>.log`` (two trainers' lines interleaved would be unreadable);
 * logs one line when a child starts (with its log) and one when it ends (with its result and
@@ -32,19 +32,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from dapo_cli.ablate.plan import AblationPlan
-from dapo_cli.ablate.runner import (
-    AblationClock,
+from dapo_cli.ablate.child import (
     ChildOutcome,
     child_argv,
-    child_done,
     child_env,
     child_log_path,
     child_tags,
     exited_finished,
     read_summary,
-    start_line,
 )
+from dapo_cli.ablate.launchers import AblationClock, Log, Parent, child_done, start_line
+from dapo_cli.ablate.plan import AblationPlan
 from dapo_cli.errors import UserError
 from dapo_cli.progress import format_duration
 
@@ -204,3 +202,24 @@ def train_in_parallel(
     if failed:
         named = "; ".join(f"{job.item.child.run_name} (exit code {code}, log {job.log_path})" for job, code in failed)
         raise UserError(f"{len(failed)} child(ren) failed: {named}; rerun the same command to resume the ablation")
+
+
+class Pool:
+    """The :class:`~dapo_cli.ablate.launchers.Launcher` for ``ablate.jobs > 1``: every child is decided
+    first, then :meth:`finish` trains the ones not skipped, up to ``ablate.jobs`` at once."""
+
+    name, reports = "local", True
+
+    def __init__(self, plan: AblationPlan, *, config_path: str | None, sets: Sequence[str], log: Log,
+                 popen: PopenFn | None = None, poll_s: float = 0.2) -> None:
+        self.plan, self.config_path, self.sets, self.log, self.popen, self.poll_s = plan, config_path, sets, log, popen, poll_s
+        self.jobs: int | None = plan.base.ablate.jobs
+
+    def start(self, o: ChildOutcome, parent: Parent) -> None:
+        pass  # queued: they all start in finish, once every child is decided
+
+    def finish(self, outcomes: Sequence[ChildOutcome], parent: Parent) -> None:
+        assert parent.clock is not None
+        train_in_parallel(self.plan, [o for o in outcomes if o.action != "skip"], config_path=self.config_path,
+                          sets=self.sets, parent_id=parent.run_id, clock=parent.clock, log=self.log, popen=self.popen,
+                          poll_s=self.poll_s)

@@ -1,7 +1,9 @@
 """The ablation report, recomputed from MLflow every time: table, training curves, Markdown/HTML.
 
 Nothing here is typed in: every number comes from the parent run's tags and its
-children's metrics and tables (the paper's Table 1 column is the only constant).
+children's metrics and tables (the paper's Table 1 column is the only constant), read through
+:mod:`dapo_cli.ablate.store` into the types of :mod:`dapo_cli.ablate.results`; the statistics are
+:mod:`dapo_cli.ablate.stats`.
 
 Per variant ``v`` with finished seeds :math:`s = 1..n` (each child's final validation is
 avg@K over ``P`` held-out problems, logged as ``val/avg_at_K`` with ``val/avg_at_K_stderr``):
@@ -19,19 +21,19 @@ avg@K over ``P`` held-out problems, logged as ``val/avg_at_K`` with ``val/avg_at
   interval, share of resamples > 0);
 * Δ at equal generated samples, to the same reference: each child's table at its latest
   validation step within the budget :math:`B = \\min(\\text{samples}_u, \\text{samples}_v)` (+5% slack),
-  same bootstrap (the definition in :mod:`dapo_cli.ablate.diagnostics`; equal to Δ when the two
+  same bootstrap (the definition in :mod:`dapo_cli.ablate.mechanisms`; equal to Δ when the two
   rungs generated the same samples); the steps used are shown per seed (``@50``, ``@50/50/100``);
 * a ladder of 3+ rungs also compares its last rung with its first (naive GRPO → DAPO), the same
-  two ways (:class:`Overall`, :func:`compare_variants`), under the table and in the parent's description;
+  two ways (:class:`~dapo_cli.ablate.results.Overall`, :func:`compare_variants`), under the table and in the parent's description;
 * shares over the training steps (mean over steps and seeds): ``overlong/truncated_frac``
   and ``train/kept_group_frac`` (kept / generated groups with dynamic sampling, the
   informative share without it);
 * generated samples per seed: mean over seeds of :math:`\\sum_t` ``train/samples_generated``;
 * the mechanisms table, per variant (each technique's diagnostic: entropy start → end, clip
   fractions, truncation causes, length spread, informative groups early → late): defined in
-  :mod:`dapo_cli.ablate.diagnostics`.
+  :mod:`dapo_cli.ablate.mechanisms`.
 
-Curves (:mod:`dapo_cli.ablate.plots`): one PNG per metric of :data:`CURVE_METRICS`, one line per
+Curves (:mod:`dapo_cli.ablate.plots`): one PNG per metric of :data:`~dapo_cli.ablate.results.CURVE_METRICS`, one line per
 variant (mean over seeds), against the step and against cumulative generated samples
 (:math:`\\sum_{t \\le \\text{step}}` ``train/samples_generated``).
 """
@@ -40,248 +42,33 @@ from __future__ import annotations
 
 import base64
 import html
-import json
 import math
 import re
-import tempfile
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from dapo_cli.ablate.diagnostics import (
-    SAMPLES_METRIC,
-    VAL_CURVE,
-    EqualSamples,
-    MechanismRow,
+from dapo_cli.ablate.mechanisms import (
     equal_samples_delta,
     mechanism_row,
     mechanism_table_rows,
     mechanisms_markdown,
     steps_text,
 )
-from dapo_cli.ablate.plan import LADDER_LABELS, LADDER_NAMES, PAPER_AIME24_AVG32
-from dapo_cli.ablate.plots import cumulative, curve_points, mean_curve, plot_curves  # noqa: F401  (re-exported)
-from dapo_cli.errors import UserError
+from dapo_cli.ablate.plan import LADDER_LABELS, LADDER_NAMES, PAPER_AIME24_AVG32, short_variant
+from dapo_cli.ablate.plots import plot_curves
+from dapo_cli.ablate.results import SAMPLES_METRIC, AblationReport, ChildResult, EqualSamples, Overall, VariantRow
+from dapo_cli.ablate.stats import Z_95, mean_or_nan, mean_per_problem, seed_interval
+from dapo_cli.ablate.store import child_runs, child_table, read_child
 from dapo_cli.eval.compare import compare_accuracies
 from dapo_cli.eval.metrics import PairedComparison
 from dapo_cli.fileio import write_json_atomic, write_text_atomic
 
-CURVE_METRICS = (
-    VAL_CURVE,
-    "rollout/acc",
-    "actor/entropy",
-    "response_length/mean",
-    "actor/clipfrac_high",
-    "actor/clipfrac_low",
-    "train/kept_group_frac",
-    "overlong/truncated_frac",
-    "overlong/truncated_with_answer_frac",
-    "overlong/truncated_looping_frac",
-    "overlong/truncated_on_correct_path_frac",
-    "response_length/group_std_mean",
-)
 SHARE_METRICS = {"truncated": "overlong/truncated_frac", "kept_groups": "train/kept_group_frac"}
-SUPERSEDED_TAG = "ablate.superseded"
-Z_95 = 1.959964
-T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
-         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
-"""0.975 quantile of Student's t with 1..30 degrees of freedom (beyond 30: the normal 1.96)."""
-_RUN_ID = re.compile(r"^[0-9a-f]{32}$")
-
-
-# ---------------------------------------------------------------- pure statistics
-
-
-def t_critical_95(df: int) -> float:
-    """:math:`t_{0.975,\\,df}` for a two-sided 95% interval (``df >= 1``)."""
-    if df < 1:
-        raise ValueError(f"t_critical_95 needs df >= 1, got {df}")
-    return T_975[df - 1] if df <= len(T_975) else Z_95
-
-
-def seed_interval(values: Sequence[float]) -> tuple[float, float]:
-    """``(mean, half-width)`` of the t 95% interval over seeds ``[n]``; half-width NaN when ``n < 2``."""
-    n = len(values)
-    mean = sum(values) / n
-    if n < 2:
-        return mean, math.nan
-    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
-    return mean, t_critical_95(n - 1) * sd / math.sqrt(n)
-
-
-def mean_per_problem(tables: Sequence[dict[str, float]]) -> dict[str, float]:
-    """Per-problem accuracy averaged over seeds, on the problems every seed evaluated."""
-    common = set.intersection(*(set(t) for t in tables)) if tables else set()
-    return {p: sum(t[p] for t in tables) / len(tables) for p in common}
-
-
-# ---------------------------------------------------------------- reading MLflow
-
-
-def mlflow_client(tracking_uri: str, *, create: bool = False) -> Any:
-    """An ``MlflowClient`` on the configured store (``$MLFLOW_TRACKING_URI`` / ``sqlite:///mlflow.db`` if empty).
-
-    ``create``: make the store if it does not exist (``dapo ablate``); reading (``dapo report``) never does.
-    """
-    from dapo_cli.tracking.mlflow import open_client
-
-    return open_client(tracking_uri, create=create)
-
-
-def find_parent(client: Any, experiment: str, ablation_id: str) -> Any | None:
-    """The parent run tagged ``ablate.id = ablation_id`` in ``experiment`` (newest), or None."""
-    exp = client.get_experiment_by_name(experiment)
-    if exp is None or not re.fullmatch(r"[0-9a-f]+", ablation_id):
-        return None
-    runs = client.search_runs([exp.experiment_id], f"tags.`ablate.id` = '{ablation_id}'", order_by=["attributes.start_time DESC"])
-    return runs[0] if runs else None
-
-
-def child_runs(client: Any, parent: Any, *, include_superseded: bool = False) -> list[Any]:
-    """Runs nested under ``parent`` (oldest first), without those tagged ``ablate.superseded`` unless asked."""
-    pid = parent.info.run_id
-    runs = client.search_runs(
-        [parent.info.experiment_id], f"tags.`mlflow.parentRunId` = '{pid}'", order_by=["attributes.start_time ASC"]
-    )
-    return [r for r in runs if include_superseded or r.data.tags.get(SUPERSEDED_TAG) != "true"]
-
-
-def resolve_parent(client: Any, target: str) -> Any:
-    """``dapo report`` target → parent run: a parent run id, an ablation name, or an experiment (its newest ablation)."""
-    from dapo_cli.tracking.mlflow import get_run_or_none
-
-    if _RUN_ID.match(target):
-        run = get_run_or_none(client, target)
-        if run is not None:
-            if "ablate.id" not in run.data.tags:
-                raise UserError(f"run {target} is not an ablation parent run (no ablate.id tag)")
-            return run
-    experiments = client.search_experiments()
-    ids = [e.experiment_id for e in experiments]
-    plain = re.fullmatch(r"[A-Za-z0-9._+-]+", target) is not None  # ablation names never hold anything else
-    by_name = client.search_runs(ids, f"tags.`ablate.name` = '{target}'", order_by=["attributes.start_time DESC"]) if ids and plain else []
-    if by_name:
-        return by_name[0]
-    exp = client.get_experiment_by_name(target)
-    if exp is not None:
-        runs = client.search_runs([exp.experiment_id], "tags.`ablate.id` != ''", order_by=["attributes.start_time DESC"])
-        if runs:
-            return runs[0]
-    known = client.search_runs(ids, "tags.`ablate.id` != ''", max_results=20) if ids else []
-    names = sorted({r.data.tags.get("ablate.name", "") for r in known} - {""})
-    hint = f"; ablations in this store: {', '.join(names)}" if names else "; this store holds no ablation"
-    raise UserError(f"no ablation parent run, ablation name or experiment named '{target}'{hint}")
-
-
-def history(client: Any, run_id: str, key: str) -> dict[int, float]:
-    """``step -> value`` of a metric (the last value logged at each step)."""
-    return {m.step: m.value for m in sorted(client.get_metric_history(run_id, key), key=lambda m: m.timestamp)}
-
-
-def per_problem_table(client: Any, run_id: str, step: int) -> dict[str, float]:
-    """``problem_id -> correct / samples`` from the trainer's ``val/per_problem_step_<step>.json`` ({} if absent)."""
-    path = f"val/per_problem_step_{step:06d}.json"
-    with tempfile.TemporaryDirectory(prefix="dapo-report-") as tmp:
-        try:
-            local = client.download_artifacts(run_id, path, tmp)
-        except Exception:  # the artifact store raises various types for a missing file
-            return {}
-        data = json.loads(Path(local).read_text(encoding="utf-8"))
-    cols = data["columns"]
-    rows = [dict(zip(cols, r)) for r in data["data"]]
-    return {str(r["problem_id"]): float(r["correct"]) / float(r["samples"]) for r in rows if float(r["samples"]) > 0}
-
-
-@dataclass
-class ChildResult:
-    """What one finished child recorded: final avg@K (+stderr) at ``final_step``, per-problem accuracy, curves."""
-
-    run_id: str
-    variant: str
-    seed: int
-    k: int
-    final_step: int
-    avg: float
-    stderr: float
-    per_problem: dict[str, float]
-    curves: dict[str, dict[int, float]]
-    tables: dict[int, dict[str, float]] = field(default_factory=dict)
-    """Per-problem tables of earlier validation steps, downloaded when Δ at equal samples uses them."""
-
-
-def child_table(client: Any, child: ChildResult, step: int) -> dict[str, float]:
-    """``child``'s per-problem table at validation ``step``: the final one is read already, others once each."""
-    if step == child.final_step:
-        return child.per_problem
-    if step not in child.tables:
-        child.tables[step] = per_problem_table(client, child.run_id, step)
-    return child.tables[step]
-
-
-def read_child(client: Any, run: Any) -> ChildResult | None:
-    """A FINISHED child's results, or None (unfinished, or no validation recorded)."""
-    if run.info.status != "FINISHED" or "validation.k" not in run.data.params:
-        return None
-    rid, k = run.info.run_id, int(run.data.params["validation.k"])
-    avg = history(client, rid, f"val/avg_at_{k}")
-    if not avg:
-        return None
-    step = max(avg)
-    stderr = history(client, rid, f"val/avg_at_{k}_stderr").get(step, math.nan)
-    return ChildResult(
-        run_id=rid,
-        variant=run.data.tags.get("dapo.variant", "?"),
-        seed=int(run.data.tags.get("dapo.seed", "0")),
-        k=k,
-        final_step=step,
-        avg=avg[step],
-        stderr=stderr,
-        per_problem=per_problem_table(client, rid, step),
-        curves={VAL_CURVE: avg, **{key: history(client, rid, key) for key in (*CURVE_METRICS[1:], SAMPLES_METRIC)}},
-    )
 
 
 # ---------------------------------------------------------------- the report
-
-
-@dataclass
-class VariantRow:
-    """One line of the table (numbers as fractions; Δ in accuracy units)."""
-
-    position: int
-    name: str
-    label: str
-    paper: float | None
-    seeds: list[int]
-    avgs: list[float]
-    mean: float
-    seed_half: float
-    problem_half: float
-    shares: dict[str, float]
-    samples: float
-    final_steps: list[int]
-    delta_vs: str | None = None
-    delta: PairedComparison | None = None
-    equal_samples: EqualSamples | None = None
-
-
-@dataclass
-class AblationReport:
-    """Everything ``report.md`` shows, with the parent run it came from."""
-
-    parent_run_id: str
-    name: str
-    mode: str
-    tags: dict[str, str]
-    k: int
-    rows: list[VariantRow]
-    children: list[ChildResult]
-    missing: list[str] = field(default_factory=list)
-    unfinished: list[str] = field(default_factory=list)
-    mechanisms: list[MechanismRow] = field(default_factory=list)
-    overall: Overall | None = None
-    """Ladders of 3+ rungs: the last rung against the first."""
 
 
 def label_of(name: str) -> tuple[str, float | None]:
@@ -298,7 +85,7 @@ def variant_row(position: int, name: str, results: Sequence[ChildResult]) -> Var
     avgs = [r.avg for r in results]
     mean, half = seed_interval(avgs)
     shares = {
-        short: _mean([v for r in results for s, v in r.curves[key].items() if s >= 1]) for short, key in SHARE_METRICS.items()
+        short: mean_or_nan([v for r in results for s, v in r.curves[key].items() if s >= 1]) for short, key in SHARE_METRICS.items()
     }
     return VariantRow(
         position=position,
@@ -309,16 +96,11 @@ def variant_row(position: int, name: str, results: Sequence[ChildResult]) -> Var
         avgs=avgs,
         mean=mean,
         seed_half=half,
-        problem_half=Z_95 * _mean([r.stderr for r in results]),
+        problem_half=Z_95 * mean_or_nan([r.stderr for r in results]),
         shares=shares,
-        samples=_mean([sum(r.curves[SAMPLES_METRIC].values()) for r in results]),
+        samples=mean_or_nan([sum(r.curves[SAMPLES_METRIC].values()) for r in results]),
         final_steps=[r.final_step for r in results],
     )
-
-
-def _mean(values: Sequence[float]) -> float:
-    finite = [v for v in values if math.isfinite(v)]
-    return sum(finite) / len(finite) if finite else math.nan
 
 
 def compare_variants(
@@ -338,16 +120,6 @@ def add_deltas(rows: list[VariantRow], results: dict[str, list[ChildResult]], mo
         ref = rows[i - 1] if mode == "ladder" else rows[0]
         row.delta_vs = ref.name
         row.delta, row.equal_samples = compare_variants(results[row.name], results[ref.name], ref.name, client)
-
-
-@dataclass
-class Overall:
-    """A ladder's last rung against its first (naive GRPO → DAPO): the paper's headline comparison."""
-
-    first: str
-    last: str
-    delta: PairedComparison | None
-    equal_samples: EqualSamples | None
 
 
 def overall_text(report: AblationReport) -> str:
@@ -539,8 +311,6 @@ def summary_metrics(report: AblationReport) -> dict[str, float]:
     One ``/``, under one prefix: MLflow's chart view makes a section of each key's part before its
     last ``/``, so per-variant prefixes (``0_GRPO/avg_at_4``) gave one section of one-bar charts per
     variant; these all fall in one ``variants`` section."""
-    from dapo_cli.ablate.plan import short_variant
-
     out: dict[str, float] = {}
     for row in report.rows:
         key = f"variants/{row.position}_{re.sub(r'[^A-Za-z0-9_.-]', '.', short_variant(row.name)).strip('.')}"

@@ -1,5 +1,9 @@
 """Run an ablation plan: one MLflow parent run, one nested child run per variant × seed, resumable.
 
+One driver (:func:`drive`) opens the parent, decides every child and hands the ones to train to a
+launcher (:class:`~dapo_cli.ablate.launchers.Launcher`: how a child is started and waited for), then
+writes the report. :func:`run_ablation`, :func:`slurm_launch` and :func:`print_launch` pick the launcher.
+
 Layout (``output_dir/experiment`` as for ``dapo train``)::
 
     runs/dapo-tiny/dapo-tiny-ladder-1a2b3c4d/          the ablation (= the parent run's name)
@@ -21,7 +25,8 @@ Launchers (``ablate.launcher``; ``ablate.nproc`` processes per child):
 
 * ``local``: with ``nproc == 1`` each child trains in this process (``run_train``); with
   ``nproc > 1`` each runs as ``python -m torch.distributed.run --standalone --nproc_per_node N
-  -m dapo_cli train ...`` (:func:`child_argv`), one after the other, its output streamed.
+  -m dapo_cli train ...`` (:func:`~dapo_cli.ablate.child.child_argv`), one after the other, its output streamed
+  (:mod:`dapo_cli.ablate.launchers`).
   With ``ablate.jobs > 1`` (``--jobs N``) every child is decided first, then up to N run at
   once, each as its own ``dapo train`` (or torchrun) process whose output goes to
   ``<ablation>/logs/<child>.log`` (:mod:`dapo_cli.ablate.pool`);
@@ -32,56 +37,38 @@ Launchers (``ablate.launcher``; ``ablate.nproc`` processes per child):
 
 A child started as a process attaches to the parent through the environment variable
 ``DAPO_PARENT_RUN_ID`` and gets its ``ablate.*`` tags through ``DAPO_EXTRA_TAGS`` (a JSON
-object); ``dapo train`` reads both (:func:`child_env`, :func:`extra_tags_from_env`).
+object); ``dapo train`` reads both (:mod:`dapo_cli.tracking.tags`: :func:`~dapo_cli.tracking.tags.child_env`,
+:func:`~dapo_cli.tracking.tags.extra_tags_from_env`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import json
-import os
-import shlex
-import subprocess
-import sys
-import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dapo_cli.ablate.plan import AblationPlan, Child, child_label, config_hash
-from dapo_cli.ablate.report import (
-    SUPERSEDED_TAG,
-    AblationReport,
-    build_report,
-    child_runs,
-    summary_markdown,
-    summary_metrics,
-    find_parent,
-    mlflow_client,
-    write_report,
+from dapo_cli.ablate.child import ChildOutcome, SpawnFn, TrainFn, ablation_dir
+from dapo_cli.ablate.launchers import (
+    AblationClock,
+    InProcess,
+    Launcher,
+    Log,
+    OneProcessAtATime,
+    Parent,
+    PrintCommands,
+    no_log,
 )
+from dapo_cli.ablate.plan import AblationPlan, Child, config_hash
+from dapo_cli.ablate.pool import Pool
+from dapo_cli.ablate.report import build_report, summary_markdown, summary_metrics, write_report
+from dapo_cli.ablate.results import AblationReport
+from dapo_cli.ablate.slurm import ArgvFn, Slurm
+from dapo_cli.ablate.store import SUPERSEDED_TAG, child_runs, find_parent, mlflow_client
 from dapo_cli.config import dump_yaml, flatten
-from dapo_cli.errors import COLLAPSED, UserError
-from dapo_cli.progress import format_duration
-from dapo_cli.tracking import EXTRA_TAGS_ENV, PARENT_RUN_ENV, start_run
-
-TrainFn = Callable[..., dict[str, Any]]
-"""``run_train(cfg, *, resume, command, parent_run_id, extra_tags, quiet) -> summary``."""
-
-SpawnFn = Callable[..., int]
-"""``run_child(argv, extra_env, *, log_path) -> exit code``: run one child process to its end."""
-
-
-def _run_train() -> TrainFn:
-    from dapo_cli.train import run_train
-
-    return run_train
-
-
-def _noop(_: str) -> None:
-    pass
+from dapo_cli.errors import UserError
+from dapo_cli.tracking import start_run
 
 
 # ---------------------------------------------------------------- per-child decisions
@@ -126,12 +113,7 @@ def has_checkpoint(cfg: Any) -> bool:
     return CheckpointManager(run_dir_for(cfg.trainer.output_dir, cfg.tracking.experiment, cfg.trainer.run_name)).latest() is not None
 
 
-# ---------------------------------------------------------------- tags and commands
-
-
-def ablation_dir(plan: AblationPlan) -> Path:
-    """``output_dir/experiment/<ablation name>``: the child run dirs and the report."""
-    return Path(plan.base.trainer.output_dir) / plan.base.tracking.experiment / plan.name
+# ---------------------------------------------------------------- the parent run
 
 
 def parent_tags(plan: AblationPlan, *, command: str, launcher: str) -> dict[str, str]:
@@ -149,147 +131,13 @@ def parent_tags(plan: AblationPlan, *, command: str, launcher: str) -> dict[str,
     }
 
 
-def child_tags(plan: AblationPlan, child: Child, parent_id: str) -> dict[str, str]:
-    """Tags of a child run besides ``technique.*``/``dapo.*`` (set by run_train); rung = position in the plan.
-
-    Only the parent carries ``ablate.id`` (that is how reruns find it).
-    """
-    return {
-        "ablate.variant": child.variant.name,
-        **({"ablate.label": child.variant.label} if child.variant.label else {}),
-        "ablate.rung": str(child.index),
-        "ablate.seed": str(child.seed),
-        "ablate.parent": parent_id,
-    }
-
-
-def train_words(plan: AblationPlan, child: Child, config_path: str | None, sets: Sequence[str]) -> list[str]:
-    """``dapo train [CONFIG] --set ... --set trainer.seed=S --set trainer.run_name=R --[no-]toggle ...``.
-
-    Resolved by ``dapo train``, these give exactly :meth:`AblationPlan.child_config`.
-    """
-    words = ["dapo", "train", *([config_path] if config_path else [])]
-    label = f"tracking.run_label={child_label(child.variant, child.seed)}"
-    for item in [*sets, f"trainer.seed={child.seed}", f"trainer.run_name={child.run_name}", label]:
-        words += ["--set", item]
-    for name, on in child.variant.toggles:
-        flag = name.replace("_", "-")
-        words.append(f"--{flag}" if on else f"--no-{flag}")
-    return words
-
-
-def child_argv(
-    plan: AblationPlan,
-    child: Child,
-    config_path: str | None,
-    sets: Sequence[str] = (),
-    *,
-    resume: bool = False,
-    nproc: int | None = None,
-    executable: bool = False,
-) -> list[str]:
-    """The command of one child: :func:`train_words` (+ ``--resume``), under torchrun when ``nproc > 1``.
-
-    ``nproc`` defaults to ``ablate.nproc``. The printed spelling (``executable=False``) is
-    ``dapo train ...`` or ``torchrun --standalone --nproc_per_node N -m dapo_cli train ...``;
-    the spelling this process executes runs this interpreter (``sys.executable -m dapo_cli`` /
-    ``sys.executable -m torch.distributed.run ...``), so the venv's dapo and torch are used.
-    """
-    n = plan.base.ablate.nproc if nproc is None else nproc
-    tail = train_words(plan, child, config_path, sets)[1:] + (["--resume"] if resume else [])
-    if n == 1:
-        return (["dapo"] if not executable else [sys.executable, "-m", "dapo_cli"]) + tail
-    torchrun = ["torchrun"] if not executable else [sys.executable, "-m", "torch.distributed.run"]
-    return [*torchrun, "--standalone", "--nproc_per_node", str(n), "-m", "dapo_cli", *tail]
-
-
-def child_env(parent_id: str, tags: Mapping[str, str]) -> dict[str, str]:
-    """What a child process needs on top of the caller's environment: its parent run and its extra tags."""
-    return {PARENT_RUN_ENV: parent_id, EXTRA_TAGS_ENV: json.dumps(dict(tags), sort_keys=True)}
-
-
-def extra_tags_from_env(environ: Mapping[str, str] | None = None) -> dict[str, str] | None:
-    """The tags in ``$DAPO_EXTRA_TAGS`` (None when unset or empty); anything but a JSON object is a UserError."""
-    text = (os.environ if environ is None else environ).get(EXTRA_TAGS_ENV, "").strip()
-    if not text:
-        return None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise UserError(f"${EXTRA_TAGS_ENV} is not valid JSON ({exc.msg}); give an object such as '{{\"team\": \"rl\"}}' or unset it") from None
-    if not isinstance(data, dict):
-        raise UserError(f"${EXTRA_TAGS_ENV} must be a JSON object of tag names to values, got {type(data).__name__}")
-    return {str(k): v if isinstance(v, str) else json.dumps(v) for k, v in data.items()}
-
-
-def run_child(argv: Sequence[str], extra_env: Mapping[str, str], *, log_path: Path | None = None,
-              cwd: str | None = None) -> int:
-    """Run one child process to its end (environment = ours + ``extra_env``) and return its exit code.
-
-    Its output streams to ours, or goes to ``log_path`` (``dapo ablate --quiet``). A top-level
-    function, so a submitit job can pickle it.
-    """
-    env = {**os.environ, **extra_env}
-    if log_path is None:
-        return subprocess.run(list(argv), env=env, cwd=cwd, check=False).returncode
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as out:
-        return subprocess.run(list(argv), env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, check=False).returncode
-
-
-# ---------------------------------------------------------------- running
-
-
-class AblationClock:
-    """Overall progress across an ablation's children: how many are done, elapsed time, and an ETA
-    from the mean wall time of the children trained so far (skipped ones count as done at once);
-    with ``jobs`` children at once: remaining × mean child time / min(jobs, remaining)."""
-
-    def __init__(self, total: int, jobs: int = 1) -> None:
-        self.total, self.done, self.trained, self.trained_s = total, 0, 0, 0.0
-        self.jobs = max(1, jobs)
-        self.t0 = time.perf_counter()
-
-    def skipped(self) -> None:
-        self.done += 1
-
-    def finished(self, seconds: float) -> None:
-        self.done += 1
-        self.trained += 1
-        self.trained_s += seconds
-
-    def eta_s(self) -> float | None:
-        if self.done >= self.total:
-            return 0.0
-        left = self.total - self.done
-        return self.trained_s / self.trained * left / min(self.jobs, left) if self.trained else None
-
-    def line(self) -> str:
-        """``ablation: 2/6 children done, 4:10 elapsed, ETA 8:20``."""
-        elapsed = time.perf_counter() - self.t0
-        return f"ablation: {self.done}/{self.total} children done, {format_duration(elapsed)} elapsed, ETA {format_duration(self.eta_s())}"
-
-
-@dataclass
-class ChildOutcome:
-    child: Child
-    action: str
-    """skip / resume / fresh (trained here) or, with the print launcher, the printed command."""
-    superseded: list[str]
-    summary: dict[str, Any] | None = None
-    where: str = ""
-    """``[i/n] variant seed S``, how log lines name the child."""
-    cfg: Any = dataclasses.field(default=None, repr=False)
-    """The child's resolved config (:meth:`AblationPlan.child_config`)."""
-
-
 @dataclass
 class AblationOutcome:
     parent_run_id: str
     children: list[ChildOutcome]
     report: AblationReport | None = None
-    files: dict[str, Path] = dataclasses.field(default_factory=dict)
-    commands: list[str] = dataclasses.field(default_factory=list)
+    files: dict[str, Path] = field(default_factory=dict)
+    commands: list[str] = field(default_factory=list)
 
 
 def _require_mlflow(plan: AblationPlan) -> None:
@@ -321,7 +169,7 @@ def _parent_run(client: Any, plan: AblationPlan, *, command: str, launcher: str)
 
 
 def _decide_child(client: Any, plan: AblationPlan, runs: Sequence[Any], i: int, child: Child, *,
-                  log: Callable[[str], None] = _noop, clock: AblationClock | None = None) -> ChildOutcome:
+                  log: Log = no_log, clock: AblationClock | None = None) -> ChildOutcome:
     """Decide what to do for the ``i``-th child (:func:`decide`), tag its superseded runs and log both
     (a skip is counted on ``clock``); the outcome carries the child's config."""
     cfg = plan.child_config(child)
@@ -338,20 +186,6 @@ def _decide_child(client: Any, plan: AblationPlan, runs: Sequence[Any], i: int, 
     return ChildOutcome(child, action, stale, where=where, cfg=cfg)
 
 
-def start_line(o: ChildOutcome, clock: AblationClock, how: str = "") -> str:
-    """``[2/6] grpo seed 0: training (abl/grpo-s0)<how>; ablation: ...``: a child starts."""
-    what = "resuming from its checkpoint" if o.action == "resume" else "training"
-    return f"{o.where}: {what} ({o.child.run_name}){how}; {clock.line()}"
-
-
-def child_done(o: ChildOutcome, summary: dict[str, Any] | None, seconds: float, clock: AblationClock,
-               log: Callable[[str], None]) -> None:
-    """Record a child that trained to its end: its summary on the outcome, the clock, one line."""
-    o.summary = summary
-    clock.finished(seconds)
-    log(f"{o.where}: done in {format_duration(seconds)}{child_result(summary)}; {clock.line()}")
-
-
 def _write_report(client: Any, tracker: Any, plan: AblationPlan, *, html: bool) -> tuple[AblationReport, dict[str, Path]]:
     """Rebuild the report from MLflow, write it under the ablation dir and log it to the parent, whose
     overview page then is the answer: per-variant results as metrics, the table as its description."""
@@ -362,6 +196,31 @@ def _write_report(client: Any, tracker: Any, plan: AblationPlan, *, html: bool) 
     tracker.log_metrics(summary_metrics(report), step=0)
     tracker.set_tags({"mlflow.note.content": summary_markdown(report)})
     return report, files
+
+
+# ---------------------------------------------------------------- the driver
+
+
+def drive(plan: AblationPlan, launcher: Launcher, *, command: str, html: bool = False, log: Log = no_log) -> AblationOutcome:
+    """Open the parent, decide every child in plan order (:func:`decide`; superseded runs tagged), start
+    the ones not skipped through ``launcher``, let it finish (wait for them), then, when the launcher
+    reports, rebuild the report from MLflow, write it and log it to the parent."""
+    _require_mlflow(plan)
+    client = mlflow_client(plan.base.tracking.tracking_uri, create=True)
+    with _parent_run(client, plan, command=command, launcher=launcher.name) as (tracker, runs):
+        clock = AblationClock(len(plan.children()), jobs=launcher.jobs) if launcher.jobs is not None else None
+        parent = Parent(tracker.run_id, clock)
+        outcomes: list[ChildOutcome] = []
+        for i, child in enumerate(plan.children(), start=1):
+            o = _decide_child(client, plan, runs, i, child, log=log, clock=clock)
+            outcomes.append(o)
+            if o.action != "skip":
+                launcher.start(o, parent)
+        launcher.finish(outcomes, parent)
+        if not launcher.reports:
+            return AblationOutcome(parent.run_id, outcomes)
+        report, files = _write_report(client, tracker, plan, html=html)
+    return AblationOutcome(parent.run_id, outcomes, report, files)
 
 
 def run_ablation(
@@ -376,95 +235,25 @@ def run_ablation(
     poll_s: float = 0.2,
     quiet: bool = False,
     html: bool = False,
-    log: Callable[[str], None] = _noop,
+    log: Log = no_log,
 ) -> AblationOutcome:
-    """Train every missing child, then write the report (also logged to the parent).
+    """Train every missing child (``ablate.launcher: local``), then write the report (also logged to the parent).
 
     ``ablate.jobs == 1``: one after the other, with ``ablate.nproc == 1`` as ``train(...)`` calls
-    here, else as torchrun processes (:func:`child_argv`, run by ``spawn``, default :func:`run_child`)
-    whose failure stops the ablation with a UserError naming the child and its exit code.
-    ``ablate.jobs > 1``: every child decided first, then up to that many at once as processes
-    started by ``popen`` (:func:`dapo_cli.ablate.pool.train_in_parallel`).
+    here (:class:`~dapo_cli.ablate.launchers.InProcess`), else as torchrun processes run by ``spawn``
+    (:class:`~dapo_cli.ablate.launchers.OneProcessAtATime`) whose failure stops the ablation with a
+    UserError naming the child and its exit code. ``ablate.jobs > 1``: every child decided first, then
+    up to that many at once as processes started by ``popen`` (:class:`~dapo_cli.ablate.pool.Pool`).
     """
-    _require_mlflow(plan)
-    nproc, jobs = plan.base.ablate.nproc, plan.base.ablate.jobs
-    if nproc == 1 and jobs == 1:
-        train = train or _run_train()
-    spawn = spawn or run_child
-    client = mlflow_client(plan.base.tracking.tracking_uri, create=True)
-    with _parent_run(client, plan, command=command, launcher="local") as (tracker, runs):
-        parent_id = tracker.run_id
-        clock = AblationClock(len(plan.children()), jobs=jobs)
-        outcomes: list[ChildOutcome] = []
-        for i, child in enumerate(plan.children(), start=1):
-            o = _decide_child(client, plan, runs, i, child, log=log, clock=clock)
-            outcomes.append(o)
-            if o.action == "skip" or jobs > 1:
-                continue
-            log(start_line(o, clock))
-            t0, resume = time.perf_counter(), o.action == "resume"
-            if nproc == 1:
-                assert train is not None
-                summary = train(o.cfg, resume=resume, command=shlex.join(train_words(plan, child, config_path, sets)),
-                                parent_run_id=parent_id, extra_tags=child_tags(plan, child, parent_id), quiet=quiet)
-            else:
-                summary = _spawn_child(spawn, plan, child, config_path, sets, parent_id, resume=resume, quiet=quiet, log=log)
-            child_done(o, summary, time.perf_counter() - t0, clock, log)
-        if jobs > 1:
-            from dapo_cli.ablate.pool import train_in_parallel
-
-            train_in_parallel(plan, [o for o in outcomes if o.action != "skip"], config_path=config_path,
-                              sets=sets, parent_id=parent_id, clock=clock, log=log, popen=popen, poll_s=poll_s)
-        report, files = _write_report(client, tracker, plan, html=html)
-    return AblationOutcome(parent_id, outcomes, report, files)
-
-
-def child_result(summary: dict[str, Any] | None) -> str:
-    """``, held-out 0.312 → 0.455, run dir runs/...`` from a child's summary (empty without one)."""
-    if not summary:
-        return ""
-    base, final = summary.get("base_val"), summary.get("final_val")
-    acc = f", held-out {base:.3f} → {final:.3f}" if base is not None and final is not None else ""
-    return f"{acc}, run dir {summary.get('run_dir', '?')}"
-
-
-def _spawn_child(
-    spawn: SpawnFn, plan: AblationPlan, child: Child, config_path: str | None, sets: Sequence[str], parent_id: str, *,
-    resume: bool, quiet: bool, log: Callable[[str], None],
-) -> dict[str, Any] | None:
-    """Run one child as a torchrun process; its ``summary.json`` when it wrote one, a UserError when it failed."""
-    argv = child_argv(plan, child, config_path, sets, resume=resume, executable=True)
-    log_path = child_log_path(plan, child) if quiet else None
-    log(f"  {shlex.join(child_argv(plan, child, config_path, sets, resume=resume))}" + (f"  (output: {log_path})" if log_path else ""))
-    code = spawn(argv, child_env(parent_id, child_tags(plan, child, parent_id)), log_path=log_path)
-    if not exited_finished(code, child, log):
-        where = f" (output: {log_path})" if log_path else ""
-        raise UserError(f"child {child.run_name} failed with exit code {code}{where}; rerun the same command to resume it")
-    return read_summary(plan, child)
-
-
-def child_log_path(plan: AblationPlan, child: Child) -> Path:
-    """``<ablation>/logs/<variant>-s<seed>.log``: where a child process's output goes when not streamed."""
-    return ablation_dir(plan) / "logs" / f"{child.run_name.rsplit('/', 1)[-1]}.log"
-
-
-def exited_finished(code: int, child: Child, log: Callable[[str], None]) -> bool:
-    """A child's exit code means its run finished: 0, or :data:`COLLAPSED` (the collapse guard; logged)."""
-    if code == COLLAPSED:
-        log(f"  {child.run_name}: stopped by the collapse guard (exit {COLLAPSED}); see its dapo.stopped tag")
-    return code in (0, COLLAPSED)
-
-
-def read_summary(plan: AblationPlan, child: Child) -> dict[str, Any] | None:
-    """The ``summary.json`` a child process wrote in its run dir (None without one)."""
-    from dapo_cli.checkpoint import run_dir_for
-
-    summary = run_dir_for(plan.base.trainer.output_dir, plan.base.tracking.experiment, child.run_name) / "summary.json"
-    return json.loads(summary.read_text()) if summary.is_file() else None
-
-
-ArgvFn = Callable[[Child, bool], list[str]]
-"""``(child, resume) -> argv`` of a child's job (default: :func:`child_argv`, the executed spelling)."""
+    where = {"config_path": config_path, "sets": sets, "log": log}
+    launcher: Launcher
+    if plan.base.ablate.jobs > 1:
+        launcher = Pool(plan, popen=popen, poll_s=poll_s, **where)
+    elif plan.base.ablate.nproc == 1:
+        launcher = InProcess(plan, train=train, quiet=quiet, **where)
+    else:
+        launcher = OneProcessAtATime(plan, spawn=spawn, quiet=quiet, **where)
+    return drive(plan, launcher, command=command, html=html, log=log)
 
 
 def slurm_launch(
@@ -474,66 +263,25 @@ def slurm_launch(
     config_path: str | None,
     sets: Sequence[str] = (),
     html: bool = False,
-    log: Callable[[str], None] = _noop,
+    log: Log = no_log,
     argv_for: ArgvFn | None = None,
     poll_s: float | None = None,
 ) -> AblationOutcome:
-    """Submit one submitit job per missing child, wait for them all, then write the report as :func:`run_ablation` does.
-
-    Failed jobs stop the ablation (after every job has ended) with a UserError naming them;
-    rerunning the command resumes or restarts just those. ``poll_s``: seconds between state
-    checks (default 30 on Slurm, 0.5 with ``cluster: local``).
-    """
-    from dapo_cli.ablate import slurm as jobs
-
+    """Submit one submitit job per missing child, wait for them all, then write the report as :func:`run_ablation`
+    does (:class:`~dapo_cli.ablate.slurm.Slurm`)."""
     _require_mlflow(plan)
-    submitit = jobs.require_submitit()
-    jobs.check_resources(plan.base.ablate)
-    settings = plan.base.ablate.slurm
-    poll = poll_s if poll_s is not None else (30.0 if settings.cluster == "slurm" else 0.5)
-    argv_for = argv_for or (lambda c, resume: child_argv(plan, c, config_path, sets, resume=resume, executable=True))
-    client = mlflow_client(plan.base.tracking.tracking_uri, create=True)
-    outcomes: list[ChildOutcome] = []
-    submitted: list[tuple[str, Any]] = []
-    with _parent_run(client, plan, command=command, launcher="slurm") as (tracker, runs):
-        parent_id = tracker.run_id
-        executor = jobs.make_executor(submitit, settings)
-        for i, child in enumerate(plan.children(), start=1):
-            o = _decide_child(client, plan, runs, i, child, log=log)
-            outcomes.append(o)
-            if o.action == "skip":
-                continue
-            job = jobs.submit(executor, settings, child.run_name, argv_for(child, o.action == "resume"),
-                              child_env(parent_id, child_tags(plan, child, parent_id)))
-            log(f"{o.where}: submitted job {job.job_id}{' (resuming)' if o.action == 'resume' else ''}")
-            submitted.append((child.run_name, job))
-        if submitted:
-            log(f"waiting for {len(submitted)} job(s); logs in {settings.folder}")
-        failed = jobs.wait(submitit, submitted, poll_s=poll, log=log)
-        if failed:
-            raise UserError(f"{len(failed)} of {len(submitted)} job(s) failed: {'; '.join(failed)}; "
-                            f"logs in {settings.folder}; rerun the same command to resume them")
-        report, files = _write_report(client, tracker, plan, html=html)
-    return AblationOutcome(parent_id, outcomes, report, files)
+    launcher = Slurm(plan, config_path=config_path, sets=sets, log=log, argv_for=argv_for, poll_s=poll_s)
+    return drive(plan, launcher, command=command, html=html, log=log)
 
 
 def print_launch(
     plan: AblationPlan, *, command: str, config_path: str | None, sets: Sequence[str] = ()
 ) -> AblationOutcome:
     """Create (or find) the parent and return one shell line per child still to run (``#`` comment when done)."""
-    _require_mlflow(plan)
-    client = mlflow_client(plan.base.tracking.tracking_uri, create=True)
-    lines: list[str] = []
-    outcomes: list[ChildOutcome] = []
-    with _parent_run(client, plan, command=command, launcher="print") as (tracker, runs):
-        parent_id = tracker.run_id
-        for i, child in enumerate(plan.children(), start=1):
-            o = _decide_child(client, plan, runs, i, child)
-            words = child_argv(plan, child, config_path, sets, resume=o.action == "resume")
-            line = f"{PARENT_RUN_ENV}={parent_id} {shlex.join(words)}"
-            lines.append(f"# done: {child.run_name}" if o.action == "skip" else line)
-            outcomes.append(dataclasses.replace(o, action=lines[-1]))
-    return AblationOutcome(parent_id, outcomes, commands=lines)
+    launcher = PrintCommands(plan, config_path=config_path, sets=sets)
+    outcome = drive(plan, launcher, command=command)
+    outcome.commands = launcher.commands
+    return outcome
 
 
 def _record_plan(tracker: Any, plan: AblationPlan) -> None:

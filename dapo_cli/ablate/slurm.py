@@ -2,8 +2,10 @@
 
 submitit (Facebook Research) writes each job's sbatch script, pickled call and logs under
 ``ablate.slurm.folder``; ``ablate.slurm.cluster: local`` swaps Slurm for its LocalExecutor
-(each job a local process), which is how the tests run this path. A job runs
-:func:`child_job`: the child's command (:func:`~dapo_cli.ablate.runner.child_argv`) as a
+(each job a local process), which is how the tests run this path. :class:`Slurm` is the
+:class:`~dapo_cli.ablate.launchers.Launcher`: it submits each child the driver does not skip, and
+waits for them all in :meth:`Slurm.finish`. A job runs
+:func:`child_job`: the child's command (:func:`~dapo_cli.ablate.child.child_argv`) as a
 subprocess, with ``DAPO_PARENT_RUN_ID`` and ``DAPO_EXTRA_TAGS`` set, in the directory
 ``dapo ablate`` was started from. Only this module imports submitit, and only when the
 slurm launcher runs.
@@ -16,7 +18,13 @@ import shlex
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from dapo_cli.ablate.child import ChildOutcome, child_argv, child_env, child_tags, run_child
+from dapo_cli.ablate.launchers import Parent
+from dapo_cli.ablate.plan import AblationPlan, Child
 from dapo_cli.errors import COLLAPSED, UserError
+
+ArgvFn = Callable[[Child, bool], list[str]]
+"""``(child, resume) -> argv`` of a child's job (default: :func:`~dapo_cli.ablate.child.child_argv`, the executed spelling)."""
 
 INSTALL_HINT = "launcher slurm needs submitit: pip install 'dapo-cli[slurm]'"
 
@@ -73,8 +81,6 @@ def make_executor(submitit: Any, slurm: Any) -> Any:
 def child_job(name: str, argv: Sequence[str], extra_env: Mapping[str, str], cwd: str) -> int:
     """The job's callable: run the child's command to its end; its exit code, ChildFailed when it failed
     (any non-zero code but the collapse guard's)."""
-    from dapo_cli.ablate.runner import run_child
-
     print(f"dapo ablate child {name}: {shlex.join(argv)}", flush=True)  # the first line of the job's log
     code = run_child(argv, extra_env, cwd=cwd)
     if code not in (0, COLLAPSED):  # a collapsed child finished and is recorded: not a failure
@@ -133,3 +139,38 @@ def wait(
                 job.cancel(check=False)
         raise
     return failed
+
+
+class Slurm:
+    """One submitit job per child not skipped; :meth:`finish` waits for them all. Failed jobs stop the
+    ablation (after every job has ended) with a UserError naming them; rerunning the command resumes or
+    restarts just those. ``poll_s``: seconds between state checks (default 30 on Slurm, 0.5 with
+    ``cluster: local``). Refuses at construction when submitit is missing or the job shape is wrong."""
+
+    name, reports, jobs = "slurm", True, None
+
+    def __init__(self, plan: AblationPlan, *, config_path: str | None, sets: Sequence[str],
+                 log: Callable[[str], None], argv_for: ArgvFn | None = None, poll_s: float | None = None) -> None:
+        self.submitit = require_submitit()
+        check_resources(plan.base.ablate)
+        self.plan, self.log, self.settings = plan, log, plan.base.ablate.slurm
+        self.poll_s = poll_s if poll_s is not None else (30.0 if self.settings.cluster == "slurm" else 0.5)
+        self.argv_for = argv_for or (lambda c, resume: child_argv(plan, c, config_path, sets, resume=resume, executable=True))
+        self.executor = make_executor(self.submitit, self.settings)
+        self.submitted: list[tuple[str, Any]] = []
+
+    def start(self, o: ChildOutcome, parent: Parent) -> None:
+        child = o.child
+        job = submit(self.executor, self.settings, child.run_name, self.argv_for(child, o.action == "resume"),
+                     child_env(parent.run_id, child_tags(self.plan, child, parent.run_id)))
+        self.log(f"{o.where}: submitted job {job.job_id}{' (resuming)' if o.action == 'resume' else ''}")
+        self.submitted.append((child.run_name, job))
+
+    def finish(self, outcomes: Sequence[ChildOutcome], parent: Parent) -> None:
+        folder = self.settings.folder
+        if self.submitted:
+            self.log(f"waiting for {len(self.submitted)} job(s); logs in {folder}")
+        failed = wait(self.submitit, self.submitted, poll_s=self.poll_s, log=self.log)
+        if failed:
+            raise UserError(f"{len(failed)} of {len(self.submitted)} job(s) failed: {'; '.join(failed)}; "
+                            f"logs in {folder}; rerun the same command to resume them")

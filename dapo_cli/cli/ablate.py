@@ -20,7 +20,7 @@ from dapo_cli.errors import UserError
 
 EXAMPLES = [
     ("dapo ablate --ladder", "The paper's ladder (naive GRPO → DAPO) on the embedded experiments/tiny-ladder.yaml; resumable."),
-    ("dapo ablate --ladder --dry-run", "The plan and a time estimate (one timed step in a temporary folder); records nothing."),
+    ("dapo ablate --ladder --dry-run", "The plan and a time estimate (one timed step in a temporary folder); records and builds nothing."),
     ("dapo ablate --grid clip_higher,dynamic_sampling --seeds 2 --set trainer.total_steps=20",
      "A 2×2 factorial of two techniques, two seeds each, 20 steps per child."),
     ("dapo ablate experiments/tiny.yaml --ladder --launcher print",
@@ -89,7 +89,7 @@ def ablate(
     sets: SetOption = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan and a time estimate, train nothing.", rich_help_panel=Panel.RUN)] = False,
     calibrate: Annotated[
-        bool, typer.Option("--calibrate/--no-calibrate", help="With --dry-run: time one RL step to estimate the total.", rich_help_panel=Panel.RUN)
+        bool, typer.Option("--calibrate/--no-calibrate", help="With --dry-run: time one RL step to estimate the total (skipped while the policy is not built yet).", rich_help_panel=Panel.RUN)
     ] = True,
     launcher: Annotated[
         Launcher | None,
@@ -141,7 +141,7 @@ def ablate(
         check_tracking_uri(cfg.tracking.tracking_uri, create=True, what="tracking.tracking_uri")
     if chosen == "print":
         from dapo_cli.ablate.runner import print_launch
-        from dapo_cli.tracking import PARENT_RUN_ENV
+        from dapo_cli.tracking.tags import PARENT_RUN_ENV
 
         outcome = print_launch(plan, command=command, config_path=config, sets=sets or [])
         for line in outcome.commands:
@@ -229,12 +229,25 @@ def print_plan(plan: AblationPlan) -> None:
 
 
 def print_estimate(plan: AblationPlan, calibrate: bool) -> None:
-    """The number of children and, unless --no-calibrate, a wall-time estimate from one timed step."""
+    """The number of children, what a real run would build first, and, unless --no-calibrate, a wall-time
+    estimate from one timed step. Builds nothing: without a ready policy there is no step to time."""
     from dapo_cli.ablate.estimate import calibrate as run_calibration
+    from dapo_cli.ablate.estimate import policy_to_build
 
     n = len(plan.children())
+    build = policy_to_build(plan.base)
+    if build is not None:
+        console.print(f"would build: {build}", highlight=False, markup=False)
     if not calibrate:
         console.print(f"{n} child runs; time estimate skipped (--no-calibrate)", highlight=False, markup=False)
+        return
+    if build is not None:
+        console.print(
+            f"{n} child runs; time estimate skipped: it times one step of the policy, which a dry run does not build "
+            "(build it first, or see the wall time in the config's header)",
+            highlight=False,
+            markup=False,
+        )
         return
     est = run_calibration(plan)
     console.print(

@@ -14,7 +14,7 @@ from rich.text import Text
 from dapo_cli.cli.common import Panel, console
 
 if TYPE_CHECKING:
-    from dapo_cli.ablate.report import AblationReport
+    from dapo_cli.ablate.results import AblationReport
 
 EXAMPLES = [
     ("dapo report dapo-tiny-ladder", "The newest ablation of the MLflow experiment dapo-tiny-ladder: table, curves, report.md."),
@@ -39,7 +39,8 @@ def report(
                                                      rich_help_panel=Panel.TRACKING)] = False,
 ) -> None:
     """Report an ablation from MLflow: avg@K per variant with CIs, paired Δ, curves, report.md."""
-    from dapo_cli.ablate.report import build_report, mlflow_client, resolve_parent, write_report
+    from dapo_cli.ablate.report import build_report, write_report
+    from dapo_cli.ablate.store import mlflow_client, resolve_parent
     from dapo_cli.cli.common import check_tracking_uri, check_writable_dir
     from dapo_cli.errors import UserError
 
@@ -241,7 +242,7 @@ def name_columns(rows: list[dict[str, str]], heads: list[str], width: int) -> li
 
 def print_mechanisms(result: AblationReport, out: Console) -> None:
     """The mechanisms table (its samples column is the results table's): each technique's diagnostic per rung."""
-    from dapo_cli.ablate.diagnostics import mechanism_table_rows
+    from dapo_cli.ablate.mechanisms import mechanism_table_rows
 
     rows = mechanism_table_rows(result)
     if not rows:

@@ -134,7 +134,7 @@ def train(
     # `dapo ablate` children started as processes (--launcher print/slurm, ablate.nproc > 1) get
     # DAPO_PARENT_RUN_ID, so the child's MLflow run nests under the ablation's parent run, and
     # DAPO_EXTRA_TAGS (a JSON object: its ablate.* tags).
-    from dapo_cli.ablate.runner import extra_tags_from_env
+    from dapo_cli.tracking.tags import extra_tags_from_env
 
     from dapo_cli.cli.preflight import check_train, removing_new_dirs
 
@@ -283,7 +283,7 @@ def train_direct_advantage(
         raise UserError(f"{', '.join(used)} only work with --dry-run (add --dry-run, or drop them)")
     if resume and from_phase is not None:
         raise UserError("--resume and --from-phase: give one (--from-phase already continues the run)")
-    from dapo_cli.ablate.runner import extra_tags_from_env
+    from dapo_cli.tracking.tags import extra_tags_from_env
     from dapo_cli.cli.preflight import check_engines
     from dapo_cli.direct_advantage.launch import run_direct_advantage
 

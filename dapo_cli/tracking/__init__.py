@@ -15,14 +15,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from dapo_cli.tracking.base import NullTracker, Tracker
-
-PARENT_RUN_ENV = "DAPO_PARENT_RUN_ID"
-"""Environment variable naming the MLflow parent run of a child run started elsewhere
-(``dapo ablate --launcher print`` emits one ``dapo train`` command per child with it)."""
-
-EXTRA_TAGS_ENV = "DAPO_EXTRA_TAGS"
-"""Environment variable with a JSON object of extra MLflow tags for a ``dapo train`` child
-(its ``ablate.*`` tags when it runs as a process; read by ``dapo train``)."""
+from dapo_cli.tracking.tags import EXTRA_TAGS_ENV, PARENT_RUN_ENV
 
 
 @contextlib.contextmanager

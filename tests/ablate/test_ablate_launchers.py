@@ -19,19 +19,12 @@ from ablate_fakes import Died, FakeTrain  # noqa: E402
 
 from dapo_cli.ablate import slurm as jobs  # noqa: E402
 from dapo_cli.ablate.plan import make_plan  # noqa: E402
-from dapo_cli.ablate.runner import (  # noqa: E402
-    child_argv,
-    child_env,
-    child_tags,
-    extra_tags_from_env,
-    run_ablation,
-    run_child,
-    slurm_launch,
-    train_words,
-)
+from dapo_cli.ablate.child import child_argv, child_tags, run_child, train_words  # noqa: E402
+from dapo_cli.ablate.runner import run_ablation, slurm_launch  # noqa: E402
 from dapo_cli.config import TECHNIQUES  # noqa: E402
 from dapo_cli.config.load import build_config  # noqa: E402
 from dapo_cli.errors import UserError  # noqa: E402
+from dapo_cli.tracking.tags import child_env, extra_tags_from_env  # noqa: E402
 
 FAKE_CLI = str(Path(__file__).parent / "fake_train_cli.py")
 NO_TOGGLES = [f"--no-{t.replace('_', '-')}" for t in TECHNIQUES]

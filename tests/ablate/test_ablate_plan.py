@@ -17,7 +17,7 @@ from dapo_cli.ablate.plan import (
     parse_techniques,
     safe_component,
 )
-from dapo_cli.ablate.runner import train_words
+from dapo_cli.ablate.child import train_words
 from dapo_cli.cli.options import resolve
 from dapo_cli.config import TECHNIQUES, load_config, technique_state
 from dapo_cli.config.load import build_config

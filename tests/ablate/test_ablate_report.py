@@ -16,19 +16,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 from ablate_fakes import FakeTrain  # noqa: E402
 
 from dapo_cli.ablate.plan import LADDER_NAMES, make_plan  # noqa: E402
-from dapo_cli.ablate.report import (  # noqa: E402
-    CURVE_METRICS,
-    build_report,
-    summary_metrics,
-    cumulative,
-    mean_curve,
-    mean_per_problem,
-    resolve_parent,
-    seed_interval,
-    t_critical_95,
-    table_rows,
-    write_report,
-)
+from dapo_cli.ablate.plots import cumulative, mean_curve  # noqa: E402
+from dapo_cli.ablate.report import build_report, summary_metrics, table_rows, write_report  # noqa: E402
+from dapo_cli.ablate.results import CURVE_METRICS  # noqa: E402
+from dapo_cli.ablate.stats import mean_per_problem, seed_interval, t_critical_95  # noqa: E402
+from dapo_cli.ablate.store import resolve_parent  # noqa: E402
 from dapo_cli.ablate.runner import run_ablation  # noqa: E402
 from dapo_cli.config.load import build_config  # noqa: E402
 from dapo_cli.errors import UserError  # noqa: E402
@@ -306,7 +298,8 @@ def test_dynamic_sampling_is_compared_at_the_step_with_the_plain_rungs_samples(d
 
 
 def test_curves_by_samples_start_at_the_base_validation() -> None:
-    from dapo_cli.ablate.report import ChildResult, curve_points
+    from dapo_cli.ablate.plots import curve_points
+    from dapo_cli.ablate.results import ChildResult
 
     def child(samples: dict[int, float], val: dict[int, float]) -> ChildResult:
         return ChildResult(run_id="r", variant="v", seed=0, k=4, final_step=2, avg=val[2], stderr=0.0, per_problem={},

@@ -17,7 +17,8 @@ from ablate_fakes import Died, FakeTrain  # noqa: E402
 
 from dapo_cli.ablate.plan import make_plan  # noqa: E402
 from dapo_cli.ablate.estimate import calibrate  # noqa: E402
-from dapo_cli.ablate.runner import AblationClock, PriorRun, decide, print_launch, run_ablation  # noqa: E402
+from dapo_cli.ablate.launchers import AblationClock  # noqa: E402
+from dapo_cli.ablate.runner import PriorRun, decide, print_launch, run_ablation  # noqa: E402
 from dapo_cli.config import TECHNIQUES  # noqa: E402
 from dapo_cli.config.load import build_config  # noqa: E402
 from dapo_cli.errors import UserError  # noqa: E402

@@ -72,6 +72,34 @@ def test_ladder_dry_run_without_config_uses_the_embedded_ladder_experiment(in_tm
     assert list(in_tmp.iterdir()) == []  # a dry run writes nothing
 
 
+def test_ladder_dry_run_with_an_empty_cache_builds_and_trains_nothing_and_says_what_a_real_run_builds(
+    in_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the default --calibrate, a missing warm-start is named (with its measured cost), not built: the
+    calibration, which would build it and train a step, is skipped."""
+    import time
+
+    cache = in_tmp / "cache"
+    cache.mkdir()
+    monkeypatch.setenv("DAPO_CACHE", str(cache))
+
+    def no_training():
+        raise AssertionError("a dry run must not train (the calibration would build the warm-start first)")
+
+    monkeypatch.setattr("dapo_cli.ablate.estimate.default_train", no_training)
+    t0 = time.perf_counter()
+    result = invoke("ablate", "--ladder", "--dry-run")
+    assert result.exit_code == 0, result.output
+    assert time.perf_counter() - t0 < 60  # seconds, not the 12 minutes of a build
+    out = " ".join(result.output.split())  # the console wraps long lines
+    # experiments/tiny-ladder.yaml: task arith-medium, 600 SFT steps; 12 min 23 s measured (its header) → about 12 min
+    assert "would build: builtin:tiny (task arith-medium, 600 SFT steps) is not cached yet" in out, result.output
+    assert "a real run builds it first, about 12 min on 2 cores" in out
+    assert "18 child runs; time estimate skipped: it times one step of the policy, which a dry run does not build" in out
+    assert list(cache.iterdir()) == []  # nothing built into the cache
+    assert sorted(p.name for p in in_tmp.iterdir()) == ["cache"]  # no runs/, no mlflow.db
+
+
 def test_grid_forms(in_tmp: Path) -> None:
     full = invoke("ablate", "--grid", "--dry-run", "--no-calibrate", "--seeds", "2")
     assert full.exit_code == 0, full.output
@@ -167,7 +195,7 @@ def test_a_failing_torchrun_child_is_a_one_line_error(in_tmp: Path, monkeypatch:
         seen.append(argv)
         return 5
 
-    monkeypatch.setattr("dapo_cli.ablate.runner.run_child", failing)
+    monkeypatch.setattr("dapo_cli.ablate.launchers.run_child", failing)
     config = write_config(in_tmp)
     result = invoke("ablate", str(config), "--ladder", "--only", "grpo", "--set", "ablate.nproc=2")
     assert result.exit_code == 2 and "Traceback" not in result.output, result.output
@@ -201,7 +229,7 @@ def test_train_reads_the_parent_run_and_extra_tags_of_a_child_process(in_tmp: Pa
     import json
     import types
 
-    from dapo_cli.ablate.runner import child_env
+    from dapo_cli.tracking.tags import child_env
 
     calls = []
     stub = types.ModuleType("dapo_cli.train")

@@ -10,9 +10,10 @@ import re
 import pytest
 from rich.console import Console
 
-from dapo_cli.ablate.diagnostics import EqualSamples, MechanismRow, mechanism_table_rows
+from dapo_cli.ablate.mechanisms import mechanism_table_rows
 from dapo_cli.ablate.plan import LADDER_LABELS, LADDER_NAMES
-from dapo_cli.ablate.report import AblationReport, VariantRow, table_rows
+from dapo_cli.ablate.report import table_rows
+from dapo_cli.ablate.results import AblationReport, EqualSamples, MechanismRow, VariantRow
 from dapo_cli.cli.report import (
     EQUAL_SAMPLES_HEADS,
     NARROW_HEADS,

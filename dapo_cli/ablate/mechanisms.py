@@ -1,6 +1,7 @@
-"""What each technique acts on, per rung, and Δ at equal generated samples: pure functions over ``ChildResult``.
+"""What each technique acts on, per rung, and Δ at equal generated samples: pure functions over ``ChildResult``
+(the report's mechanisms table; not :mod:`dapo_cli.diagnostics`, the per-step training diagnostics).
 
-**Mechanisms.** One :class:`MechanismRow` per variant. Each number is first computed per child
+**Mechanisms.** One :class:`~dapo_cli.ablate.results.MechanismRow` per variant. Each number is first computed per child
 from its metric history (training steps ``>= 1``, non-finite values dropped), then averaged over
 the variant's seeds that logged the metric; NaN (shown "—") when none did:
 
@@ -41,18 +42,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from dapo_cli.ablate.results import (
+    SAMPLES_METRIC,
+    VAL_CURVE,
+    AblationReport,
+    ChildResult,
+    EqualSamples,
+    MechanismRow,
+    VariantRow,
+)
+from dapo_cli.ablate.stats import mean_or_nan, mean_per_problem
 from dapo_cli.eval.compare import compare_accuracies
-from dapo_cli.eval.metrics import PairedComparison
 
-if TYPE_CHECKING:
-    from dapo_cli.ablate.report import AblationReport, ChildResult, VariantRow
-
-VAL_CURVE = "val/avg_at_k"
-"""The children's held-out avg@k over steps (their own k), drawn with the training curves."""
-SAMPLES_METRIC = "train/samples_generated"
 ENTROPY, CLIP_HIGH, CLIP_LOW = "actor/entropy", "actor/clipfrac_high", "actor/clipfrac_low"
 TRUNCATED_ON_PATH, TRUNCATED_LOOPING = "overlong/truncated_on_correct_path_frac", "overlong/truncated_looping_frac"
 LENGTH_SPREAD, LENGTH = "response_length/group_std_mean", "response_length/mean"
@@ -64,7 +66,7 @@ EARLY_LATE_WINDOW = 10
 SAMPLES_SLACK = 0.05
 """Δ at equal samples: a child's step may hold up to 5% more samples than the budget."""
 
-Loader = Callable[["ChildResult", int], dict[str, float]]
+Loader = Callable[[ChildResult, int], dict[str, float]]
 """``(child, validation step) -> problem_id -> accuracy`` (the child's table at that step)."""
 
 
@@ -74,12 +76,6 @@ Loader = Callable[["ChildResult", int], dict[str, float]]
 def training_values(curve: dict[int, float]) -> list[float]:
     """The finite values at training steps (``>= 1``), in step order."""
     return [curve[s] for s in sorted(curve) if s >= 1 and math.isfinite(curve[s])]
-
-
-def mean_or_nan(values: Sequence[float]) -> float:
-    """Mean of the finite values; NaN when there are none."""
-    finite = [v for v in values if math.isfinite(v)]
-    return sum(finite) / len(finite) if finite else math.nan
 
 
 def window_mean(curve: dict[int, float], n: int, *, last: bool = False) -> float:
@@ -100,30 +96,6 @@ def cumulative_samples(child: ChildResult, step: int) -> float:
 
 
 # ---------------------------------------------------------------- mechanisms
-
-
-@dataclass
-class MechanismRow:
-    """One line of the mechanisms table (shares as fractions, entropy in nats/token, lengths in tokens)."""
-
-    position: int
-    name: str
-    label: str
-    seeds: int
-    entropy_start: float
-    entropy_end: float
-    clip_high: float
-    clip_low: float
-    truncated_early: float
-    truncated_late: float
-    truncated_on_path: float
-    truncated_looping: float
-    spread_early: float
-    spread_late: float
-    length_mean: float
-    informative_early: float
-    informative_late: float
-    samples: float
 
 
 def mechanism_row(row: VariantRow, results: Sequence[ChildResult]) -> MechanismRow:
@@ -228,19 +200,6 @@ def mechanisms_markdown(report: AblationReport) -> list[str]:
 # ---------------------------------------------------------------- Δ at equal generated samples
 
 
-@dataclass
-class EqualSamples:
-    """Δ of a variant to its reference ``vs`` at equal generated samples (``budget`` per seed)."""
-
-    vs: str
-    budget: float
-    steps: list[int]
-    """The validation step used of each of the variant's children (seed order)."""
-    ref_steps: list[int]
-    """The same for the reference's children."""
-    delta: PairedComparison | None = None
-
-
 def equal_samples_step(child: ChildResult, budget: float) -> int | None:
     """The latest validation step whose cumulative generated samples are ``<= budget × 1.05``; None if none."""
     limit = budget * (1 + SAMPLES_SLACK)
@@ -252,8 +211,6 @@ def equal_samples_delta(
     children: Sequence[ChildResult], ref_children: Sequence[ChildResult], vs: str, load: Loader
 ) -> EqualSamples | None:
     """Δ of ``children`` − ``ref_children`` at equal generated samples; None when a child logged no samples."""
-    from dapo_cli.ablate.report import mean_per_problem
-
     totals = [total_samples(c) for c in children], [total_samples(c) for c in ref_children]
     if not all(totals) or not all(math.isfinite(t) for ts in totals for t in ts):
         return None

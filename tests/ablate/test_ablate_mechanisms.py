@@ -6,10 +6,8 @@ import math
 
 import pytest
 
-from dapo_cli.ablate.diagnostics import (
+from dapo_cli.ablate.mechanisms import (
     SAMPLES_SLACK,
-    VAL_CURVE,
-    EqualSamples,
     cumulative_samples,
     equal_samples_delta,
     equal_samples_step,
@@ -20,7 +18,7 @@ from dapo_cli.ablate.diagnostics import (
     total_samples,
     window_mean,
 )
-from dapo_cli.ablate.report import AblationReport, ChildResult, VariantRow
+from dapo_cli.ablate.results import VAL_CURVE, AblationReport, ChildResult, EqualSamples, VariantRow
 from dapo_cli.eval.compare import compare_accuracies
 
 
