@@ -89,7 +89,7 @@ def ablate(
     sets: SetOption = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan and a time estimate, train nothing.", rich_help_panel=Panel.RUN)] = False,
     calibrate: Annotated[
-        bool, typer.Option("--calibrate/--no-calibrate", help="With --dry-run: time one RL step to estimate the total (skipped while the policy is not built yet).", rich_help_panel=Panel.RUN)
+        bool, typer.Option("--calibrate/--no-calibrate", help="With --dry-run: time one RL step to estimate the total (skipped when the policy is not in the cache: a dry run builds nothing).", rich_help_panel=Panel.RUN)
     ] = True,
     launcher: Annotated[
         Launcher | None,
