@@ -267,9 +267,9 @@ def train_direct_advantage(
 
             typer.echo(dump_yaml(cfg), nl=False)
             return
-        from dapo_cli.direct_advantage.plan import make_plan, render
+        from dapo_cli.direct_advantage.workload import estimate_workload, render_workload
 
-        render(make_plan(cfg, config_name=config or "experiments/tiny.yaml (embedded)"), as_json=dry.as_json)
+        render_workload(estimate_workload(cfg, config_name=config or "experiments/tiny.yaml (embedded)"), as_json=dry.as_json)
         return
     used = [DRY_RUN_FLAGS[name] for name in dry.given() if name in ("as_json", "as_yaml")]
     if used:

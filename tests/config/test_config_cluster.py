@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from dapo_cli.ablate.plan import config_hash
+from dapo_cli.ablate.variants import config_hash
 from dapo_cli.config import ConfigError, load_config, to_dict
 from dapo_cli.session import resume_blockers
 

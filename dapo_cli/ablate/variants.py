@@ -264,7 +264,7 @@ def child_run_name(ablation: str, variant: str, seed: int) -> str:
     return "/".join(parts)
 
 
-def make_plan(
+def make_ablation(
     cfg: Config,
     *,
     mode: str,
