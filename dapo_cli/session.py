@@ -31,7 +31,7 @@ from dapo_cli.checkpoint import (
     set_rng_state,
 )
 from dapo_cli.config import Config, dump_yaml, flatten, technique_state, to_dict
-from dapo_cli.config.schema import DataConfig
+from dapo_cli.config.schema import PLANNING_SECTIONS, DataConfig
 from dapo_cli.config.techniques import variant_name
 from dapo_cli.config.validate import check_world_size
 from dapo_cli.data.loader import Prompt, PromptStream, build_prompts, dataset_manifest, dropped_note, keep_fitting, load_rows
@@ -85,6 +85,15 @@ def config_differences(saved: dict[str, Any], current: dict[str, Any], prefix: s
 
 RESUMABLE_CHANGES = {"trainer.total_steps"}
 """Config keys a resumed run may change (extend a finished run)."""
+
+
+def resume_blockers(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """The settings that differ from a run's saved config and forbid resuming it: all but the
+    :data:`RESUMABLE_CHANGES` and the planning-only sections (``cluster``, which older runs lack)."""
+    return [
+        d for d in config_differences(saved, current)
+        if d not in RESUMABLE_CHANGES and d.split(".")[0] not in PLANNING_SECTIONS
+    ]
 
 
 T = TypeVar("T")
@@ -168,7 +177,7 @@ def pick_run(cfg: Config, *, resume: bool) -> RunClaim:
         if skipped:
             claim.notes.append(f"resuming from {latest.name}; passed over {'; '.join(skipped)}")
         saved = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8"))
-        diffs = [d for d in config_differences(saved, to_dict(cfg)) if d not in RESUMABLE_CHANGES]
+        diffs = resume_blockers(saved, to_dict(cfg))
         if diffs:
             raise UserError(f"--resume: the config differs from the run's config.yaml in {', '.join(diffs)}; resume with the same settings")
         claim.resume_from = latest

@@ -5,7 +5,7 @@
     old_log_probs_from_update(cfg)   one optimizer step? then the update's own forward is π_old's
     fill_old_log_probs               else: log π_old (+ entropy, + log π_ref for KL) without grad
     fill_is_weights                  truncated IS weights min(π_old / π_rollout, C) when rollout_is is on
-    update_policy                    plan_minibatches → micro_loss per micro-batch → engine.step per mini-batch
+    update_policy                    schedule_minibatches → micro_loss per micro-batch → engine.step per mini-batch
     rollout_mismatch                 |log π_old − log π_rollout| and the IS correction's effect (metrics)
 
 Every function here is exact under any micro-batch or rank split (``tests/train/``, ``tests/distributed/``).
@@ -125,21 +125,21 @@ class MiniBatch:
     lockstep: int
 
 
-def plan_minibatches(batch: RolloutBatch, cfg: Config, dist: Collective, *, step: int) -> list[MiniBatch]:
+def schedule_minibatches(batch: RolloutBatch, cfg: Config, dist: Collective, *, step: int) -> list[MiniBatch]:
     """``ppo_epochs`` × mini-batches of ``ppo_mini_batch_size`` groups, drawn from all ranks' groups with
-    one permutation per epoch (seeded by the step), so every rank plans the same mini-batches."""
+    one permutation per epoch (seeded by the step), so every rank draws the same mini-batches."""
     trainer = cfg.trainer
     groups = [g for part in dist.all_gather_object(list(dict.fromkeys(batch.group_ids.tolist()))) for g in part]
     gen = torch.Generator().manual_seed(derive_seed(trainer.seed, "minibatch", step))
-    planned: list[tuple[torch.Tensor, list[torch.Tensor]]] = []
+    drawn: list[tuple[torch.Tensor, list[torch.Tensor]]] = []
     for _epoch in range(trainer.ppo_epochs):
         order = [groups[i] for i in torch.randperm(len(groups), generator=gen).tolist()]
         for start in range(0, len(order), trainer.ppo_mini_batch_size):
             chosen = torch.tensor(order[start : start + trainer.ppo_mini_batch_size])
             rows = torch.isin(batch.group_ids, chosen).nonzero().squeeze(1)
-            planned.append((rows, micro_slices(len(rows), trainer.ppo_micro_batch_size)))
-    counts = lockstep_counts(dist, [len(micro) for _, micro in planned])
-    return [MiniBatch(rows, micro, count) for (rows, micro), count in zip(planned, counts)]
+            drawn.append((rows, micro_slices(len(rows), trainer.ppo_micro_batch_size)))
+    counts = lockstep_counts(dist, [len(micro) for _, micro in drawn])
+    return [MiniBatch(rows, micro, count) for (rows, micro), count in zip(drawn, counts)]
 
 
 def update_policy(
@@ -155,21 +155,21 @@ def update_policy(
     *global* token / sequence counts (summed over ranks), so the micro-batch losses of all
     ranks sum to the whole mini-batch's loss and the engine's gradient is its gradient.
     Mini-batches are drawn from all ranks' groups with one shared permutation
-    (:func:`plan_minibatches`); each rank trains the chosen groups it holds. Logged losses are sums of
+    (:func:`schedule_minibatches`); each rank trains the chosen groups it holds. Logged losses are sums of
     micro-batch terms over ranks (= the mini-batch loss), averaged over optimizer steps; fractions are
     token means over every trained token; both are therefore independent of micro-batch size and ranks.
     """
     algo, dist = cfg.algorithm, engine.dist
     norm_length = cfg.rollout.max_response_length
-    plan = plan_minibatches(batch, cfg, dist, step=step)
-    if old_from_update and len(plan) != 1:
-        raise RuntimeError(f"old log-probs from the update need one optimizer step per batch, not {len(plan)}")
+    schedule = schedule_minibatches(batch, cfg, dist, step=step)
+    if old_from_update and len(schedule) != 1:
+        raise RuntimeError(f"old log-probs from the update need one optimizer step per batch, not {len(schedule)}")
     if old_from_update:  # filled micro-batch by micro-batch below (dtype of the engine's log-probs)
         batch.old_log_probs = batch.entropy = None
     sums: dict[str, float] = {}
     grad_norms: list[float] = []  # one per optimizer step taken
     skipped = 0  # mini-batches whose gradient was not finite: no update
-    for mb in plan:
+    for mb in schedule:
         mini = batch.select(mb.rows)
         counts = {**reduce_sums(dist, global_counts(mini.loss_mask, algo.loss_agg_mode)), "norm_length": norm_length}
         for i in range(mb.lockstep):
@@ -189,7 +189,7 @@ def update_policy(
             skipped += 1
     if old_from_update and batch.old_log_probs is None:  # this rank trained no rows
         batch.old_log_probs, batch.entropy = torch.zeros(batch.response_ids.shape), torch.zeros(batch.response_ids.shape)
-    return update_metrics(sums, grad_norms, skipped=skipped, optimizer_steps=len(plan), lr=engine.lr, dist=dist)
+    return update_metrics(sums, grad_norms, skipped=skipped, optimizer_steps=len(schedule), lr=engine.lr, dist=dist)
 
 
 def keep_old_from_update(batch: RolloutBatch, rows: torch.Tensor, micro: RolloutBatch) -> None:

@@ -1,26 +1,26 @@
 """`dapo ablate` / `dapo report`: the DAPO ladder and technique grids as one resumable, reported experiment.
 
-``plan`` decides what runs (variants × seeds, names, the ablation id; pure),
+``variants`` decides what runs (variants × seeds, names, the ablation id; pure: ``make_ablation``),
 ``runner`` runs it as an MLflow parent with nested children: one driver over a launcher
 (``launchers``: in this process, torchrun processes one at a time, or the printed ``dapo train``
 commands; ``pool``: N processes at once; ``slurm``: submitit jobs), each child's command,
 environment and outcome from ``child``. ``store`` reads everything back from MLflow into the
 types of ``results``; ``report`` recomputes the table (``stats``, ``mechanisms``), the curves
 (``plots``) and ``report.md``. Imports run one way, in this order (a test keeps it so):
-plan, results, stats → store, mechanisms, plots → report; plan → child → launchers → pool, slurm
+variants, results, stats → store, mechanisms, plots → report; variants → child → launchers → pool, slurm
 → runner; estimate uses child.
 """
 
 from dapo_cli.ablate.child import child_argv
 from dapo_cli.ablate.estimate import calibrate
-from dapo_cli.ablate.plan import (
+from dapo_cli.ablate.variants import (
     LADDER_LABELS,
     LADDER_NAMES,
     PAPER_AIME24_AVG32,
     AblationPlan,
     Child,
     Variant,
-    make_plan,
+    make_ablation,
 )
 from dapo_cli.ablate.report import build_report, write_report
 from dapo_cli.ablate.results import AblationReport
@@ -39,7 +39,7 @@ __all__ = [
     "build_report",
     "calibrate",
     "child_argv",
-    "make_plan",
+    "make_ablation",
     "print_launch",
     "resolve_parent",
     "run_ablation",

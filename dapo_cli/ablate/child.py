@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dapo_cli.ablate.plan import AblationPlan, Child, child_label
+from dapo_cli.ablate.variants import AblationPlan, Child, child_label
 from dapo_cli.errors import COLLAPSED
 from dapo_cli.tracking.tags import child_env
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dapo_cli.ablate.child import TrainFn, default_train
-from dapo_cli.ablate.plan import AblationPlan
+from dapo_cli.ablate.variants import AblationPlan
 
 LADDER_WARM_START_S = 12 * 60 + 23
 """Measured: building ``experiments/tiny-ladder.yaml``'s warm-start (``dapo init-model``, 600 SFT steps

@@ -40,7 +40,7 @@ from dapo_cli.ablate.child import (
     run_child,
     train_words,
 )
-from dapo_cli.ablate.plan import AblationPlan
+from dapo_cli.ablate.variants import AblationPlan
 from dapo_cli.errors import UserError
 from dapo_cli.progress import format_duration
 from dapo_cli.tracking.tags import PARENT_RUN_ENV

@@ -42,7 +42,7 @@ from dapo_cli.ablate.child import (
     read_summary,
 )
 from dapo_cli.ablate.launchers import AblationClock, Log, Parent, child_done, start_line
-from dapo_cli.ablate.plan import AblationPlan
+from dapo_cli.ablate.variants import AblationPlan
 from dapo_cli.errors import UserError
 from dapo_cli.progress import format_duration
 

@@ -56,7 +56,7 @@ from dapo_cli.ablate.mechanisms import (
     mechanisms_markdown,
     steps_text,
 )
-from dapo_cli.ablate.plan import LADDER_LABELS, LADDER_NAMES, PAPER_AIME24_AVG32, short_variant
+from dapo_cli.ablate.variants import LADDER_LABELS, LADDER_NAMES, PAPER_AIME24_AVG32, short_variant
 from dapo_cli.ablate.plots import plot_curves
 from dapo_cli.ablate.results import SAMPLES_METRIC, AblationReport, ChildResult, EqualSamples, Overall, VariantRow
 from dapo_cli.ablate.stats import Z_95, mean_or_nan, mean_per_problem, seed_interval

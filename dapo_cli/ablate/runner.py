@@ -60,7 +60,7 @@ from dapo_cli.ablate.launchers import (
     PrintCommands,
     no_log,
 )
-from dapo_cli.ablate.plan import AblationPlan, Child, config_hash
+from dapo_cli.ablate.variants import AblationPlan, Child, config_hash
 from dapo_cli.ablate.pool import Pool
 from dapo_cli.ablate.report import build_report, summary_markdown, summary_metrics, write_report
 from dapo_cli.ablate.results import AblationReport

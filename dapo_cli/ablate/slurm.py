@@ -20,7 +20,7 @@ from typing import Any
 
 from dapo_cli.ablate.child import ChildOutcome, child_argv, child_env, child_tags, run_child
 from dapo_cli.ablate.launchers import Parent
-from dapo_cli.ablate.plan import AblationPlan, Child
+from dapo_cli.ablate.variants import AblationPlan, Child
 from dapo_cli.errors import COLLAPSED, UserError
 
 ArgvFn = Callable[[Child, bool], list[str]]

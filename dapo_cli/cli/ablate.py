@@ -28,7 +28,7 @@ EXAMPLES = [
 ]
 
 if TYPE_CHECKING:
-    from dapo_cli.ablate.plan import AblationPlan
+    from dapo_cli.ablate.variants import AblationPlan
 
 
 class Launcher(str, Enum):
@@ -43,7 +43,7 @@ def split_arguments(args: list[str], grid: bool) -> tuple[str | None, str | None
     A word that names an existing file is the config; a comma-separated list of technique
     names is the grid's subset (``--grid clip_higher,dynamic_sampling``).
     """
-    from dapo_cli.ablate.plan import meant_as_techniques, parse_techniques
+    from dapo_cli.ablate.variants import meant_as_techniques, parse_techniques
 
     config: str | None = None
     techniques: str | None = None
@@ -105,7 +105,7 @@ def ablate(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No per-step lines from the children (the overall progress stays).", rich_help_panel=Panel.OUTPUT)] = False,
 ) -> None:
     """Run the DAPO ablation ladder or a technique grid as MLflow parent/child runs, then report."""
-    from dapo_cli.ablate.plan import make_plan, parse_techniques
+    from dapo_cli.ablate.variants import make_ablation, parse_techniques
     from dapo_cli.cli.options import resolve
 
     if ladder == grid:
@@ -117,7 +117,7 @@ def ablate(
 
         config = str(embedded_experiment_path(EMBEDDED_LADDER))
     cfg = resolve(config, [*(sets or []), f"ablate.jobs={jobs}"] if jobs is not None else sets)  # validated: jobs >= 1
-    plan = make_plan(
+    plan = make_ablation(
         cfg,
         mode="ladder" if ladder else "grid",
         techniques=parse_techniques(techniques),

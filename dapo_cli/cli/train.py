@@ -36,7 +36,7 @@ EXAMPLES = [
     ("dapo train --no-dynamic-sampling --set trainer.total_steps=10 --json",
      "Ten steps without dynamic sampling; the run's results as one JSON object on stdout."),
     ("dapo train --resume", "Continue the last run (and its MLflow run) from its newest checkpoint."),
-    ("dapo train experiments/dapo-qwen2.5-32b.yaml --dry-run --world-size 128",
+    ("dapo train experiments/dapo-qwen2.5-32b.yaml --dry-run",
      "The cluster plan of the paper's setup: batch arithmetic and per-GPU memory (no GPU needed)."),
 ]
 
@@ -46,12 +46,6 @@ EXIT_INTERRUPTED = 130
 
 def _plan_option(flag: str, help_text: str, default: str) -> object:
     return typer.Option(flag, help=f"With --dry-run: {help_text}.", show_default=default, rich_help_panel=Panel.CLUSTER)
-
-
-def _plan_defaults() -> tuple[int, float]:
-    from dapo_cli.plan import DEFAULT_GPU_GIB, DEFAULT_GPUS_PER_NODE
-
-    return DEFAULT_GPUS_PER_NODE, DEFAULT_GPU_GIB
 
 
 def train(
@@ -67,9 +61,9 @@ def train(
     verbose: VerboseOption = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the results as one JSON object on stdout (with --dry-run: the plan).", rich_help_panel=Panel.OUTPUT)] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the cluster plan: batch arithmetic, world-size checks, per-GPU memory per phase (loads no weights, needs no GPU).", rich_help_panel=Panel.CLUSTER)] = False,
-    world_size: Annotated[int | None, _plan_option("--world-size", "ranks (GPUs) to plan for", "$WORLD_SIZE, else 1")] = None,
-    gpus_per_node: Annotated[int | None, _plan_option("--gpus-per-node", "GPUs per node", str(_plan_defaults()[0]))] = None,
-    gpu_memory_gib: Annotated[float | None, _plan_option("--gpu-memory-gib", "memory of one GPU in GiB", f"{_plan_defaults()[1]:g}")] = None,
+    world_size: Annotated[int | None, _plan_option("--world-size", "ranks (GPUs) to plan for", "$WORLD_SIZE, else the config's cluster.world_size, else 1")] = None,
+    gpus_per_node: Annotated[int | None, _plan_option("--gpus-per-node", "GPUs per node", "the config's cluster.gpus_per_node")] = None,
+    gpu_memory_gib: Annotated[float | None, _plan_option("--gpu-memory-gib", "memory of one GPU in GiB", "the config's cluster.gpu_memory_gib")] = None,
     as_yaml: Annotated[bool, typer.Option("--yaml", help="With --dry-run: print the resolved config as YAML instead of the plan.", rich_help_panel=Panel.CLUSTER)] = False,
     algo: Annotated[str | None, typer.Option("--algo", help="dapo (decoupled clip, online) or direct-advantage (step-level critic, offline); overrides the config's algo.", show_default="as in the config: dapo", rich_help_panel=Panel.ALGO)] = None,
     iterations: Annotated[int | None, typer.Option("--iterations", help="direct-advantage: iterations (each trained actor is the next reference); sets direct_advantage.iterations.", show_default="as in the config", rich_help_panel=Panel.ALGO)] = None,
@@ -106,13 +100,12 @@ def train(
             typer.echo(dump_yaml(cfg), nl=False)
             return
         from dapo_cli.errors import UserError
-        from dapo_cli.plan import DEFAULT_GPU_GIB, DEFAULT_GPUS_PER_NODE, make_plan
+        from dapo_cli.plan import make_plan
         from dapo_cli.plan.render import render, to_json
 
         plan = make_plan(
             cfg, world_size=dry.world_size, config_name=config or "experiments/tiny.yaml (embedded)",
-            gpu_memory_gib=DEFAULT_GPU_GIB if dry.gpu_memory_gib is None else dry.gpu_memory_gib,
-            gpus_per_node=DEFAULT_GPUS_PER_NODE if dry.gpus_per_node is None else dry.gpus_per_node,
+            gpu_memory_gib=dry.gpu_memory_gib, gpus_per_node=dry.gpus_per_node,
         )
         if dry.as_json:
             typer.echo(to_json(plan))
@@ -274,9 +267,9 @@ def train_direct_advantage(
 
             typer.echo(dump_yaml(cfg), nl=False)
             return
-        from dapo_cli.direct_advantage.plan import make_plan, render
+        from dapo_cli.direct_advantage.workload import estimate_workload, render_workload
 
-        render(make_plan(cfg, config_name=config or "experiments/tiny.yaml (embedded)"), as_json=dry.as_json)
+        render_workload(estimate_workload(cfg, config_name=config or "experiments/tiny.yaml (embedded)"), as_json=dry.as_json)
         return
     used = [DRY_RUN_FLAGS[name] for name in dry.given() if name in ("as_json", "as_yaml")]
     if used:

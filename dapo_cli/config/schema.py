@@ -164,6 +164,15 @@ class EngineConfig:
 
 
 @dataclass
+class ClusterConfig:
+    """The cluster a config is written for: what ``dapo train --dry-run`` plans for unless a flag says otherwise."""
+
+    world_size: int = setting(0, "ranks (GPUs) the config is written for, planned by --dry-run (0: $WORLD_SIZE, else 1; --world-size overrides)")
+    gpus_per_node: int = setting(8, "GPUs per node of that cluster (--gpus-per-node overrides)")
+    gpu_memory_gib: float = setting(80.0, "memory of one of its GPUs in GiB (--gpu-memory-gib overrides)")
+
+
+@dataclass
 class TrackingConfig:
     backend: str = setting("mlflow", "where runs are recorded", choices=("mlflow", "null"))
     tracking_uri: str = setting("", "MLflow store (empty: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)")
@@ -271,9 +280,15 @@ class Config:
     trainer: TrainerConfig = setting(TrainerConfig(), "the RL loop and optimizer")
     validation: ValidationConfig = setting(ValidationConfig(), "held-out avg@k during training")
     engine: EngineConfig = setting(EngineConfig(), "where and how the policy is trained")
+    cluster: ClusterConfig = setting(ClusterConfig(), "the cluster the config is written for (what dapo train --dry-run plans)")
     tracking: TrackingConfig = setting(TrackingConfig(), "experiment tracking")
     eval: EvalConfig = setting(EvalConfig(), "dapo eval defaults (the DAPO paper's AIME protocol)")
     ablate: AblateConfig = setting(AblateConfig(), "dapo ablate defaults")
+
+
+PLANNING_SECTIONS: tuple[str, ...] = ("cluster",)
+"""Sections that change no run's results (only what ``--dry-run`` plans for): left out of ablation ids, free to
+change on ``--resume``, and absent from configs saved before they existed."""
 
 
 class ConfigError(UserError):

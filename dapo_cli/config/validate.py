@@ -102,6 +102,10 @@ def validate(cfg: Config) -> None:
     require(rollout.sleep_level in (0, 1, 2), f"rollout.sleep_level={rollout.sleep_level} must be 0 (awake), 1 or 2")
     require(algo.rollout_is.cap >= 1.0, f"algorithm.rollout_is.cap={algo.rollout_is.cap} must be >= 1 (weights above it are truncated; 2.0 is common)")
     require(bool(data.train_files), "data.train_files is empty; give at least one dataset")
+    cluster = cfg.cluster
+    require(cluster.world_size >= 0, f"cluster.world_size={cluster.world_size} must be >= 0 (0: $WORLD_SIZE, else 1)")
+    require(cluster.gpus_per_node >= 1, f"cluster.gpus_per_node={cluster.gpus_per_node} must be >= 1")
+    require(cluster.gpu_memory_gib > 0, f"cluster.gpu_memory_gib={cluster.gpu_memory_gib} must be > 0")
     for files, size_key, size in (
         ("data.train_files", "data.synthetic_train_size", data.synthetic_train_size),
         ("data.val_files", "data.synthetic_val_size", data.synthetic_val_size),

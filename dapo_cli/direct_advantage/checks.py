@@ -34,7 +34,7 @@ PHASE_KEYS: dict[str, tuple[str, ...]] = {
 
 FREE_KEYS: tuple[str, ...] = (
     "tracking.", "trainer.output_dir", "trainer.run_name", "direct_advantage.iterations", "direct_advantage.expected_steps",
-    "engine.", "rollout.batch_size", "eval.", "ablate.",
+    "engine.", "rollout.batch_size", "eval.", "ablate.", "cluster.",
 )
 """Settings that change no stored result (where it is recorded, how fast, how many iterations)."""
 

@@ -22,10 +22,6 @@ from dapo_cli.plan.batch import BatchPlan, Check, batch_plan, world_checks
 from dapo_cli.plan.memory import MemoryPlan, memory_plan
 from dapo_cli.plan.shape import KNOWN_MODELS, ModelShape, find_shape, parameter_count
 
-DEFAULT_GPU_GIB = 80.0
-DEFAULT_GPUS_PER_NODE = 8
-
-
 @dataclass
 class Plan:
     config: str
@@ -60,36 +56,43 @@ class Plan:
         }
 
 
-def default_world_size() -> tuple[int, str]:
-    """``$WORLD_SIZE`` (set by torchrun and the deepspeed launcher), else 1."""
+def default_world_size(cluster_world_size: int = 0) -> tuple[int, str]:
+    """``$WORLD_SIZE`` (set by torchrun and the deepspeed launcher), else the config's ``cluster.world_size``
+    (the cluster a preset is written for), else 1; with where it came from."""
     raw = os.environ.get("WORLD_SIZE", "").strip()
-    if not raw:
-        return 1, "the default: WORLD_SIZE is unset"
-    try:
-        value = int(raw)
-    except ValueError:
-        raise UserError(f"WORLD_SIZE={raw!r} is not an integer; unset it or pass --world-size N") from None
-    return value, "$WORLD_SIZE"
+    if raw:
+        try:
+            return int(raw), "$WORLD_SIZE"
+        except ValueError:
+            raise UserError(f"WORLD_SIZE={raw!r} is not an integer; unset it or pass --world-size N") from None
+    if cluster_world_size > 0:
+        return cluster_world_size, "cluster.world_size in the config"
+    return 1, "the default: WORLD_SIZE is unset"
 
 
 def make_plan(
     cfg: Config,
     *,
     world_size: int | None = None,
-    gpu_memory_gib: float = DEFAULT_GPU_GIB,
-    gpus_per_node: int = DEFAULT_GPUS_PER_NODE,
+    gpu_memory_gib: float | None = None,
+    gpus_per_node: int | None = None,
     config_name: str = "",
 ) -> Plan:
-    """The whole plan for ``cfg`` (``world_size`` None: $WORLD_SIZE or 1)."""
+    """The whole plan for ``cfg`` on the cluster given (--world-size, --gpus-per-node, --gpu-memory-gib); None:
+    the config's ``cluster`` section (world size: $WORLD_SIZE first, then ``cluster.world_size``, else 1)."""
     if world_size is None:
-        world_size, source = default_world_size()
+        world_size, source = default_world_size(cfg.cluster.world_size)
     else:
         source = "--world-size"
     if world_size < 1:
         raise UserError(f"world size {world_size} must be >= 1 (--world-size N)")
-    if gpus_per_node < 1:
+    if gpus_per_node is None:
+        gpus_per_node = cfg.cluster.gpus_per_node
+    elif gpus_per_node < 1:
         raise UserError(f"--gpus-per-node {gpus_per_node} must be >= 1")
-    if gpu_memory_gib <= 0:
+    if gpu_memory_gib is None:
+        gpu_memory_gib = cfg.cluster.gpu_memory_gib
+    elif gpu_memory_gib <= 0:
         raise UserError(f"--gpu-memory-gib {gpu_memory_gib} must be > 0")
     shape = find_shape(cfg.model.path, cfg.model.tiny)
     checks = world_checks(

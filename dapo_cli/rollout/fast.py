@@ -46,9 +46,9 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from dapo_cli.models.native import NativeLlama
-from dapo_cli.models.context import check_fits, check_prompts_fit
-from dapo_cli.rollout.base import Rollouts, SamplingParams, WeightSource
-from dapo_cli.rollout.hf import check_engine_arguments, copy_exported_weights, eos_token_ids
+from dapo_cli.models.context import check_fits
+from dapo_cli.rollout.base import Rollouts, SamplingParams
+from dapo_cli.rollout.hf import LocalRolloutEngine, eos_token_ids
 
 _MASK64 = (1 << 64) - 1
 _GAMMA = 0x9E3779B97F4A7C15
@@ -251,7 +251,7 @@ class _GenericDecoder:
         self.cache = self.mask = None
 
 
-class FastRolloutEngine:
+class FastRolloutEngine(LocalRolloutEngine):
     """:class:`~dapo_cli.rollout.base.RolloutEngine` with its own decode loop (see the module doc).
 
     ``batch_size`` caps the rows decoded together (``None``: all at once; it only bounds memory:
@@ -276,38 +276,9 @@ class FastRolloutEngine:
         compact_at: float = 0.25,
         native: bool = True,
     ) -> None:
-        check_engine_arguments(tokenizer, batch_size)
-        self.model = model
-        self.tokenizer = tokenizer
-        self.batch_size = batch_size
-        self.shares_weights = shares_weights
+        super().__init__(model, tokenizer, batch_size=batch_size, shares_weights=shares_weights)
         self.compact_at = compact_at
         self.native = native
-
-    # ------------------------------------------------------------ protocol
-
-    @torch.no_grad()
-    def sync_weights(self, source: WeightSource) -> None:
-        """Copy ``source.export_weights()`` into the private model (no-op when it shares the trainer's)."""
-        if self.shares_weights:
-            return
-        copy_exported_weights(self.model, source)
-
-    lockstep = False
-    """Each rank's engine is its own: rank 0 alone may generate (validation)."""
-
-    def check_prompts(self, prompts: Sequence[str], max_tokens: int) -> None:
-        """The longest prompt plus ``max_tokens`` within the model's context (:func:`check_prompts_fit`)."""
-        check_prompts_fit(self.tokenizer, self.model, prompts, max_tokens)
-
-    def sleep(self) -> None:
-        """No-op: the weights are the trainer's (or a CPU-side copy) and no cache outlives ``generate``."""
-
-    def wake_up(self) -> None:
-        """No-op (see :meth:`sleep`)."""
-
-    def close(self) -> None:
-        """No-op: nothing outlives the Python objects."""
 
     def generate(self, prompts: Sequence[str], n: int, params: SamplingParams) -> Rollouts:
         """Sample ``n`` responses per already-templated prompt; see :class:`Rollouts` for shapes."""

@@ -116,6 +116,45 @@ def copy_exported_weights(model: torch.nn.Module, source: WeightSource) -> None:
         raise KeyError(f"the trainer exported no value for {sorted(missing)[:3]} ...")
 
 
+class LocalRolloutEngine:
+    """What the in-process engines (:class:`HFRolloutEngine`, ``fast.FastRolloutEngine``) share: a model and its
+    tokenizer in this process, ``batch_size`` capping the sequences generated together (``None``: all at once;
+    it only bounds memory), and ``shares_weights``: ``model`` is the trainer's own module (sync is a no-op);
+    False: a private copy refreshed by :meth:`sync_weights`. Subclasses add ``generate`` and ``seeds_per_prompt``."""
+
+    lockstep = False
+    """Each rank's engine is its own: rank 0 alone may generate (validation)."""
+
+    def __init__(
+        self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, batch_size: int | None = None, shares_weights: bool = True,
+    ) -> None:
+        check_engine_arguments(tokenizer, batch_size)
+        self.model = model
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size
+        self.shares_weights = shares_weights
+
+    @torch.no_grad()
+    def sync_weights(self, source: WeightSource) -> None:
+        """Copy ``source.export_weights()`` into the private model (no-op when it shares the trainer's)."""
+        if self.shares_weights:
+            return
+        copy_exported_weights(self.model, source)
+
+    def check_prompts(self, prompts: Sequence[str], max_tokens: int) -> None:
+        """The longest prompt plus ``max_tokens`` within the model's context (:func:`check_prompts_fit`)."""
+        check_prompts_fit(self.tokenizer, self.model, prompts, max_tokens)
+
+    def sleep(self) -> None:
+        """No-op: the weights are the trainer's (or a CPU-side copy) and no cache outlives ``generate``."""
+
+    def wake_up(self) -> None:
+        """No-op (see :meth:`sleep`)."""
+
+    def close(self) -> None:
+        """No-op: nothing outlives the Python objects."""
+
+
 class SampledTokenLogProbs(LogitsProcessor):
     """Records log softmax(z / T) of every sampled token during ``generate``, one step behind.
 
@@ -146,7 +185,7 @@ class SampledTokenLogProbs(LogitsProcessor):
         return torch.stack(self.values, dim=1).cpu()
 
 
-class HFRolloutEngine:
+class HFRolloutEngine(LocalRolloutEngine):
     """:class:`~dapo_cli.rollout.base.RolloutEngine` on a transformers causal LM.
 
     ``batch_size`` caps the sequences per ``generate`` call (``None``: all at once);
@@ -154,30 +193,8 @@ class HFRolloutEngine:
     ``model`` is the trainer's own module (sync is a no-op); False: a private copy.
     """
 
-    def __init__(
-        self,
-        model: PreTrainedModel,
-        tokenizer: PreTrainedTokenizerBase,
-        *,
-        batch_size: int | None = None,
-        shares_weights: bool = True,
-    ) -> None:
-        check_engine_arguments(tokenizer, batch_size)
-        self.model = model
-        self.tokenizer = tokenizer
-        self.batch_size = batch_size
-        self.shares_weights = shares_weights
-
-    @torch.no_grad()
-    def sync_weights(self, source: WeightSource) -> None:
-        """Copy ``source.export_weights()`` into the private model (no-op when it shares the trainer's)."""
-        if self.shares_weights:
-            return
-        copy_exported_weights(self.model, source)
-
-    def check_prompts(self, prompts: Sequence[str], max_tokens: int) -> None:
-        """The longest prompt plus ``max_tokens`` within the model's context (:func:`check_prompts_fit`)."""
-        check_prompts_fit(self.tokenizer, self.model, prompts, max_tokens)
+    seeds_per_prompt = False
+    """One seed drives the whole call (transformers samples from one global stream), so ranks need seeds of their own."""
 
     def generate(self, prompts: Sequence[str], n: int, params: SamplingParams) -> Rollouts:
         """Sample ``n`` responses per already-templated prompt; see :class:`Rollouts` for shapes.
@@ -235,21 +252,6 @@ class HFRolloutEngine:
             prompt_index=torch.arange(len(prompts)).repeat_interleave(n),
             logprobs=logprobs,
         )
-
-    lockstep = False
-    """Each rank's engine is its own: rank 0 alone may generate (validation)."""
-
-    seeds_per_prompt = False
-    """One seed drives the whole call (transformers samples from one global stream), so ranks need seeds of their own."""
-
-    def sleep(self) -> None:
-        """No-op: the weights are the trainer's and no cache outlives ``generate``."""
-
-    def wake_up(self) -> None:
-        """No-op (see :meth:`sleep`)."""
-
-    def close(self) -> None:
-        """No-op: nothing outlives the Python objects."""
 
     def _rng_devices(self) -> list[int]:
         """CUDA devices whose RNG ``fork_rng`` must save and restore (none on CPU)."""

@@ -14,7 +14,7 @@ from ablate_fakes import FakeTrain  # noqa: E402
 
 from dapo_cli.ablate.child import ChildOutcome  # noqa: E402
 from dapo_cli.ablate.launchers import InProcess, Launcher, Parent  # noqa: E402
-from dapo_cli.ablate.plan import make_plan  # noqa: E402
+from dapo_cli.ablate.variants import make_ablation  # noqa: E402
 from dapo_cli.ablate.runner import drive, run_ablation  # noqa: E402
 from dapo_cli.config.load import build_config  # noqa: E402
 
@@ -27,7 +27,7 @@ def no_plots(monkeypatch: pytest.MonkeyPatch) -> None:
 def plan_for(tmp: Path):
     cfg = build_config(None, [f"tracking.tracking_uri=sqlite:///{tmp / 'mlflow.db'}", "tracking.experiment=abl",
                               f"trainer.output_dir={tmp / 'runs'}", "trainer.total_steps=3", "validation.k=4"])
-    return make_plan(cfg, mode="ladder", only=["grpo", "dapo"], seeds=2)
+    return make_ablation(cfg, mode="ladder", only=["grpo", "dapo"], seeds=2)
 
 
 class Recording:

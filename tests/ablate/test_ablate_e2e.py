@@ -15,7 +15,7 @@ from mlflow import MlflowClient
 from typer.testing import CliRunner
 
 import dapo_cli.train
-from dapo_cli.ablate.plan import make_plan
+from dapo_cli.ablate.variants import make_ablation
 from dapo_cli.cli import app
 from dapo_cli.config import TECHNIQUES, load_config, technique_state
 from dapo_cli.config.techniques import variant_name
@@ -51,7 +51,7 @@ def restore_threads():
 def test_ladder_killed_mid_way_then_rerun_trains_only_what_was_missing(tmp_path, tiny_model_dir, monkeypatch, restore_threads):
     monkeypatch.chdir(tmp_path)
     config = write_config(tmp_path, tiny_model_dir)
-    plan = make_plan(load_config(config), mode="ladder")
+    plan = make_ablation(load_config(config), mode="ladder")
     names = [v.name for v in plan.variants]
     rung2 = tmp_path / "runs" / "e2e-ablate" / plan.name / f"{names[2]}-s0" / "checkpoints" / "latest"
 
@@ -129,7 +129,7 @@ def test_two_children_at_once_as_processes_share_one_sqlite_store(tmp_path, tiny
     monkeypatch.chdir(tmp_path)
     config = write_config(tmp_path, tiny_model_dir)
     only = ["grpo", "grpo+overlong_filtering"]
-    plan = make_plan(load_config(config), mode="ladder", only=only)
+    plan = make_ablation(load_config(config), mode="ladder", only=only)
     args = ["ablate", str(config), "--ladder", "--only", only[0], "--only", only[1], "--jobs", "2"]
     result = CliRunner().invoke(app, args, env={"COLUMNS": "250"})
     assert result.exit_code == 0, result.output

@@ -83,12 +83,12 @@ def test_imported_modules_counts_function_local_imports_and_skips_type_checking(
     path = tmp_path / "m.py"
     path.write_text(
         "from typing import TYPE_CHECKING\n"
-        "from dapo_cli.ablate import plan\n"
+        "from dapo_cli.ablate import variants\n"
         "if TYPE_CHECKING:\n    from dapo_cli.ablate.report import AblationReport\n"
         "def f():\n    from .store import child_runs\n"
     )
     found = imported_modules(path, "dapo_cli.ablate")
-    assert {"dapo_cli.ablate.plan", "dapo_cli.ablate.store"} <= found
+    assert {"dapo_cli.ablate.variants", "dapo_cli.ablate.store"} <= found
     assert not any(m.startswith("dapo_cli.ablate.report") for m in found)
 
 
@@ -100,11 +100,11 @@ def test_no_import_cycle_inside_the_ablate_package() -> None:
 
 def test_the_layers_of_the_ablate_package() -> None:
     """The result types and the statistics import no other ablate module; the MLflow reads only the types;
-    the child's command and environment only the plan; nothing below the driver imports it."""
+    the child's command and environment only the variants; nothing below the driver imports it."""
     graph = ablate_graph()
-    assert graph["results"] == set() and graph["stats"] == set() and graph["plan"] == set()
+    assert graph["results"] == set() and graph["stats"] == set() and graph["variants"] == set()
     assert graph["store"] == {"results"}
-    assert graph["child"] == {"plan"}
+    assert graph["child"] == {"variants"}
     assert not any("runner" in deps for deps in graph.values())
 
 

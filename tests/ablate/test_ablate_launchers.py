@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from ablate_fakes import Died, FakeTrain  # noqa: E402
 
 from dapo_cli.ablate import slurm as jobs  # noqa: E402
-from dapo_cli.ablate.plan import make_plan  # noqa: E402
+from dapo_cli.ablate.variants import make_ablation  # noqa: E402
 from dapo_cli.ablate.child import child_argv, child_tags, run_child, train_words  # noqa: E402
 from dapo_cli.ablate.runner import run_ablation, slurm_launch  # noqa: E402
 from dapo_cli.config import TECHNIQUES  # noqa: E402
@@ -41,7 +41,7 @@ def sets_for(tmp: Path, *extra: str) -> list[str]:
 
 
 def plan_for(tmp: Path, *extra: str, seeds: int = 1):
-    return make_plan(build_config(None, sets_for(tmp, *extra)), mode="ladder", only=["grpo", "dapo"], seeds=seeds)
+    return make_ablation(build_config(None, sets_for(tmp, *extra)), mode="ladder", only=["grpo", "dapo"], seeds=seeds)
 
 
 def children_of(tmp: Path, parent_id: str):
@@ -209,7 +209,7 @@ def test_slurm_launcher_on_the_local_executor_waits_for_every_job_then_reports(
     markers = tmp_path / "markers"
     markers.mkdir()
     sets = sets_for(tmp_path, "ablate.nproc=2", "ablate.slurm.cluster=local", f"ablate.slurm.folder={tmp_path / 'slurm'}")
-    plan = make_plan(build_config(None, sets), mode="ladder", only=["grpo", "dapo"], seeds=2)
+    plan = make_ablation(build_config(None, sets), mode="ladder", only=["grpo", "dapo"], seeds=2)
     # in-process first (nproc 1, the same ablation): grpo-s0 finishes, dapo-s0 dies after its checkpoint
     with pytest.raises(Died):
         run_ablation(plan_for(tmp_path, seeds=2), command="x", config_path=None,

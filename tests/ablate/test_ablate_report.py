@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from ablate_fakes import FakeTrain  # noqa: E402
 
-from dapo_cli.ablate.plan import LADDER_NAMES, make_plan  # noqa: E402
+from dapo_cli.ablate.variants import LADDER_NAMES, make_ablation  # noqa: E402
 from dapo_cli.ablate.plots import cumulative, mean_curve  # noqa: E402
 from dapo_cli.ablate.report import build_report, summary_metrics, table_rows, write_report  # noqa: E402
 from dapo_cli.ablate.results import CURVE_METRICS  # noqa: E402
@@ -39,7 +39,7 @@ def record_ladder(tmp: Path, experiment: str, steps: int, only: list[str], seeds
     """Record a ladder of the ``only`` rungs × ``seeds`` with the fake trainer in ``tmp``; returns (client, plan, outcome)."""
     cfg = build_config(None, [f"tracking.tracking_uri=sqlite:///{tmp / 'mlflow.db'}", f"tracking.experiment={experiment}",
                               f"trainer.output_dir={tmp / 'runs'}", f"trainer.total_steps={steps}", "validation.k=4"])
-    plan = make_plan(cfg, mode="ladder", only=only, seeds=seeds)
+    plan = make_ablation(cfg, mode="ladder", only=only, seeds=seeds)
     outcome = run_ablation(plan, command="dapo ablate --ladder", config_path=None, train=fake, html=html)
     return MlflowClient(f"sqlite:///{tmp / 'mlflow.db'}"), plan, outcome
 
@@ -313,7 +313,7 @@ def test_curves_by_samples_start_at_the_base_validation() -> None:
 
 
 def test_a_ladder_reports_its_last_rung_against_its_first(tmp_path: Path) -> None:
-    from dapo_cli.ablate.plan import LADDER_NAMES
+    from dapo_cli.ablate.variants import LADDER_NAMES
     from dapo_cli.ablate.report import overall_text, summary_markdown
 
     first, middle, last = LADDER_NAMES[0], LADDER_NAMES[4], LADDER_NAMES[5]

@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from ablate_fakes import Died, FakeTrain  # noqa: E402
 
-from dapo_cli.ablate.plan import make_plan  # noqa: E402
+from dapo_cli.ablate.variants import make_ablation  # noqa: E402
 from dapo_cli.ablate.estimate import calibrate  # noqa: E402
 from dapo_cli.ablate.launchers import AblationClock  # noqa: E402
 from dapo_cli.ablate.runner import PriorRun, decide, print_launch, run_ablation  # noqa: E402
@@ -78,7 +78,7 @@ def test_the_eta_divides_the_remaining_children_among_the_jobs_running_at_once()
 
 
 def test_ladder_records_one_parent_and_six_tagged_children(tmp_path: Path) -> None:
-    plan = make_plan(config(tmp_path), mode="ladder")
+    plan = make_ablation(config(tmp_path), mode="ladder")
     fake = FakeTrain()
     outcome = run_ablation(plan, command="dapo ablate --ladder", config_path=None, train=fake)
     assert [c[:2] for c in fake.calls] == [(n, 0) for n in LADDER] and not any(c[2] for c in fake.calls)
@@ -112,7 +112,7 @@ def test_ladder_records_one_parent_and_six_tagged_children(tmp_path: Path) -> No
 
 
 def test_reruns_skip_finished_resume_checkpointed_and_supersede_dead_children(tmp_path: Path) -> None:
-    plan = make_plan(config(tmp_path), mode="ladder")
+    plan = make_ablation(config(tmp_path), mode="ladder")
     run = lambda fake: run_ablation(plan, command="dapo ablate --ladder", config_path=None, train=fake)  # noqa: E731
     # 1. rung 2 dies after its first checkpoint
     first = FakeTrain(crash_after_checkpoint={(LADDER[2], 0)})
@@ -153,7 +153,7 @@ def test_reruns_skip_finished_resume_checkpointed_and_supersede_dead_children(tm
 
 
 def test_print_launcher_attaches_commands_to_the_same_parent(tmp_path: Path) -> None:
-    plan = make_plan(config(tmp_path), mode="ladder", only=["grpo", "dapo"], seeds=2)
+    plan = make_ablation(config(tmp_path), mode="ladder", only=["grpo", "dapo"], seeds=2)
     printed = print_launch(plan, command="dapo ablate --ladder --launcher print", config_path="exp.yaml", sets=["a.b=1"])
     pid = printed.parent_run_id
     assert len(printed.commands) == 4
@@ -177,7 +177,7 @@ def test_print_launcher_attaches_commands_to_the_same_parent(tmp_path: Path) -> 
 
 
 def test_calibration_times_one_untracked_step_without_validation(tmp_path: Path) -> None:
-    plan = make_plan(config(tmp_path), mode="ladder", seeds=2)
+    plan = make_ablation(config(tmp_path), mode="ladder", seeds=2)
     seen = []
 
     def fake(cfg, **kwargs):
@@ -197,7 +197,7 @@ def test_calibration_times_one_untracked_step_without_validation(tmp_path: Path)
 
 def test_a_null_tracking_backend_is_a_user_error(tmp_path: Path) -> None:
     cfg = config(tmp_path)
-    plan = make_plan(dataclasses.replace(cfg, tracking=dataclasses.replace(cfg.tracking, backend="null")), mode="ladder")
+    plan = make_ablation(dataclasses.replace(cfg, tracking=dataclasses.replace(cfg.tracking, backend="null")), mode="ladder")
     with pytest.raises(UserError, match="set tracking.backend=mlflow"):
         run_ablation(plan, command="x", config_path=None, train=FakeTrain())
 
@@ -214,10 +214,10 @@ def test_the_dry_run_estimate_counts_waves_of_parallel_children() -> None:
 
 def test_more_seeds_later_extend_the_same_parent(tmp_path: Path) -> None:
     cfg = config(tmp_path)
-    one = make_plan(cfg, mode="ladder", only=LADDER[:2], seeds=1)
+    one = make_ablation(cfg, mode="ladder", only=LADDER[:2], seeds=1)
     first = FakeTrain()
     run_ablation(one, command="dapo ablate --ladder", config_path=None, train=first)
-    three = make_plan(cfg, mode="ladder", only=LADDER[:2], seeds=3)
+    three = make_ablation(cfg, mode="ladder", only=LADDER[:2], seeds=3)
     assert three.name == one.name  # the same ablation (and run dirs): only the seeds differ
     again = FakeTrain()
     outcome = run_ablation(three, command="dapo ablate --ladder --seeds 3", config_path=None, train=again)

@@ -159,12 +159,12 @@ def test_print_launcher_emits_one_train_command_per_child(in_tmp: Path) -> None:
 
 
 def test_report_command_reads_the_ablation_back(in_tmp: Path) -> None:
-    from dapo_cli.ablate.plan import make_plan
+    from dapo_cli.ablate.variants import make_ablation
     from dapo_cli.ablate.runner import run_ablation
     from dapo_cli.config import load_config
 
     config = write_config(in_tmp)
-    plan = make_plan(load_config(config), mode="grid", techniques=("clip_higher",))
+    plan = make_ablation(load_config(config), mode="grid", techniques=("clip_higher",))
     fake = FakeTrain({("grpo+overlong_filtering+overlong_shaping+token_level_loss+dynamic_sampling", 0): [4, 4, 0],
                       ("dapo", 0): [4, 4, 4]})
     outcome = run_ablation(plan, command="dapo ablate --grid clip_higher", config_path=str(config), train=fake)

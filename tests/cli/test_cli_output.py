@@ -255,14 +255,14 @@ def test_ablate_logs_overall_progress_with_eta(tmp_path: Path, monkeypatch: pyte
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ablate"))
     from ablate_fakes import FakeTrain
 
-    from dapo_cli.ablate.plan import make_plan
+    from dapo_cli.ablate.variants import make_ablation
     from dapo_cli.ablate.runner import run_ablation
     from dapo_cli.config.load import build_config
 
     monkeypatch.setattr("dapo_cli.ablate.report.plot_curves", lambda report, out_dir: {"step": [], "samples": []})
     cfg = build_config(None, [f"tracking.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}", "tracking.experiment=abl",
                               f"trainer.output_dir={tmp_path / 'runs'}", "trainer.total_steps=2", "validation.k=4"])
-    plan = make_plan(cfg, mode="ladder", only=["grpo", "dapo"])
+    plan = make_ablation(cfg, mode="ladder", only=["grpo", "dapo"])
     lines: list[str] = []
     run_ablation(plan, command="x", config_path=None, train=FakeTrain(), log=lines.append)
     assert lines[0].endswith("; ablation: 0/2 children done, 0:00 elapsed, ETA ?")

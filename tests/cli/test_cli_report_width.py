@@ -11,7 +11,7 @@ import pytest
 from rich.console import Console
 
 from dapo_cli.ablate.mechanisms import mechanism_table_rows
-from dapo_cli.ablate.plan import LADDER_LABELS, LADDER_NAMES
+from dapo_cli.ablate.variants import LADDER_LABELS, LADDER_NAMES
 from dapo_cli.ablate.report import table_rows
 from dapo_cli.ablate.results import AblationReport, EqualSamples, MechanismRow, VariantRow
 from dapo_cli.cli.report import (

@@ -9,7 +9,7 @@ from pathlib import Path
 from mlflow import MlflowClient
 from typer.testing import CliRunner
 
-from dapo_cli.ablate.plan import make_plan
+from dapo_cli.ablate.variants import make_ablation
 from dapo_cli.cli import app
 from dapo_cli.config import load_config
 
@@ -25,7 +25,7 @@ def test_ladder_children_run_as_two_process_torchrun_jobs(tmp_path, tiny_model_d
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     config = write_config(tmp_path, tiny_model_dir)  # 2 prompts per step: one per rank
     sets = ["--set", "ablate.nproc=2", "--set", "trainer.ppo_mini_batch_size=2"]
-    plan = make_plan(load_config(config, ["ablate.nproc=2", "trainer.ppo_mini_batch_size=2"]), mode="ladder")
+    plan = make_ablation(load_config(config, ["ablate.nproc=2", "trainer.ppo_mini_batch_size=2"]), mode="ladder")
     first, last = plan.variants[0].name, plan.variants[-1].name
     result = CliRunner().invoke(app, ["ablate", str(config), "--ladder", "--only", first, "--only", last, "--quiet", *sets])
     assert result.exit_code == 0, result.output

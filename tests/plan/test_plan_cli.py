@@ -114,13 +114,33 @@ def test_32b_fits_with_micro_batch_one(tmp_path: Path) -> None:
     assert data["memory"]["vllm"]["tokens_fit"] == 405_391
 
 
-@pytest.mark.skipif(not PAPER_32B.is_file(), reason="experiments/dapo-qwen2.5-32b.yaml is not written yet")
-def test_the_paper_32b_experiment_plans() -> None:
-    result = invoke(str(PAPER_32B), "--dry-run", "--json", "--world-size", "128")  # the file's 16 nodes × 8
+def test_the_paper_32b_experiment_plans_for_the_cluster_it_is_written_for() -> None:
+    # no --world-size and no $WORLD_SIZE: the file's cluster section (16 nodes × 8 GPUs of 80 GB)
+    result = invoke(str(PAPER_32B), "--dry-run", "--json")
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
     assert data["model"]["parameters"] == 32_763_876_352 and data["runnable"] is True
-    assert data["world"]["nodes"] == 16
+    assert data["world"] == {"world_size": 128, "source": "cluster.world_size in the config", "gpus_per_node": 8, "nodes": 16}
+    printed = invoke(str(PAPER_32B), "--dry-run")
+    assert printed.exit_code == 0, printed.output
+    assert "world size 128 = 16 nodes × 8 GPUs (from cluster.world_size in the config)" in printed.output
+
+
+def test_flags_and_the_environment_override_the_configs_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
+    data = json.loads(invoke(str(PAPER_32B), "--dry-run", "--json", "--world-size", "256", "--gpus-per-node", "16").output)
+    assert data["world"] == {"world_size": 256, "source": "--world-size", "gpus_per_node": 16, "nodes": 16}
+    monkeypatch.setenv("WORLD_SIZE", "64")  # a launcher's world is the one about to run
+    data = json.loads(invoke(str(PAPER_32B), "--dry-run", "--json").output)
+    assert data["world"]["world_size"] == 64 and data["world"]["source"] == "$WORLD_SIZE"
+
+
+@pytest.mark.parametrize(("preset", "world", "per_node"), [("dapo-qwen2.5-7b.yaml", 8, 8), ("dapo-qwen2.5-1.5b.yaml", 1, 1)])
+def test_every_paper_preset_plans_as_it_is(preset: str, world: int, per_node: int) -> None:
+    result = invoke(str(PAPER_32B.parent / preset), "--dry-run", "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data["world"]["world_size"] == world and data["world"]["gpus_per_node"] == per_node
+    assert data["runnable"] is True
 
 
 def test_model_from_the_hugging_face_cache(in_tmp: Path) -> None:

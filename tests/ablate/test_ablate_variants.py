@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from dapo_cli.ablate.plan import (
+from dapo_cli.ablate.variants import (
     LADDER_LABELS,
     PAPER_AIME24_AVG32,
     ablation_id,
     child_run_name,
-    make_plan,
+    make_ablation,
     parse_techniques,
     safe_component,
 )
@@ -32,7 +32,7 @@ def cfg():
 
 
 def test_ladder_is_table_1_in_order_with_cumulative_toggles(cfg) -> None:
-    plan = make_plan(cfg, mode="ladder")
+    plan = make_ablation(cfg, mode="ladder")
     assert [v.label for v in plan.variants] == [
         "Naive GRPO", "+ Overlong Filtering", "+ Clip-Higher", "+ Soft Overlong Punishment", "+ Token-level Loss",
         "+ Dynamic Sampling (DAPO)",
@@ -64,7 +64,7 @@ def test_paper_constants_line_up() -> None:
 
 
 def test_full_grid_has_32_distinct_variants_fewest_first(cfg) -> None:
-    plan = make_plan(cfg, mode="grid")
+    plan = make_ablation(cfg, mode="grid")
     assert len(plan.variants) == 32
     assert len({v.name for v in plan.variants}) == 32
     assert plan.variants[0].name == "grpo" and plan.variants[-1].name == "dapo"
@@ -78,7 +78,7 @@ def test_full_grid_has_32_distinct_variants_fewest_first(cfg) -> None:
 
 def test_grid_subset_leaves_other_techniques_as_configured(cfg) -> None:
     off = build_config(None, ["algorithm.overlong_filter=false"])
-    plan = make_plan(off, mode="grid", techniques=parse_techniques("dynamic_sampling,clip_higher"))
+    plan = make_ablation(off, mode="grid", techniques=parse_techniques("dynamic_sampling,clip_higher"))
     assert plan.techniques == ("clip_higher", "dynamic_sampling")  # paper order whatever the typed order
     names = [v.name for v in plan.variants]
     assert names == [
@@ -99,47 +99,47 @@ def test_parse_techniques_accepts_dashes_and_all_and_rejects_unknown() -> None:
     with pytest.raises(UserError, match="unknown technique.*clip_hi.*valid: overlong_filtering"):
         parse_techniques("clip_hi")
     with pytest.raises(UserError, match="use --grid for a subset"):
-        make_plan(load_config(), mode="ladder", techniques=("clip_higher",))
+        make_ablation(load_config(), mode="ladder", techniques=("clip_higher",))
 
 
 def test_only_and_skip_filter_by_name_and_unknown_names_list_the_valid_ones(cfg) -> None:
-    plan = make_plan(cfg, mode="ladder", only=["dapo", "grpo"])
+    plan = make_ablation(cfg, mode="ladder", only=["dapo", "grpo"])
     assert [v.name for v in plan.variants] == ["grpo", "dapo"]  # plan order, not the order typed
-    plan = make_plan(cfg, mode="ladder", skip=["dapo"])
+    plan = make_ablation(cfg, mode="ladder", skip=["dapo"])
     assert len(plan.variants) == 5 and plan.variants[-1].paper == 42
     with pytest.raises(UserError, match="unknown variant.*grp0.*this plan has: grpo, grpo\\+overlong_filtering"):
-        make_plan(cfg, mode="ladder", only=["grp0"])
+        make_ablation(cfg, mode="ladder", only=["grp0"])
     with pytest.raises(UserError, match="left no variant"):
-        make_plan(cfg, mode="ladder", only=["grpo"], skip=["grpo"])
+        make_ablation(cfg, mode="ladder", only=["grpo"], skip=["grpo"])
     with pytest.raises(UserError, match="unknown ablation mode 'steps'; valid: ladder, grid"):
-        make_plan(cfg, mode="steps")
+        make_ablation(cfg, mode="steps")
 
 
 def test_seeds_count_up_from_trainer_seed_seed_major(cfg) -> None:
     base = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, seed=7))
-    plan = make_plan(base, mode="ladder", only=["grpo", "dapo"], seeds=3)
+    plan = make_ablation(base, mode="ladder", only=["grpo", "dapo"], seeds=3)
     assert plan.seeds == (7, 8, 9)
     assert [(c.variant.name, c.seed) for c in plan.children()] == [
         ("grpo", 7), ("dapo", 7), ("grpo", 8), ("dapo", 8), ("grpo", 9), ("dapo", 9),
     ]
     assert plan.child_config(plan.children()[3]).trainer.seed == 8
     with pytest.raises(UserError, match="--seeds must be >= 1"):
-        make_plan(cfg, mode="ladder", seeds=0)
+        make_ablation(cfg, mode="ladder", seeds=0)
 
 
 def test_ablation_id_is_stable_and_changes_with_config_mode_and_variants_not_seeds(cfg) -> None:
-    a = make_plan(cfg, mode="ladder")
-    assert make_plan(load_config(), mode="ladder").ablation_id == a.ablation_id  # a fresh load: same id
+    a = make_ablation(cfg, mode="ladder")
+    assert make_ablation(load_config(), mode="ladder").ablation_id == a.ablation_id  # a fresh load: same id
     steps = build_config(None, ["trainer.total_steps=5"])
     others = [
-        make_plan(steps, mode="ladder"),
-        make_plan(cfg, mode="grid"),
-        make_plan(cfg, mode="ladder", skip=["dapo"]),
-        make_plan(build_config(None, ["trainer.seed=7"]), mode="ladder"),  # another base seed: other children
+        make_ablation(steps, mode="ladder"),
+        make_ablation(cfg, mode="grid"),
+        make_ablation(cfg, mode="ladder", skip=["dapo"]),
+        make_ablation(build_config(None, ["trainer.seed=7"]), mode="ladder"),  # another base seed: other children
     ]
     assert len({a.ablation_id, *(p.ablation_id for p in others)}) == 5
     # more seeds of the same ladder: the same parent (its finished seeds are skipped, the new ones trained)
-    assert make_plan(cfg, mode="ladder", seeds=3).ablation_id == a.ablation_id
+    assert make_ablation(cfg, mode="ladder", seeds=3).ablation_id == a.ablation_id
     # the launcher is not part of the experiment: print and local find the same parent
     printed = dataclasses.replace(cfg, ablate=dataclasses.replace(cfg.ablate, launcher="print"))
     assert ablation_id(printed, "ladder", a.variants) == a.ablation_id
@@ -147,7 +147,7 @@ def test_ablation_id_is_stable_and_changes_with_config_mode_and_variants_not_see
 
 
 def test_run_names_are_path_safe(cfg) -> None:
-    plan = make_plan(cfg, mode="ladder")
+    plan = make_ablation(cfg, mode="ladder")
     for child in plan.children():
         ablation, leaf = child.run_name.split("/")
         assert ablation == plan.name and leaf == f"{child.variant.name}-s{child.seed}"
@@ -158,21 +158,21 @@ def test_run_names_are_path_safe(cfg) -> None:
     with pytest.raises(UserError, match="not path-safe"):
         child_run_name("a b", "grpo", 0)
     weird = build_config(None, ["tracking.experiment=../../etc"])
-    assert make_plan(weird, mode="ladder", only=["grpo"]).name.startswith("etc-ladder-")
+    assert make_ablation(weird, mode="ladder", only=["grpo"]).name.startswith("etc-ladder-")
 
 
 def test_invalid_variant_config_is_reported_before_anything_runs() -> None:
     # overlong buffer longer than L_max is only invalid while shaping is on: naive GRPO passes, rung 3 fails
     cfg = build_config(None, ["algorithm.overlong_buffer.len=999", "algorithm.overlong_buffer.enable=false"])
     with pytest.raises(UserError, match="variant grpo\\+overlong_filtering\\+clip_higher\\+overlong_shaping: .*overlong_buffer.len=999"):
-        make_plan(cfg, mode="ladder")
+        make_ablation(cfg, mode="ladder")
 
 
 @pytest.mark.parametrize("config_path", [None, str(REPO / "experiments" / "tiny.yaml")])
 def test_printed_train_command_resolves_to_the_child_config(config_path) -> None:
     sets = ["trainer.total_steps=3", "data.train_batch_size=8"]
     cfg = resolve(config_path, sets)
-    plan = make_plan(cfg, mode="ladder", seeds=2)
+    plan = make_ablation(cfg, mode="ladder", seeds=2)
     for child in plan.children():
         words = train_words(plan, child, config_path, sets)
         assert words[:2] == ["dapo", "train"]

@@ -67,7 +67,7 @@ def estimate(cfg: Any, steps: int, problems: int) -> dict[str, float]:
     }
 
 
-def make_plan(cfg: Any, *, config_name: str) -> dict[str, Any]:
+def estimate_workload(cfg: Any, *, config_name: str) -> dict[str, Any]:
     problems, source = count_problems(cfg)
     da = cfg.direct_advantage
     counts = [da.expected_steps] if da.expected_steps else list(STEP_COUNTS)
@@ -94,7 +94,7 @@ def fmt(n: float) -> str:
     return f"{n:,.0f}"
 
 
-def render(plan: dict[str, Any], as_json: bool = False) -> None:
+def render_workload(plan: dict[str, Any], as_json: bool = False) -> None:
     if as_json:
         print(json.dumps(plan, indent=2))
         return

@@ -33,6 +33,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from dapo_cli.config import TECHNIQUES, Config, apply_techniques, technique_state, to_dict
+from dapo_cli.config.schema import PLANNING_SECTIONS
 from dapo_cli.config.techniques import variant_name
 from dapo_cli.config.validate import validate
 from dapo_cli.errors import UserError
@@ -212,8 +213,9 @@ def select_variants(variants: Sequence[Variant], only: Sequence[str], skip: Sequ
 
 
 def config_hash(cfg: Config) -> str:
-    """SHA-256 (16 hex) of the resolved config without its ``ablate`` section (launcher and seeds enter separately)."""
-    data = {k: v for k, v in to_dict(cfg).items() if k != "ablate"}
+    """SHA-256 (16 hex) of the resolved config without its ``ablate`` section (launcher and seeds enter separately)
+    and the planning-only sections (:data:`~dapo_cli.config.schema.PLANNING_SECTIONS`, which train nothing)."""
+    data = {k: v for k, v in to_dict(cfg).items() if k != "ablate" and k not in PLANNING_SECTIONS}
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -262,7 +264,7 @@ def child_run_name(ablation: str, variant: str, seed: int) -> str:
     return "/".join(parts)
 
 
-def make_plan(
+def make_ablation(
     cfg: Config,
     *,
     mode: str,
