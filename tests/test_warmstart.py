@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from fixtures.tiny import QUICK_TINY
 
 import dapo_cli.warmstart as warmstart
 from dapo_cli.config.tiny import TinyModelConfig
@@ -22,28 +23,17 @@ from dapo_cli.models.tokenizer import build_char_tokenizer, char_vocab
 from dapo_cli.warmstart import (
     IGNORE_INDEX,
     answer_checker,
+    ensure_model,
     local_answer_check,
     sft_batch,
     sft_lr,
-    ensure_model,
     sft_pairs,
     warm_start,
 )
 
 V = char_vocab()
-SMALL = TinyModelConfig(
-    hidden_size=32,
-    num_layers=2,
-    num_heads=2,
-    intermediate_size=64,
-    sft_steps=20,
-    sft_batch_size=16,
-    sft_warmup_steps=2,
-    eval_problems=16,
-    eval_max_tokens=40,
-)
-QUICK = dataclasses.replace(SMALL, sft_steps=3, sft_batch_size=8, sft_warmup_steps=1, eval_problems=4, eval_max_tokens=8)
-"""A build in about a second: for what ``ensure_model`` does around ``warm_start``."""
+QUICK = QUICK_TINY  # a build in about a second: for what ensure_model does around warm_start
+SMALL = dataclasses.replace(QUICK, sft_steps=20, sft_batch_size=16, sft_warmup_steps=2, eval_problems=16, eval_max_tokens=40)
 
 
 def test_sft_lr_warmup_then_linear_decay_to_ten_percent():

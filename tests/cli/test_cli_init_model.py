@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+from fixtures.tiny import QUICK_TINY, tiny_overrides
 from typer.testing import CliRunner
 
 import dapo_cli.warmstart as warmstart
@@ -16,11 +17,7 @@ from dapo_cli.cli import app
 from dapo_cli.config import load_config
 from dapo_cli.models.loading import MODEL_CARD, tiny_cache_path
 
-QUICK = [
-    "model.tiny.hidden_size=32", "model.tiny.num_layers=2", "model.tiny.num_heads=2", "model.tiny.intermediate_size=64",
-    "model.tiny.sft_steps=3", "model.tiny.sft_batch_size=8", "model.tiny.sft_warmup_steps=1",
-    "model.tiny.eval_problems=4", "model.tiny.eval_max_tokens=8",
-]
+QUICK = tiny_overrides(QUICK_TINY)
 SETS = [arg for s in QUICK for arg in ("--set", s)]
 
 
@@ -38,7 +35,8 @@ def init_model(*args: str) -> str:
 
 
 def test_builds_into_the_cache_once_and_force_rebuilds_the_same_model(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    tiny = load_config(None, list(QUICK)).model.tiny
+    tiny = load_config(None, QUICK).model.tiny
+    assert tiny == QUICK_TINY
     path = tiny_cache_path(tiny)
     assert path.parent == cache and not path.exists()
     out = init_model()

@@ -10,28 +10,18 @@ from pathlib import Path
 import pytest
 import torch
 from fixtures.hub_cache import populate
+from fixtures.tiny import QUICK_TINY
 from transformers import PreTrainedTokenizerFast
 
 import dapo_cli.models.hub as hub
 import dapo_cli.models.loading as loading
-from dapo_cli.config.tiny import TinyModelConfig
 from dapo_cli.errors import UserError
 from dapo_cli.models.loading import MODEL_CARD, default_cache_dir, is_hub_id, load_policy, resolve_model, tiny_cache_path
 from dapo_cli.models.tiny import build_tiny_model_for, save_policy
 from dapo_cli.models.tokenizer import build_char_tokenizer, char_vocab
 from dapo_cli.warmstart import ensure_model
 
-SMALL = TinyModelConfig(
-    hidden_size=32,
-    num_layers=2,
-    num_heads=2,
-    intermediate_size=64,
-    sft_steps=3,
-    sft_batch_size=8,
-    sft_warmup_steps=1,
-    eval_problems=4,
-    eval_max_tokens=8,
-)
+SMALL = QUICK_TINY
 TEXT = "What is 1+2?\n\n x"
 
 
