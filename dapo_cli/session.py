@@ -227,7 +227,8 @@ class TrainingSession:
     @classmethod
     def open(cls, cfg: Config, *, resume: bool, verbosity: int = 0) -> TrainingSession:
         from dapo_cli import components
-        from dapo_cli.models import load_policy, resolve_model
+        from dapo_cli.models import load_policy
+        from dapo_cli.warmstart import ensure_model
 
         if cfg.engine.num_threads > 0:
             torch.set_num_threads(cfg.engine.num_threads)
@@ -246,7 +247,7 @@ class TrainingSession:
             ckpt = CheckpointManager(run_dir)
             state = ckpt.load_state(latest) if latest is not None else None
             # the initial policy, resolved on rank 0 (builtin:tiny is built once, not once per rank)
-            base_path = agreed(dist, lambda: resolve_model(cfg.model.path, cfg.model.tiny))
+            base_path = agreed(dist, lambda: ensure_model(cfg.model.path, cfg.model.tiny))
             model_path = latest / "model" if latest is not None else base_path
             torch.manual_seed(cfg.trainer.seed)
             dtype = getattr(torch, cfg.model.dtype)

@@ -23,16 +23,6 @@ LEAF_UTILITIES = ("dapo_cli", "dapo_cli.errors", "dapo_cli.fileio")
 """Modules the bottom layers may import besides each other: each imports no dapo_cli module
 (asserted below). ``dapo_cli`` itself is the package's ``__init__`` (the version string only)."""
 
-KNOWN_EXCEPTIONS: set[tuple[str, str]] = {
-    # (importer, imported) edges still in the code, each removed by another branch of the issue-27
-    # refactor. The lead deletes this set (and the test of it) once those branches are merged.
-    # wt-stack (warm-start leaves models/, or gets its rollout engine injected):
-    ("dapo_cli.models.warmstart", "dapo_cli.progress"),
-    ("dapo_cli.models.warmstart", "dapo_cli.rollout.base"),
-    ("dapo_cli.models.warmstart", "dapo_cli.rollout.hf"),
-}
-
-
 def module_name(path: Path) -> str:
     parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
@@ -155,16 +145,28 @@ def test_type_checking_imports_do_not_count() -> None:
     assert names == {"b", "c"}
 
 
+def test_cycles_finds_each_loop_and_nothing_else() -> None:
+    # a -> b -> c -> a is one loop, d only points into it, e -> f -> e is another; g is alone
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"f"}, "f": {"e"}, "g": set()}
+    assert sorted(cycles(graph)) == [["a", "b", "c"], ["e", "f"]]
+    assert cycles({"x": {"y"}, "y": set()}) == []
+
+
+def test_warm_start_sits_above_the_models_layer() -> None:
+    # the one edge issue 27 ended last: models/ builds no policy; warmstart (above it) samples through the factory
+    assert "dapo_cli.models.warmstart" not in MODULES and layer("dapo_cli.warmstart") is None
+    assert "dapo_cli.warmstart" in GRAPH["dapo_cli.session"] and "dapo_cli.components" in GRAPH["dapo_cli.warmstart"]
+
+
 def test_no_import_cycle() -> None:
-    graph = {m: {t for t in targets if (m, t) not in KNOWN_EXCEPTIONS} for m, targets in GRAPH.items()}
-    assert cycles(graph) == []
+    assert cycles(GRAPH) == []
 
 
 def test_bottom_layers_import_nothing_above_them() -> None:
     upward = sorted(
         (m, t)
         for m, t in EDGES
-        if layer(m) is not None and layer(t) is None and t not in LEAF_UTILITIES and (m, t) not in KNOWN_EXCEPTIONS
+        if layer(m) is not None and layer(t) is None and t not in LEAF_UTILITIES
     )
     assert upward == [], "\n".join(f"{m} -> {t}" for m, t in upward)
 
@@ -172,9 +174,3 @@ def test_bottom_layers_import_nothing_above_them() -> None:
 @pytest.mark.parametrize("leaf", LEAF_UTILITIES)
 def test_leaf_utilities_are_leaves(leaf: str) -> None:
     assert GRAPH[leaf] == set()
-
-
-def test_known_exceptions_are_still_there() -> None:
-    # an exception whose import is gone must leave the set, so none hides a new edge later
-    gone = sorted(KNOWN_EXCEPTIONS - EDGES)
-    assert gone == [], f"remove from KNOWN_EXCEPTIONS: {gone}"

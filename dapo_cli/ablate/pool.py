@@ -146,15 +146,15 @@ def _stop(running: Sequence[_Running]) -> None:
 def prebuild_models(cfgs: Sequence[Any], log: Callable[[str], None]) -> None:
     """Resolve each distinct ``builtin:*`` or ``gguf:*`` policy of ``cfgs`` once (building the cached warm-start or import if
     missing), so the children that start next all find it instead of building it at the same time."""
-    from dapo_cli.models import resolve_model
     from dapo_cli.models.loading import NAMED_MODEL_PREFIXES
+    from dapo_cli.warmstart import ensure_model
 
     seen: set[tuple[str, str]] = set()
     for cfg in cfgs:
         key = (cfg.model.path, cfg.model.tiny.fingerprint())
         if cfg.model.path.startswith(NAMED_MODEL_PREFIXES) and key not in seen:
             seen.add(key)
-            path = resolve_model(cfg.model.path, cfg.model.tiny)
+            path = ensure_model(cfg.model.path, cfg.model.tiny)
             log(f"policy {cfg.model.path}: {path} (resolved once here, before the children start)")
 
 

@@ -52,9 +52,8 @@ def init_model(
 
     from dapo_cli.fileio import atomic_dir
     from dapo_cli.errors import UserError
-    from dapo_cli.models import resolve_model, warm_start
-    from dapo_cli.models.loading import tiny_cache_path
-    from dapo_cli.models.warmstart import MODEL_CARD
+    from dapo_cli.models.loading import MODEL_CARD, tiny_cache_path
+    from dapo_cli.warmstart import ensure_model, warm_start
 
     cfg = resolve(config, sets)
     if cfg.engine.num_threads > 0:
@@ -74,7 +73,7 @@ def init_model(
         path = tiny_cache_path(cfg.model.tiny)
         if force and path.exists():
             shutil.rmtree(path)
-        path = resolve_model("builtin:tiny", cfg.model.tiny)
+        path = ensure_model("builtin:tiny", cfg.model.tiny)
     card = json.loads((path / MODEL_CARD).read_text(encoding="utf-8"))
     console.print(
         f"tiny policy at [bold]{path}[/] ({card['num_parameters']:,} parameters, task {card['config']['task']}, "

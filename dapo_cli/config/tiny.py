@@ -1,7 +1,7 @@
 """Settings of the tiny built-in policy (``model.tiny`` in the config schema).
 
 ``builtin:tiny`` is a character-level causal LM built and warm-started by the
-project itself (``dapo_cli.models.warmstart``) so that the whole RL pipeline runs
+project itself (``dapo_cli.warmstart``) so that the whole RL pipeline runs
 on a CPU laptop offline. Every field changes the built model, so all of them
 enter :meth:`TinyModelConfig.fingerprint`, the key of the on-disk cache.
 No torch import here: the config layer stays light.

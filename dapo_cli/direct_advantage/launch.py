@@ -100,9 +100,10 @@ def load_problems(cfg: Any, tokenizer: Any) -> tuple[list[TrainProblem], list[An
 
 
 def resolve_path(spec: str, cfg: Any) -> Path:
-    from dapo_cli.models import resolve_model
+    """The folder of model ``spec`` (``builtin:tiny`` built first when missing)."""
+    from dapo_cli.warmstart import ensure_model
 
-    return Path(resolve_model(spec, cfg.model.tiny))
+    return Path(ensure_model(spec, cfg.model.tiny))
 
 
 def relog(ctx: Context, upto: tuple[int, str]) -> None:

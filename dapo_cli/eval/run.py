@@ -380,9 +380,9 @@ def resolve_checkpoint(spec: str) -> str:
 
     if spec.startswith(NAMED_MODEL_PREFIXES):
         from dapo_cli.config import load_config
-        from dapo_cli.models.loading import resolve_model
+        from dapo_cli.warmstart import ensure_model
 
-        return str(resolve_model(spec, load_config(None).model.tiny))
+        return str(ensure_model(spec, load_config(None).model.tiny))
     path = Path(spec).expanduser()
     if path.is_dir():
         for candidate in (path / "model", path):

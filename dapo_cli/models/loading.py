@@ -1,7 +1,8 @@
 """Find and load a policy: ``builtin:tiny``, a local ``save_pretrained`` folder, or a hub id.
 
-``resolve_model`` turns a model spec into a path (building and caching the tiny
-policy on first use); ``load_policy`` loads a path or hub id into a causal LM and
+``resolve_model`` turns a model spec into a path without building anything (the
+tiny policy's cache folder, built by :func:`dapo_cli.warmstart.ensure_model` on first
+use); ``load_policy`` loads a path or hub id into a causal LM and
 a left-padding tokenizer. Everything works offline for local folders; a hub id
 resolves to its snapshot in the standard Hugging Face cache (``HF_HOME`` /
 ``HF_HUB_CACHE``; :mod:`dapo_cli.models.hub`), downloaded into it only when it is
@@ -18,7 +19,6 @@ import json
 import logging
 import os
 import re
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,21 +33,27 @@ from transformers import (
 
 from dapo_cli.config.tiny import TinyModelConfig
 from dapo_cli.errors import UserError
-from dapo_cli.fileio import atomic_dir, safetensors_problem
+from dapo_cli.fileio import safetensors_problem
 from dapo_cli.models.gguf import GGUF_PREFIX, named_model_dir
 from dapo_cli.models.hub import first_line as _first_line
 from dapo_cli.models.hub import hub_offline, hub_reachable, is_hub_id, model_snapshot  # noqa: F401 (re-exported)
 from dapo_cli.models.tiny import quiet_hf_progress
 from dapo_cli.models.tokenizer import format_prompt
-from dapo_cli.models.warmstart import MODEL_CARD, warm_start
 
-__all__ = ["BUILTIN_MODELS", "check_model_dir", "default_cache_dir", "format_prompt", "load_policy", "model_dir_problem", "resolve_model"]
+__all__ = [
+    "BUILTIN_MODELS", "MODEL_CARD", "check_model_dir", "default_cache_dir", "format_prompt", "load_policy",
+    "model_dir_problem", "resolve_model", "tiny_cache_path",
+]
+
+MODEL_CARD = "dapo_model.json"
+"""File beside the weights that marks a directory as a ``builtin:tiny`` build (written last)."""
 
 BUILTIN_MODELS: tuple[str, ...] = ("builtin:tiny",)
 """Model specs the project builds itself."""
 
 NAMED_MODEL_PREFIXES: tuple[str, ...] = ("builtin:", GGUF_PREFIX)
-"""Spec prefixes that :func:`resolve_model` turns into a cached folder (building or importing it once)."""
+"""Spec prefixes that :func:`resolve_model` turns into a cached folder (``builtin:`` built by
+:func:`dapo_cli.warmstart.ensure_model`, ``gguf:`` imported by :func:`~dapo_cli.models.gguf.named_model_dir`)."""
 
 GENERIC_TOKENIZER_CLASSES = frozenset({"PreTrainedTokenizerFast", "TokenizersBackend"})
 """``tokenizer_class`` values that mean "exactly the tokenizer.json in this folder".
@@ -71,26 +77,18 @@ def tiny_cache_path(tiny: TinyModelConfig, cache_dir: Path | None = None) -> Pat
 def resolve_model(spec: str, tiny: TinyModelConfig, cache_dir: Path | None = None) -> Path:
     """Path (or, for a hub id, a ``Path`` whose string is the id) that :func:`load_policy` accepts.
 
-    ``builtin:tiny`` resolves to ``<cache_dir>/tiny-<tiny.fingerprint()>``; when that
-    folder is missing the policy is warm-started into a temporary sibling and renamed
-    into place (so an interrupted build leaves nothing behind), with one line on
-    stderr saying so. ``gguf:NAME`` resolves to the imported folder of a registered GGUF
+    ``builtin:tiny`` resolves to ``<cache_dir>/tiny-<tiny.fingerprint()>`` whether or not it is
+    built yet: this function never builds it (a dry run or a check must not spend minutes on a
+    warm-start), so a caller that loads the weights calls :func:`dapo_cli.warmstart.ensure_model`,
+    which builds a missing one; ``(path / MODEL_CARD).is_file()`` says whether it is there.
+    ``gguf:NAME`` resolves to the imported folder of a registered GGUF
     (:func:`dapo_cli.models.gguf.named_model_dir`). Any other spec is returned as a path (``~`` expanded);
     :func:`load_policy` treats one that does not exist locally as a hub id.
     """
     if spec.startswith("builtin:"):
         if spec not in BUILTIN_MODELS:
             raise UserError(f"unknown built-in model '{spec}' (valid: {', '.join(BUILTIN_MODELS)})")
-        path = tiny_cache_path(tiny, cache_dir)
-        if not (path / MODEL_CARD).is_file():
-            print(
-                f"building {spec} (task {tiny.task}, {tiny.sft_steps} SFT steps) into {path}",
-                file=sys.stderr,
-                flush=True,
-            )
-            with atomic_dir(path) as tmp:
-                warm_start(tiny, tmp)
-        return path
+        return tiny_cache_path(tiny, cache_dir)
     if spec.startswith(GGUF_PREFIX):
         return named_model_dir(spec[len(GGUF_PREFIX) :], cache_dir or default_cache_dir())
     return Path(spec).expanduser()

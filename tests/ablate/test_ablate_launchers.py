@@ -320,8 +320,8 @@ class FakePopen:
 
 @pytest.fixture()
 def no_policy_build(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The fake children need no policy: resolving builtin:tiny would build it (minutes) into ~/.cache/dapo."""
-    monkeypatch.setattr("dapo_cli.models.resolve_model", lambda spec, tiny: Path("/nonexistent/tiny"))
+    """The fake children need no policy: ensuring builtin:tiny would build it (minutes) into ~/.cache/dapo."""
+    monkeypatch.setattr("dapo_cli.warmstart.ensure_model", lambda spec, tiny: Path("/nonexistent/tiny"))
 
 
 @pytest.mark.usefixtures("no_policy_build")
@@ -407,7 +407,7 @@ def test_jobs_2_resolves_a_builtin_policy_once_before_the_first_child_starts(tmp
     plan = plan_for(tmp_path, "ablate.jobs=2", seeds=2)
     assert plan.base.model.path == "builtin:tiny"
     order: list[str] = []
-    monkeypatch.setattr("dapo_cli.models.resolve_model", lambda spec, tiny: order.append(f"resolve {spec}") or tmp_path / "tiny")
+    monkeypatch.setattr("dapo_cli.warmstart.ensure_model", lambda spec, tiny: order.append(f"resolve {spec}") or tmp_path / "tiny")
 
     class Recording(FakePopen):
         def __call__(self, argv, **kwargs):

@@ -94,9 +94,11 @@ def test_unknown_algo_and_dapo_only_restart_are_refused():
 
 
 def test_dry_run_prints_generation_counts_without_loading_weights(monkeypatch):
+    from dapo_cli import warmstart
     from dapo_cli.models import loading
 
     monkeypatch.setattr(loading, "resolve_model", lambda *a, **k: pytest.fail("the plan must load no model"))
+    monkeypatch.setattr(warmstart, "ensure_model", lambda *a, **k: pytest.fail("the plan must build no model"))
     result = invoke(str(TINY_DA), "--algo", "direct-advantage", "--dry-run")
     assert result.exit_code == 0, result.output
     assert "direct-advantage plan" in result.output and "1.02 k" in result.output  # 64 problems x 16 samples

@@ -40,7 +40,7 @@ TRAIN = {
 def policy_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Worked-solution warm-start on 2-digit addition: ~40% at T=1 (measured 0.41 on 64 problems)."""
     from dapo_cli.config.tiny import TinyModelConfig
-    from dapo_cli.models.warmstart import warm_start
+    from dapo_cli.warmstart import warm_start
 
     cfg = TinyModelConfig(
         hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128, max_position_embeddings=128, task="add-2digit",

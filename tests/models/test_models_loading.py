@@ -1,4 +1,4 @@
-"""resolve_model / load_policy: builtin:tiny cache, local folders, hub ids offline, errors."""
+"""resolve_model / load_policy: builtin:tiny cache path, local folders, hub ids offline, errors."""
 
 from __future__ import annotations
 
@@ -10,58 +10,33 @@ from pathlib import Path
 import pytest
 import torch
 from fixtures.hub_cache import populate
+from fixtures.tiny import QUICK_TINY
 from transformers import PreTrainedTokenizerFast
 
 import dapo_cli.models.hub as hub
 import dapo_cli.models.loading as loading
-from dapo_cli.config.tiny import TinyModelConfig
 from dapo_cli.errors import UserError
-from dapo_cli.models.loading import default_cache_dir, is_hub_id, load_policy, resolve_model
+from dapo_cli.models.loading import MODEL_CARD, default_cache_dir, is_hub_id, load_policy, resolve_model, tiny_cache_path
 from dapo_cli.models.tiny import build_tiny_model_for, save_policy
 from dapo_cli.models.tokenizer import build_char_tokenizer, char_vocab
-from dapo_cli.models.warmstart import MODEL_CARD
+from dapo_cli.warmstart import ensure_model
 
-SMALL = TinyModelConfig(
-    hidden_size=32,
-    num_layers=2,
-    num_heads=2,
-    intermediate_size=64,
-    sft_steps=3,
-    sft_batch_size=8,
-    sft_warmup_steps=1,
-    eval_problems=4,
-    eval_max_tokens=8,
-)
+SMALL = QUICK_TINY
 TEXT = "What is 1+2?\n\n x"
 
 
 @pytest.fixture(scope="module")
 def builtin_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return resolve_model("builtin:tiny", SMALL, cache_dir=tmp_path_factory.mktemp("cache"))
+    return ensure_model("builtin:tiny", SMALL, cache_dir=tmp_path_factory.mktemp("cache"))
 
 
-def test_builtin_tiny_is_built_once_into_the_fingerprinted_cache(tmp_path, capsys, monkeypatch):
+def test_resolve_model_names_the_builtin_cache_folder_and_builds_nothing(tmp_path, capsys):
+    # pure path resolution: the folder a build would go to, built or not (dapo_cli.warmstart.ensure_model builds)
     path = resolve_model("builtin:tiny", SMALL, cache_dir=tmp_path)
-    assert path == tmp_path / f"tiny-{SMALL.fingerprint()}"
-    card = json.loads((path / MODEL_CARD).read_text())
-    assert card["fingerprint"] == SMALL.fingerprint() and card["sft_steps"] == 3
-    err = capsys.readouterr().err
-    notice, *progress = err.splitlines()  # one notice, then (stderr is no terminal) plain progress lines
-    assert "building builtin:tiny" in notice and str(path) in notice
-    assert progress and all(line.startswith("warm-start (SFT): ") for line in progress)
-    assert "100% (3/3 steps)" in progress[-1]
-    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary sibling left behind
-
-    def no_rebuild(*args, **kwargs):
-        raise AssertionError("the cached model was rebuilt")
-
-    monkeypatch.setattr(loading, "warm_start", no_rebuild)
-    assert resolve_model("builtin:tiny", SMALL, cache_dir=tmp_path) == path
-    assert capsys.readouterr().err == ""
-    other = dataclasses.replace(SMALL, seed=1)
-    with pytest.raises(AssertionError, match="rebuilt"):  # another config is another cache entry
-        resolve_model("builtin:tiny", other, cache_dir=tmp_path)
-    assert not (tmp_path / f"tiny-{other.fingerprint()}").exists()  # the failed build left nothing
+    assert path == tmp_path / f"tiny-{SMALL.fingerprint()}" == tiny_cache_path(SMALL, tmp_path)
+    assert list(tmp_path.iterdir()) == [] and capsys.readouterr().err == ""
+    other = dataclasses.replace(SMALL, seed=1)  # another config is another cache entry
+    assert resolve_model("builtin:tiny", other, cache_dir=tmp_path) == tmp_path / f"tiny-{other.fingerprint()}" != path
 
 
 def test_cache_dir_defaults_to_env_then_home(monkeypatch, tmp_path):

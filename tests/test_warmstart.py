@@ -1,19 +1,29 @@
-"""Warm-start pieces by hand (LR schedule, label masking, answer check) and a 20-step build."""
+"""Warm-start pieces by hand (LR schedule, label masking, answer check), a 20-step build, the builtin:tiny
+cache that ``ensure_model`` fills, and byte-identical builds in two processes."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
+import subprocess
 import sys
+import textwrap
+from pathlib import Path
 
 import pytest
 import torch
+from fixtures.tiny import QUICK_TINY
 
+import dapo_cli.warmstart as warmstart
 from dapo_cli.config.tiny import TinyModelConfig
+from dapo_cli.errors import UserError
+from dapo_cli.models.loading import MODEL_CARD, resolve_model
 from dapo_cli.models.tokenizer import build_char_tokenizer, char_vocab
-from dapo_cli.models.warmstart import (
+from dapo_cli.warmstart import (
     IGNORE_INDEX,
-    MODEL_CARD,
     answer_checker,
+    ensure_model,
     local_answer_check,
     sft_batch,
     sft_lr,
@@ -22,17 +32,8 @@ from dapo_cli.models.warmstart import (
 )
 
 V = char_vocab()
-SMALL = TinyModelConfig(
-    hidden_size=32,
-    num_layers=2,
-    num_heads=2,
-    intermediate_size=64,
-    sft_steps=20,
-    sft_batch_size=16,
-    sft_warmup_steps=2,
-    eval_problems=16,
-    eval_max_tokens=40,
-)
+QUICK = QUICK_TINY  # a build in about a second: for what ensure_model does around warm_start
+SMALL = dataclasses.replace(QUICK, sft_steps=20, sft_batch_size=16, sft_warmup_steps=2, eval_problems=16, eval_max_tokens=40)
 
 
 def test_sft_lr_warmup_then_linear_decay_to_ten_percent():
@@ -131,3 +132,70 @@ def test_warm_start_builds_saves_and_is_deterministic(tmp_path):
     assert torch.equal(torch.get_rng_state(), state)
     assert again["sft_final_loss"] == card["sft_final_loss"]
     assert (tmp_path / "a" / "model.safetensors").read_bytes() == (tmp_path / "b" / "model.safetensors").read_bytes()
+
+
+def test_ensure_model_builds_builtin_tiny_once_into_the_fingerprinted_cache(tmp_path, capsys, monkeypatch):
+    path = ensure_model("builtin:tiny", QUICK, cache_dir=tmp_path)
+    assert path == tmp_path / f"tiny-{QUICK.fingerprint()}" == resolve_model("builtin:tiny", QUICK, cache_dir=tmp_path)
+    card = json.loads((path / MODEL_CARD).read_text())
+    assert card["fingerprint"] == QUICK.fingerprint() and card["sft_steps"] == 3
+    err = capsys.readouterr().err
+    notice, *progress = err.splitlines()  # one notice, then (stderr is no terminal) plain progress lines
+    assert "building builtin:tiny" in notice and str(path) in notice
+    assert progress and all(line.startswith("warm-start (SFT): ") for line in progress)
+    assert "100% (3/3 steps)" in progress[-1]
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary sibling left behind
+
+    def no_rebuild(*args, **kwargs):
+        raise AssertionError("the cached model was rebuilt")
+
+    monkeypatch.setattr(warmstart, "warm_start", no_rebuild)
+    assert ensure_model("builtin:tiny", QUICK, cache_dir=tmp_path) == path
+    assert capsys.readouterr().err == ""
+    other = dataclasses.replace(QUICK, seed=1)
+    with pytest.raises(AssertionError, match="rebuilt"):  # another config is another cache entry
+        ensure_model("builtin:tiny", other, cache_dir=tmp_path)
+    assert not (tmp_path / f"tiny-{other.fingerprint()}").exists()  # the failed build left nothing
+
+
+def test_ensure_model_passes_other_specs_to_resolve_model(tmp_path, monkeypatch):
+    monkeypatch.setattr(warmstart, "warm_start", lambda *a, **k: pytest.fail("only builtin:tiny is built"))
+    assert ensure_model(str(tmp_path / "mine"), QUICK) == tmp_path / "mine"  # a path, as given: not created
+    assert str(ensure_model("Qwen/Qwen2.5-0.5B", QUICK)) == "Qwen/Qwen2.5-0.5B"
+    with pytest.raises(UserError, match=r"unknown built-in model 'builtin:huge' \(valid: builtin:tiny\)"):
+        ensure_model("builtin:huge", QUICK, cache_dir=tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
+BUILD_IN_A_PROCESS = textwrap.dedent("""
+    import json, sys
+    from pathlib import Path
+    from dapo_cli.config.tiny import TinyModelConfig
+    from dapo_cli.warmstart import ensure_model
+    print(ensure_model("builtin:tiny", TinyModelConfig(**json.loads(sys.argv[1])), Path(sys.argv[2])))
+""")
+
+
+@pytest.mark.slow
+def test_two_processes_build_byte_identical_models(tmp_path):
+    # the cache is keyed by the config alone, so a build must not depend on the process that ran it:
+    # two fresh interpreters (different str-hash seeds), two fresh cache folders, the same bytes
+    cfg = dataclasses.replace(SMALL, sft_loop_frac=0.25)  # every random draw of the stream in play
+    root = str(Path(__file__).resolve().parents[1])
+    built = []
+    for hash_seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": hash_seed, "OMP_NUM_THREADS": "1",  # one thread count: see warm_start
+               "PYTHONPATH": os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])}
+        cache = tmp_path / f"cache-{hash_seed}"
+        proc = subprocess.run([sys.executable, "-c", BUILD_IN_A_PROCESS, json.dumps(dataclasses.asdict(cfg)), str(cache)],
+                              env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr
+        path = Path(proc.stdout.strip())
+        assert path == cache / f"tiny-{cfg.fingerprint()}"
+        built.append(path)
+    a, b = built
+    assert (a / "model.safetensors").read_bytes() == (b / "model.safetensors").read_bytes()
+    cards = [json.loads((p / MODEL_CARD).read_text()) for p in built]
+    assert all(card.pop("wall_time_s") > 0 for card in cards)
+    assert cards[0] == cards[1] and cards[0]["sft_steps"] == 20
+

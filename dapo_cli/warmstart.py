@@ -26,12 +26,20 @@ Afterwards the base accuracy on held-out ``val`` problems is measured at
 temperature 1.0 and greedily, with the DAPO verifier when
 ``dapo_cli.rewards.math_dapo`` is importable and otherwise with
 :func:`local_answer_check`, which implements the same rule for integers.
+
+:func:`ensure_model` is what every command that loads a policy calls: the
+``model.path`` resolved by :func:`dapo_cli.models.loading.resolve_model` (pure path
+resolution), with ``builtin:tiny`` warm-started into its cache folder first when it is
+missing. The module sits above ``models/``: it trains with a progress bar
+(:mod:`dapo_cli.progress`) and samples through the rollout factory
+(:func:`dapo_cli.components.build_policy_rollout`), neither of which ``models/`` may import.
 """
 
 from __future__ import annotations
 
 import random
 import re
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict
@@ -42,17 +50,15 @@ import torch
 import transformers
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from dapo_cli.components import build_policy_rollout
 from dapo_cli.config.tiny import TINY_FORMAT_VERSION, TinyModelConfig
 from dapo_cli.data.synthetic import SyntheticExample, generate_examples, iter_examples, looped_solution
-from dapo_cli.fileio import write_json_atomic
-from dapo_cli.progress import CountProgress
+from dapo_cli.fileio import atomic_dir, write_json_atomic
+from dapo_cli.models.loading import BUILTIN_MODELS, MODEL_CARD, resolve_model
 from dapo_cli.models.tiny import build_tiny_model_for, count_parameters, save_policy
 from dapo_cli.models.tokenizer import build_char_tokenizer, format_prompt
-from dapo_cli.rollout.base import SamplingParams
-from dapo_cli.rollout.hf import HFRolloutEngine
-
-MODEL_CARD = "dapo_model.json"
-"""File beside the weights that marks a directory as a ``builtin:tiny`` build."""
+from dapo_cli.progress import CountProgress
+from dapo_cli.rollout.base import RolloutEngine, SamplingParams
 
 IGNORE_INDEX = -100
 """Label of tokens that do not enter the loss (prompt and padding)."""
@@ -173,13 +179,14 @@ def train_sft(
 
 
 def measure_accuracy(
-    engine: HFRolloutEngine,
+    engine: RolloutEngine,
+    tokenizer: PreTrainedTokenizerBase,
     examples: list[SyntheticExample],
     params: SamplingParams,
     check: Callable[[str, int], bool],
 ) -> float:
     """Share of ``examples`` whose single sampled response ``check`` accepts."""
-    prompts = [prompt_text(engine.tokenizer, ex.problem) for ex in examples]
+    prompts = [prompt_text(tokenizer, ex.problem) for ex in examples]
     texts = engine.generate(prompts, 1, params).texts
     return sum(check(t, ex.answer) for t, ex in zip(texts, examples)) / max(1, len(examples))
 
@@ -189,13 +196,13 @@ def base_accuracy(
 ) -> dict[str, float]:
     """Held-out accuracy at temperature 1.0 (seeded) and greedy on ``cfg.eval_problems`` val problems."""
     examples = generate_examples(cfg.task, cfg.eval_problems, cfg.seed, split="val")
-    engine = HFRolloutEngine(model, tokenizer)
+    engine = build_policy_rollout("hf", model, tokenizer)  # transformers' generate, all prompts in one call
     check = answer_checker()
     t1 = SamplingParams(temperature=1.0, max_tokens=cfg.eval_max_tokens, seed=cfg.seed)
     greedy = SamplingParams(temperature=0.0, max_tokens=cfg.eval_max_tokens)
     return {
-        "base_accuracy_t1": measure_accuracy(engine, examples, t1, check),
-        "base_accuracy_greedy": measure_accuracy(engine, examples, greedy, check),
+        "base_accuracy_t1": measure_accuracy(engine, tokenizer, examples, t1, check),
+        "base_accuracy_greedy": measure_accuracy(engine, tokenizer, examples, greedy, check),
     }
 
 
@@ -232,3 +239,19 @@ def warm_start(cfg: TinyModelConfig, out_dir: Path, *, progress: bool = True) ->
     save_policy(model, tokenizer, out)
     write_json_atomic(out / MODEL_CARD, card)
     return card
+
+
+def ensure_model(spec: str, tiny: TinyModelConfig, cache_dir: Path | None = None) -> Path:
+    """:func:`~dapo_cli.models.loading.resolve_model`'s path for ``spec``, its weights there.
+
+    ``builtin:tiny`` whose cache folder (``<cache_dir>/tiny-<tiny.fingerprint()>``) holds no
+    :data:`~dapo_cli.models.loading.MODEL_CARD` yet is warm-started into a temporary sibling and
+    renamed into place (an interrupted build leaves nothing behind), with one line on stderr saying
+    so. Other specs resolve as in ``resolve_model`` (``gguf:NAME`` imported there when missing).
+    """
+    path = resolve_model(spec, tiny, cache_dir)
+    if spec in BUILTIN_MODELS and not (path / MODEL_CARD).is_file():
+        print(f"building {spec} (task {tiny.task}, {tiny.sft_steps} SFT steps) into {path}", file=sys.stderr, flush=True)
+        with atomic_dir(path) as tmp:
+            warm_start(tiny, tmp)
+    return path
