@@ -50,8 +50,10 @@ test: $(STAMP) $(TF4_STAMP) $(VLLM_STAMP) fetch-smollm2
 	$(VLLM)/bin/python -m pytest -m "vllm or gguf"
 
 # The inner loop while developing: no multi-process, end-to-end or slow tests (`make test` runs them all).
+# Bytecode is cached for it even where PYTHONDONTWRITEBYTECODE is set: compiling and rewriting the
+# asserts of every module again costs ~10 s of each run.
 test-fast: $(STAMP)
-	$(PY) -m pytest -m "not slow and not e2e and not distributed and not vllm and not gguf"
+	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -m "not slow and not e2e and not distributed and not vllm and not gguf"
 
 # transformers 4.57 in a venv of its own, to check that dapo's checkpoints load there unchanged.
 $(TF4_STAMP): constraints.txt

@@ -45,6 +45,7 @@ def test_a_named_run_in_use_by_another_process_is_refused(tmp_path):
     assert again[1] == run_dir and not again[3]  # taken over, not created
 
 
+@pytest.mark.slow
 def test_the_lock_dies_with_its_process(tmp_path):
     run_dir = tmp_path / "run"
     run_dir.mkdir()

@@ -60,6 +60,7 @@ def test_ends_in_loop_finds_a_repeated_tail_and_nothing_else() -> None:
     assert loops(["ab" * 8, "ab" * 7]).tolist() == [True, False]
 
 
+@pytest.mark.slow
 def test_ends_in_loop_is_bounded_on_long_texts() -> None:
     import random
 

@@ -67,6 +67,7 @@ def test_the_protocols_declare_what_the_loop_reads():
     assert {"tracking_uri", "run_id", "flush"} <= members(Tracker)
 
 
+@pytest.mark.slow
 def test_no_protocol_member_is_read_with_getattr():
     protocol_names = members(RolloutEngine) | members(TrainingEngine) | members(Tracker)
     found = []

@@ -116,6 +116,7 @@ def test_answer_checker_uses_the_dapo_verifier_or_falls_back(monkeypatch):
         assert check(response, 432) is local_answer_check(response, 432)
 
 
+@pytest.mark.slow
 def test_warm_start_builds_saves_and_is_deterministic(tmp_path):
     card = warm_start(SMALL, tmp_path / "a", progress=False)
     assert json.loads((tmp_path / "a" / MODEL_CARD).read_text()) == card
@@ -134,6 +135,7 @@ def test_warm_start_builds_saves_and_is_deterministic(tmp_path):
     assert (tmp_path / "a" / "model.safetensors").read_bytes() == (tmp_path / "b" / "model.safetensors").read_bytes()
 
 
+@pytest.mark.slow
 def test_ensure_model_builds_builtin_tiny_once_into_the_fingerprinted_cache(tmp_path, capsys, monkeypatch):
     path = ensure_model("builtin:tiny", QUICK, cache_dir=tmp_path)
     assert path == tmp_path / f"tiny-{QUICK.fingerprint()}" == resolve_model("builtin:tiny", QUICK, cache_dir=tmp_path)

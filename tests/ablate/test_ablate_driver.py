@@ -48,6 +48,7 @@ class Recording:
         self.parents.append(parent)
 
 
+@pytest.mark.slow
 def test_the_driver_starts_each_child_not_skipped_in_plan_order_then_finishes_once(tmp_path: Path) -> None:
     plan = plan_for(tmp_path)
     launcher = Recording()

@@ -48,6 +48,7 @@ def restore_threads():
     torch.set_num_threads(before)
 
 
+@pytest.mark.slow
 def test_ladder_killed_mid_way_then_rerun_trains_only_what_was_missing(tmp_path, tiny_model_dir, monkeypatch, restore_threads):
     monkeypatch.chdir(tmp_path)
     config = write_config(tmp_path, tiny_model_dir)
@@ -123,6 +124,7 @@ def test_ladder_killed_mid_way_then_rerun_trains_only_what_was_missing(tmp_path,
     assert calls == []
 
 
+@pytest.mark.slow
 def test_two_children_at_once_as_processes_share_one_sqlite_store(tmp_path, tiny_model_dir, monkeypatch):
     """`dapo ablate --jobs 2`: both children train at the same time as `dapo train` processes, each logging to
     its own file, both writing to one SQLite store; the report lists both."""

@@ -6,6 +6,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 import dapo_cli
 
 PACKAGE = Path(dapo_cli.__file__).parent
@@ -108,6 +110,7 @@ def test_the_layers_of_the_ablate_package() -> None:
     assert not any("runner" in deps for deps in graph.values())
 
 
+@pytest.mark.slow
 def test_only_the_cli_imports_the_ablation_manager() -> None:
     """``dapo train`` (session, train, direct_advantage, cli/train) reads DAPO_EXTRA_TAGS through tracking.tags, not ablate."""
     outside = []

@@ -124,6 +124,7 @@ class RecordingSpawn:
         return 0
 
 
+@pytest.mark.slow
 def test_local_launcher_with_nproc_2_runs_each_missing_child_under_torchrun_resuming_where_it_can(tmp_path: Path) -> None:
     one = plan_for(tmp_path, seeds=2)
     with pytest.raises(Died):  # in-process: grpo-s0 finishes, dapo-s0 dies after its checkpoint
@@ -202,6 +203,7 @@ sys.exit(code)
 """A job's stand-in command: after 0.5 s, writes what it was given to a marker (its last act), exits with a code."""
 
 
+@pytest.mark.slow
 def test_slurm_launcher_on_the_local_executor_waits_for_every_job_then_reports(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("submitit")
@@ -325,6 +327,7 @@ def no_policy_build(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.usefixtures("no_policy_build")
+@pytest.mark.slow
 def test_local_launcher_with_jobs_2_keeps_two_children_running_and_skips_finished_ones(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("INHERITED", "yes")
@@ -359,6 +362,7 @@ def test_local_launcher_with_jobs_2_keeps_two_children_running_and_skips_finishe
 
 
 @pytest.mark.usefixtures("no_policy_build")
+@pytest.mark.slow
 def test_a_failing_parallel_child_starts_no_new_ones_and_is_named_once_the_running_ones_end(tmp_path: Path) -> None:
     plan = plan_for(tmp_path, "ablate.jobs=3", seeds=3)  # grpo-s0, dapo-s0, grpo-s1, dapo-s1, grpo-s2, dapo-s2
     popen = FakePopen(plan, codes={"grpo-s0": 7, "dapo-s0": 1}, polls={"grpo-s0": 1, "dapo-s0": 4, "grpo-s1": 6})
@@ -384,6 +388,7 @@ def client_parent(tmp: Path, name: str) -> str:
 
 
 @pytest.mark.usefixtures("no_policy_build")
+@pytest.mark.slow
 def test_ctrl_c_during_a_parallel_ablation_interrupts_the_running_children_and_waits_for_them(tmp_path: Path) -> None:
     plan = plan_for(tmp_path, "ablate.jobs=2", seeds=2)
     popen = FakePopen(plan, polls={"grpo-s0": 1, "dapo-s0": 50, "grpo-s1": 50})
@@ -403,6 +408,7 @@ def test_ctrl_c_during_a_parallel_ablation_interrupts_the_running_children_and_w
     client_parent(tmp_path, plan.name)  # the parent ended KILLED
 
 
+@pytest.mark.slow
 def test_jobs_2_resolves_a_builtin_policy_once_before_the_first_child_starts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     plan = plan_for(tmp_path, "ablate.jobs=2", seeds=2)
     assert plan.base.model.path == "builtin:tiny"

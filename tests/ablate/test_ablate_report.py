@@ -25,6 +25,8 @@ from dapo_cli.ablate.runner import run_ablation  # noqa: E402
 from dapo_cli.config.load import build_config  # noqa: E402
 from dapo_cli.errors import UserError  # noqa: E402
 
+pytestmark = pytest.mark.slow  # every test reads one ablation that a module fixture trains (tens of seconds)
+
 A, B = "grpo", "grpo+overlong_filtering"
 # correct answers out of K = 4 on 5 problems
 CORRECT = {
@@ -52,6 +54,7 @@ def store(tmp_path_factory: pytest.TempPathFactory):
     return client, client.get_run(outcome.parent_run_id), tmp, plan, outcome
 
 
+@pytest.mark.slow
 def test_table_is_recomputed_from_the_children(store) -> None:
     client, parent, _, _, _ = store
     report = build_report(client, parent)
@@ -85,6 +88,7 @@ def test_table_is_recomputed_from_the_children(store) -> None:
     assert row["Δ 95% CI (paired)"] == "[+5.0, +25.0]" and row["paper AIME24 avg@32"] == "36"
 
 
+@pytest.mark.slow
 def test_tampering_with_a_metric_in_mlflow_changes_the_table(store, tmp_path: Path) -> None:
     client, parent, _, _, _ = store
     before = table_rows(build_report(client, parent))[0]["avg@4 %"]
@@ -130,6 +134,7 @@ def test_parent_metrics_form_one_chart_section(store) -> None:
     assert {k.rsplit("/", 1)[0] for k in keys} == {"variants"}  # one section, not one per variant
 
 
+@pytest.mark.slow
 def test_report_targets_resolve_by_id_name_and_experiment(store) -> None:
     client, parent, _, plan, _ = store
     pid = parent.info.run_id
@@ -145,6 +150,7 @@ def test_report_targets_resolve_by_id_name_and_experiment(store) -> None:
         resolve_parent(client, child_id)
 
 
+@pytest.mark.slow
 def test_unfinished_children_are_listed_not_reported(store) -> None:
     client, parent, _, _, _ = store
     child = build_report(client, parent).children[-1]
@@ -186,6 +192,7 @@ def test_pure_helpers() -> None:
     assert mean_curve([]) == ([], [])
 
 
+@pytest.mark.slow
 def test_write_report_with_no_finished_child(tmp_path: Path, store) -> None:
     client, parent, _, _, _ = store
     report = build_report(client, parent)
@@ -198,6 +205,7 @@ def test_write_report_with_no_finished_child(tmp_path: Path, store) -> None:
 # ---------------------------------------------------------------- mechanisms and Δ at equal generated samples
 
 
+@pytest.mark.slow
 def test_equal_samples_delta_is_the_equal_steps_delta_when_the_rungs_generate_the_same(store) -> None:
     client, parent, _, _, _ = store
     report = build_report(client, parent)
@@ -214,6 +222,7 @@ def test_equal_samples_delta_is_the_equal_steps_delta_when_the_rungs_generate_th
     assert all(not c.tables for c in report.children)  # nothing but the final tables was downloaded
 
 
+@pytest.mark.slow
 def test_mechanisms_of_the_fake_children(store) -> None:
     client, parent, _, _, _ = store
     report = build_report(client, parent)
@@ -312,6 +321,7 @@ def test_curves_by_samples_start_at_the_base_validation() -> None:
     assert curve_points(kids, "val/avg_at_k", "step") == ([0.0, 2.0], [pytest.approx(0.1), pytest.approx(0.4)])
 
 
+@pytest.mark.slow
 def test_a_ladder_reports_its_last_rung_against_its_first(tmp_path: Path) -> None:
     from dapo_cli.ablate.variants import LADDER_NAMES
     from dapo_cli.ablate.report import overall_text, summary_markdown

@@ -77,6 +77,7 @@ def test_the_eta_divides_the_remaining_children_among_the_jobs_running_at_once()
     assert AblationClock(7, jobs=3).jobs == 3 and AblationClock(7, jobs=0).jobs == 1
 
 
+@pytest.mark.slow
 def test_ladder_records_one_parent_and_six_tagged_children(tmp_path: Path) -> None:
     plan = make_ablation(config(tmp_path), mode="ladder")
     fake = FakeTrain()
@@ -111,6 +112,7 @@ def test_ladder_records_one_parent_and_six_tagged_children(tmp_path: Path) -> No
     assert [r.name for r in outcome.report.rows] == LADDER
 
 
+@pytest.mark.slow
 def test_reruns_skip_finished_resume_checkpointed_and_supersede_dead_children(tmp_path: Path) -> None:
     plan = make_ablation(config(tmp_path), mode="ladder")
     run = lambda fake: run_ablation(plan, command="dapo ablate --ladder", config_path=None, train=fake)  # noqa: E731
@@ -152,6 +154,7 @@ def test_reruns_skip_finished_resume_checkpointed_and_supersede_dead_children(tm
     assert [o.action for o in run(fourth).children] == ["skip"] * 6 and fourth.calls == []
 
 
+@pytest.mark.slow
 def test_print_launcher_attaches_commands_to_the_same_parent(tmp_path: Path) -> None:
     plan = make_ablation(config(tmp_path), mode="ladder", only=["grpo", "dapo"], seeds=2)
     printed = print_launch(plan, command="dapo ablate --ladder --launcher print", config_path="exp.yaml", sets=["a.b=1"])
@@ -212,6 +215,7 @@ def test_the_dry_run_estimate_counts_waves_of_parallel_children() -> None:
     assert Estimate("grpo", 2.0, children=18, steps=60, jobs=4).total_s == 600.0
 
 
+@pytest.mark.slow
 def test_more_seeds_later_extend_the_same_parent(tmp_path: Path) -> None:
     cfg = config(tmp_path)
     one = make_ablation(cfg, mode="ladder", only=LADDER[:2], seeds=1)

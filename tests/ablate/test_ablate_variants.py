@@ -169,6 +169,7 @@ def test_invalid_variant_config_is_reported_before_anything_runs() -> None:
 
 
 @pytest.mark.parametrize("config_path", [None, str(REPO / "experiments" / "tiny.yaml")])
+@pytest.mark.slow
 def test_printed_train_command_resolves_to_the_child_config(config_path) -> None:
     sets = ["trainer.total_steps=3", "data.train_batch_size=8"]
     cfg = resolve(config_path, sets)

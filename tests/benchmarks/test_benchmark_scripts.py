@@ -45,6 +45,7 @@ def test_the_benchmark_model_gives_dapo_and_a_plain_fast_tokenizer_the_same_voca
     assert theirs.eos_token_id == ours.eos_token_id and theirs.pad_token_id == ours.pad_token_id
 
 
+@pytest.mark.slow
 def test_the_long_tail_batch_has_exactly_one_runaway_row_for_every_engine(policy_dir):
     import rollout_vs_generate as bench
 
@@ -116,6 +117,7 @@ def test_a_ragged_update_batch_is_right_padded_and_the_shared_forward_feeds_only
     assert shared < plain and shared - int((lengths - 1).sum()) <= 8 * s
 
 
+@pytest.mark.slow
 def test_the_prepare_data_input_has_the_documented_answer_mix(tmp_path):
     import prepare_data_speed
 
@@ -126,6 +128,7 @@ def test_the_prepare_data_input_has_the_documented_answer_mix(tmp_path):
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
+@pytest.mark.slow
 def test_every_benchmark_starts(script):
     proc = subprocess.run([sys.executable, str(BENCH / script), "--help"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -100,6 +100,7 @@ def test_ladder_dry_run_with_an_empty_cache_builds_and_trains_nothing_and_says_w
     assert sorted(p.name for p in in_tmp.iterdir()) == ["cache"]  # no runs/, no mlflow.db
 
 
+@pytest.mark.slow
 def test_grid_forms(in_tmp: Path) -> None:
     full = invoke("ablate", "--grid", "--dry-run", "--no-calibrate", "--seeds", "2")
     assert full.exit_code == 0, full.output
@@ -117,6 +118,7 @@ def test_grid_forms(in_tmp: Path) -> None:
     assert "config file not found: missing.yaml" in one_line_error(invoke("ablate", "missing.yaml", "--ladder"))
 
 
+@pytest.mark.slow
 def test_dry_run_calibrates_on_one_step_and_leaves_nothing_behind(in_tmp: Path, tiny_model_dir: Path) -> None:
     import torch
 
@@ -133,6 +135,7 @@ def test_dry_run_calibrates_on_one_step_and_leaves_nothing_behind(in_tmp: Path, 
     assert sorted(p.name for p in in_tmp.iterdir()) == ["exp.yaml"]  # no runs/, no mlflow.db
 
 
+@pytest.mark.slow
 def test_print_launcher_emits_one_train_command_per_child(in_tmp: Path) -> None:
     config = write_config(in_tmp)
     result = invoke("ablate", str(config), "--ladder", "--launcher", "print", "--set", "trainer.lr=0.001", "--seeds", "2")
@@ -158,6 +161,7 @@ def test_print_launcher_emits_one_train_command_per_child(in_tmp: Path) -> None:
         line.split(" dapo ", 1)[1].replace("--set trainer.lr=0.001", "--set trainer.lr=0.001 --set ablate.nproc=2") for line in lines]
 
 
+@pytest.mark.slow
 def test_report_command_reads_the_ablation_back(in_tmp: Path) -> None:
     from dapo_cli.ablate.variants import make_ablation
     from dapo_cli.ablate.runner import run_ablation
@@ -188,6 +192,7 @@ def test_report_command_reads_the_ablation_back(in_tmp: Path) -> None:
     assert "no ablation parent run, ablation name or experiment named 'nope'" in one_line_error(bad)
 
 
+@pytest.mark.slow
 def test_a_failing_torchrun_child_is_a_one_line_error(in_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     seen = []
 
@@ -206,6 +211,7 @@ def test_a_failing_torchrun_child_is_a_one_line_error(in_tmp: Path, monkeypatch:
     assert seen and seen[0][1:7] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m"]
 
 
+@pytest.mark.slow
 def test_jobs_below_one_is_a_one_line_error_before_anything_runs(in_tmp: Path) -> None:
     config = write_config(in_tmp)
     expected = "error: ablate.jobs=0 must be >= 1 (--jobs N: children trained at once; 1: one after another)"
@@ -224,6 +230,7 @@ def test_slurm_launcher_without_submitit_is_a_one_line_error(in_tmp: Path, monke
     assert "slurm" in one_line_error(invoke("ablate", str(config), "--ladder", "--set", "ablate.launcher=nope"))
 
 
+@pytest.mark.slow
 def test_train_reads_the_parent_run_and_extra_tags_of_a_child_process(in_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`dapo train` as a child of `dapo ablate` (DAPO_PARENT_RUN_ID, DAPO_EXTRA_TAGS) with a stand-in trainer."""
     import json

@@ -58,6 +58,7 @@ def test_config_file_and_overrides(in_tmp: Path) -> None:
     assert data["algorithm"]["clip_ratio_high"] == 0.28  # schema default: exp.yaml does not set it
 
 
+@pytest.mark.slow
 def test_dump_reloads_to_the_same_config(in_tmp: Path) -> None:
     first = invoke("config", "--set", "algorithm.clip_ratio_c=3", "--set", "trainer.run_name=007")
     assert first.exit_code == 0, first.output
@@ -68,6 +69,7 @@ def test_dump_reloads_to_the_same_config(in_tmp: Path) -> None:
     assert load_config(in_tmp / "dump.yaml") == load_config(None, ["algorithm.clip_ratio_c=3", "trainer.run_name=007"])
 
 
+@pytest.mark.slow
 def test_schema_lists_every_setting_with_default_and_help(in_tmp: Path) -> None:
     rows = schema_rows(Config)
     flat = flatten(Config())

@@ -92,6 +92,7 @@ def error_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith("error:")]
 
 
+@pytest.mark.slow
 def test_a_full_disk_during_a_checkpoint_is_one_line_exit_5_and_leaves_no_partial_checkpoint(tiny_model_dir, tmp_path, small_disk):
     result = CliRunner().invoke(app, train_args(tiny_model_dir, tmp_path, "--set", f"trainer.output_dir={small_disk}/runs"), env=ENV)
     assert result.exit_code == ENVIRONMENT, result.output
@@ -103,6 +104,7 @@ def test_a_full_disk_during_a_checkpoint_is_one_line_exit_5_and_leaves_no_partia
     assert leftovers == []  # the unfinished .step_000001.tmp was removed
 
 
+@pytest.mark.slow
 def test_a_tracking_store_lost_mid_run_is_one_line_exit_5(tiny_model_dir, tmp_path, monkeypatch):
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException

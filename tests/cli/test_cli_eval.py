@@ -45,6 +45,7 @@ def error_line(result) -> str:
 
 
 @needs_data
+@pytest.mark.slow
 def test_eval_refuses_prompts_over_the_context_before_a_run_is_opened(model_dir: Path, tmp_path: Path) -> None:
     # AIME prompts are ~810 characters (one token each for the char tokenizer) + 300 new tokens
     # > the fixture's 1024 positions: refused before anything generates, and no MLflow run is left
@@ -62,6 +63,7 @@ def test_eval_refuses_prompts_over_the_context_before_a_run_is_opened(model_dir:
 
 
 @needs_data
+@pytest.mark.slow
 def test_eval_tiny_model_on_aime_records_mlflow(model_dir: Path, tmp_path: Path) -> None:
     from mlflow import MlflowClient
 
@@ -102,6 +104,7 @@ def test_eval_tiny_model_on_aime_records_mlflow(model_dir: Path, tmp_path: Path)
 
 
 @needs_data
+@pytest.mark.slow
 def test_eval_resumes_only_the_missing_problems(model_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     args = ["eval", str(model_dir), "--dataset", str(AIME), "--avg", "2", "--max-tokens", "8", "--limit", "2", "--no-track"]

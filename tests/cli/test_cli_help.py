@@ -14,6 +14,7 @@ def invoke(*args: str):
     return CliRunner().invoke(app, list(args), env=WIDE)
 
 
+@pytest.mark.slow
 def test_top_level_help_lists_every_command() -> None:
     result = invoke("--help")
     assert result.exit_code == 0, result.output
@@ -86,6 +87,7 @@ def test_version_prints_the_installed_version() -> None:
 
 
 @pytest.mark.parametrize("command", [None, *NAMES])
+@pytest.mark.slow
 def test_dash_h_is_help(command: str | None) -> None:
     words = [command] if command else []
     short, long = invoke(*words, "-h"), invoke(*words, "--help")
@@ -168,6 +170,7 @@ def option_rows(text: str) -> dict[str, str]:
     return rows
 
 
+@pytest.mark.slow
 def test_eval_help_shows_the_schema_defaults() -> None:
     rows = option_rows(CliRunner().invoke(app, ["eval", "--help"], env=EXTRA).stdout)
     schema = EvalConfig()

@@ -34,6 +34,7 @@ def init_model(*args: str) -> str:
     return " ".join(result.output.split())  # rich may wrap the line
 
 
+@pytest.mark.slow
 def test_builds_into_the_cache_once_and_force_rebuilds_the_same_model(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     tiny = load_config(None, QUICK).model.tiny
     assert tiny == QUICK_TINY
@@ -53,6 +54,7 @@ def test_builds_into_the_cache_once_and_force_rebuilds_the_same_model(cache: Pat
     assert sorted(p.name for p in cache.iterdir()) == [path.name]  # no temporary sibling left behind
 
 
+@pytest.mark.slow
 def test_output_writes_the_model_there_and_not_into_the_cache(tmp_path: Path, cache: Path) -> None:
     out = init_model("-o", "mine")
     card = json.loads((tmp_path / "mine" / MODEL_CARD).read_text())

@@ -38,6 +38,7 @@ def lines(result) -> list[str]:
 
 
 @pytest.mark.parametrize("preset", ["dapo-qwen2.5-32b.yaml", "dapo-qwen2.5-7b.yaml", "dapo-qwen2.5-1.5b.yaml"])
+@pytest.mark.slow
 def test_paper_presets_are_clean_even_when_strict(preset: str) -> None:
     for extra in ([], ["--strict"]):
         result = invoke(str(EXPERIMENTS / preset), *extra)
@@ -45,6 +46,7 @@ def test_paper_presets_are_clean_even_when_strict(preset: str) -> None:
         assert lines(result) == ["no findings"]
 
 
+@pytest.mark.slow
 def test_warnings_exit_0_and_strict_exits_1() -> None:
     result = invoke(TINY)
     assert result.exit_code == 0, result.output
@@ -60,6 +62,7 @@ def test_warnings_exit_0_and_strict_exits_1() -> None:
     assert lines(strict) == out
 
 
+@pytest.mark.slow
 def test_without_config_lints_the_embedded_tiny_experiment() -> None:
     assert lines(invoke()) == lines(invoke(TINY))
 
@@ -73,6 +76,7 @@ def test_an_error_exits_1() -> None:
     assert out[-1] == "1 finding (1 error, 0 warnings)"
 
 
+@pytest.mark.slow
 def test_technique_toggles_are_applied_before_linting(tmp_path: Path) -> None:
     off = invoke(PAPER, "--no-dynamic-sampling")
     assert off.exit_code == 0
@@ -94,6 +98,7 @@ def test_technique_toggles_are_applied_before_linting(tmp_path: Path) -> None:
     assert lines(clash)[0].startswith("error: --clip-higher contradicts --set algorithm.clip_ratio_high=0.2")
 
 
+@pytest.mark.slow
 def test_json_lists_the_findings() -> None:
     result = invoke(PAPER, "--set", "algorithm.use_kl_loss=true", "--set", "rollout.top_k=20", "--json")
     assert result.exit_code == 1
@@ -139,6 +144,7 @@ def test_help_documents_exit_codes_options_and_ends_with_examples() -> None:
     assert text.index("Examples") > text.index("--help")
 
 
+@pytest.mark.slow
 def test_help_examples_do_what_they_say() -> None:
     assert invoke(PAPER).exit_code == 0
     assert invoke(TINY, "--strict").exit_code == 1

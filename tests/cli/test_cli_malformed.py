@@ -308,6 +308,7 @@ def test_the_table_covers_every_command_and_at_least_50_inputs() -> None:
 
 
 @pytest.mark.parametrize("c", CASES, ids=[c.id for c in CASES])
+@pytest.mark.slow
 def test_malformed_input_is_one_error_line_exit_2_and_leaves_nothing(
     c: Case, request: pytest.FixtureRequest, models: dict[str, Path], dataset: Path, tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,

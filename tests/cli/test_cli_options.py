@@ -38,6 +38,7 @@ def test_a_toggle_per_technique() -> None:
 
 
 @pytest.mark.parametrize("command", ["train", "lint"])
+@pytest.mark.slow
 def test_train_and_lint_take_the_one_declaration_of_each_toggle(command: str) -> None:
     declared = hints({"train": train_cmd.train, "lint": lint_cmd.lint}[command])
     for name, toggle in TOGGLES.items():

@@ -60,6 +60,7 @@ def step_lines(text: str) -> list[str]:
 # ---------------------------------------------------------------- dapo train
 
 
+@pytest.mark.slow
 def test_train_results_on_stdout_progress_and_steps_on_stderr(workdir: Path, tiny_model_dir: Path) -> None:
     config = train_config(workdir, tiny_model_dir)
     result = CliRunner().invoke(app, ["train", str(config), "--no-dynamic-sampling"])
@@ -79,6 +80,7 @@ def test_train_results_on_stdout_progress_and_steps_on_stderr(workdir: Path, tin
     assert "run dir:" not in result.stderr and "actor/pg_loss=" not in result.stderr
 
 
+@pytest.mark.slow
 def test_train_json_quiet_prints_one_object_and_no_progress(workdir: Path, tiny_model_dir: Path) -> None:
     config = train_config(workdir, tiny_model_dir)
     result = CliRunner().invoke(app, ["train", str(config), "--no-dynamic-sampling", "--json", "--quiet"])
@@ -94,6 +96,7 @@ def test_train_json_quiet_prints_one_object_and_no_progress(workdir: Path, tiny_
     assert data == json.loads((Path(data["run_dir"]) / "summary.json").read_text())
 
 
+@pytest.mark.slow
 def test_train_verbose_adds_every_metric_of_every_step(workdir: Path, tiny_model_dir: Path) -> None:
     config = train_config(workdir, tiny_model_dir, steps=1)
     result = CliRunner().invoke(app, ["train", str(config), "--no-dynamic-sampling", "--verbose"])
@@ -115,6 +118,7 @@ def test_train_json_with_dry_run_is_still_the_plan(workdir: Path) -> None:
     assert "batch" in json.loads(result.stdout)
 
 
+@pytest.mark.slow
 def test_ctrl_c_exits_130_with_the_resume_command(workdir: Path, tiny_model_dir: Path) -> None:
     from dapo_cli.checkpoint import RunLock
 
@@ -183,6 +187,7 @@ def eval_args(model: Path, data: Path) -> list[str]:
     return ["eval", str(model), "--dataset", str(data), "--avg", "2", "--max-tokens", "8", "--no-track"]
 
 
+@pytest.mark.slow
 def test_eval_json_on_stdout_plain_progress_lines_on_stderr(tiny_model_dir: Path, eval_data: Path) -> None:
     result = CliRunner().invoke(app, [*eval_args(tiny_model_dir, eval_data), "--json"])
     assert result.exit_code == 0, result.output
@@ -197,6 +202,7 @@ def test_eval_json_on_stdout_plain_progress_lines_on_stderr(tiny_model_dir: Path
     assert lines[-1].endswith("ETA 0:00")
 
 
+@pytest.mark.slow
 def test_eval_quiet_prints_only_the_results(tiny_model_dir: Path, eval_data: Path) -> None:
     result = CliRunner().invoke(app, [*eval_args(tiny_model_dir, eval_data), "--quiet", "--engine", "fast"])
     assert result.exit_code == 0, result.output
@@ -251,6 +257,7 @@ def test_ablate_without_config_runs_the_embedded_ladder_experiment(workdir: Path
     assert list(workdir.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_ablate_logs_overall_progress_with_eta(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ablate"))
     from ablate_fakes import FakeTrain

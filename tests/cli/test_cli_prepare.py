@@ -40,6 +40,7 @@ def tracking_uri(tmp_path_factory: pytest.TempPathFactory) -> str:
         ("raw-minerva_math.jsonl", 65, 65, {"integer": 64, "pi": 1}, 207),
     ],
 )
+@pytest.mark.slow
 def test_prepare_each_shared_file_records_mlflow(
     tmp_path: Path, tracking_uri: str, name: str, rows: int, problems: int, kept: dict, dropped: int
 ) -> None:
@@ -78,6 +79,7 @@ def test_prepare_each_shared_file_records_mlflow(
 
 
 @needs_data
+@pytest.mark.slow
 def test_gaokao_summary_lists_drop_reasons(tmp_path: Path) -> None:
     result = runner.invoke(app, ["prepare-data", str(DATA / "raw-gaokao2023en.jsonl"), "-o", str(tmp_path / "g.parquet"), "--no-track"])
     assert result.exit_code == 0, result.output
@@ -165,6 +167,7 @@ def test_missing_output_is_one_line(tmp_path: Path) -> None:
     assert result.stderr.strip() == "error: missing -o/--output: where to write the parquet file"
 
 
+@pytest.mark.slow
 def test_synthetic_through_the_cli(tmp_path: Path) -> None:
     pytest.importorskip("dapo_cli.data.synthetic")
     out = tmp_path / "syn.parquet"
@@ -205,6 +208,7 @@ def _dapo_math_like(path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_dedup_summary_manifest_and_mlflow(tmp_path: Path, tracking_uri: str) -> None:
     from mlflow import MlflowClient
 
@@ -227,6 +231,7 @@ def test_dedup_summary_manifest_and_mlflow(tmp_path: Path, tracking_uri: str) ->
     assert run.data.metrics["data/distinct_problems"] == 3 and run.data.metrics["data/train_rows"] == 3
 
 
+@pytest.mark.slow
 def test_keep_duplicates_flag(tmp_path: Path) -> None:
     source, out = _dapo_math_like(tmp_path / "dapo-math-17k.parquet"), tmp_path / "all.parquet"
     result = runner.invoke(app, ["prepare-data", str(source), "-o", str(out), "--keep-duplicates", "--no-track"])
@@ -252,6 +257,7 @@ def _table_lines(stdout: str) -> list[str]:
 
 
 @needs_data
+@pytest.mark.slow
 def test_detection_report_and_summary_table_of_the_shared_files(tmp_path: Path) -> None:
     names = ["raw-amc23.jsonl", "raw-gaokao2023en.jsonl", "raw-minerva_math.jsonl", "aime-2024.parquet"]
     args = ["prepare-data", *(str(DATA / n) for n in names), "-o", str(tmp_path / "all.parquet"), "--no-track"]
@@ -308,6 +314,7 @@ def test_long_names_are_shortened_in_the_middle_never_wrapped(tmp_path: Path) ->
     assert len(table) == 6  # title, header, rule, two rows, total: nothing wrapped
 
 
+@pytest.mark.slow
 def test_field_options_and_a_datasets_folder_are_recorded(tmp_path: Path, tracking_uri: str) -> None:
     from mlflow import MlflowClient
 

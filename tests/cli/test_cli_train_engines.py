@@ -63,6 +63,7 @@ class _FakeWorld:
 
 
 @pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="DeepSpeed is not installed")
+@pytest.mark.slow
 def test_deepspeed_zero3_in_one_process_with_a_sharded_kl_reference_matches_the_torch_engine(
     tmp_path_factory, monkeypatch, tiny_model_dir
 ):
@@ -95,6 +96,7 @@ def test_deepspeed_zero3_in_one_process_with_a_sharded_kl_reference_matches_the_
     assert sum(p.numel() for p in model.parameters()) > 1000
 
 
+@pytest.mark.slow
 def test_each_engine_check_runs_once_per_train_command(tmp_path, monkeypatch, tiny_model_dir):
     """The preflight checks the engines and the session the world size, each once; the builders check nothing."""
     from dapo_cli.cli import preflight

@@ -62,6 +62,7 @@ TOGGLES = {
 
 
 @pytest.mark.parametrize("toggle", list(TOGGLES))
+@pytest.mark.slow
 def test_toggle_off_then_on_changes_exactly_its_key(toggle: str) -> None:
     key, on_value, off_value = TOGGLES[toggle]
     base = dry_run()
@@ -85,6 +86,7 @@ def test_toggle_off_then_on_changes_exactly_its_key(toggle: str) -> None:
 
 
 @pytest.mark.parametrize("toggle", list(TOGGLES))
+@pytest.mark.slow
 def test_toggle_overrides_the_yaml_file(in_tmp: Path, toggle: str) -> None:
     key, on_value, off_value = TOGGLES[toggle]
     exp: dict[str, Any] = {"rollout": {"max_response_length": 64}, "algorithm": {"overlong_buffer": {"len": 16}}}
@@ -98,6 +100,7 @@ def test_toggle_overrides_the_yaml_file(in_tmp: Path, toggle: str) -> None:
     assert get(dry_run("exp.yaml", f"--{toggle}"), key) == on_value
 
 
+@pytest.mark.slow
 def test_all_toggles_off_is_naive_grpo() -> None:
     off = dry_run(*(f"--no-{t}" for t in TOGGLES))
     for key, _, off_value in TOGGLES.values():
@@ -111,6 +114,7 @@ def test_all_toggles_off_is_naive_grpo() -> None:
     assert off == base
 
 
+@pytest.mark.slow
 def test_clip_higher_keeps_a_configured_epsilon_high() -> None:
     data = dry_run("--set", "algorithm.clip_ratio_high=0.3", "--clip-higher")
     assert data["algorithm"]["clip_ratio_high"] == 0.3
@@ -118,6 +122,7 @@ def test_clip_higher_keeps_a_configured_epsilon_high() -> None:
     assert data["algorithm"]["clip_ratio_high"] == 0.1
 
 
+@pytest.mark.slow
 def test_validation_sees_the_config_after_the_toggles() -> None:
     # an overlong buffer longer than L_max is only an error while shaping is on
     data = dry_run("--set", "algorithm.overlong_buffer.len=999", "--no-overlong-shaping")

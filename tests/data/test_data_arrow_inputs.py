@@ -22,6 +22,7 @@ def records(name: str) -> list[dict]:
 
 
 @needs_data
+@pytest.mark.slow
 def test_save_to_disk_folder_gives_what_the_jsonl_gives(tmp_path: Path) -> None:
     # raw-gaokao2023en.jsonl (385 rows) as a save_to_disk folder in 3 shards of 1000-row batches
     folder = save_to_disk(records("raw-gaokao2023en.jsonl"), tmp_path / "gaokao", shards=3)

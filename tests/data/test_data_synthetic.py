@@ -108,6 +108,7 @@ def test_generate_examples_is_deterministic_and_duplicate_free():
     assert generate_examples("arith-medium", 100, seed=7) == a[:100]
 
 
+@pytest.mark.slow
 def test_train_and_val_are_disjoint_across_seeds_and_tasks():
     train = {ex.problem for s in (0, 1) for ex in generate_examples("add-2digit", 2000, seed=s)}
     val = {ex.problem for s in (0, 1) for ex in generate_examples("add-2digit", 300, seed=s, split="val")}
@@ -126,6 +127,7 @@ def test_split_shares_are_about_90_5_5():
     assert abs(counts["val"] - 500) < 150 and abs(counts["test"] - 500) < 150
 
 
+@pytest.mark.slow
 def test_exhausted_split_and_bad_arguments_raise_user_error():
     with pytest.raises(UserError, match="fewer than 600 distinct val problems"):
         generate_examples("add-2digit", 600, seed=0, split="val")  # 10,000 problems, ~500 in val
@@ -140,6 +142,7 @@ def test_exhausted_split_and_bad_arguments_raise_user_error():
 # --- difficulty levels ------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_long_task_responses_can_exceed_48_tokens_while_easy_ones_fit():
     # one token per character plus <eos>; a 48-token limit cuts responses of > 47 characters
     def too_long(name: str, limit: int) -> float:

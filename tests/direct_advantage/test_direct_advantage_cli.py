@@ -17,6 +17,8 @@ from dapo_cli.cli import app
 from dapo_cli.direct_advantage import PHASES, STAGES
 from dapo_cli.direct_advantage import run as da_run
 
+pytestmark = pytest.mark.slow  # each test runs direct-advantage iterations through the CLI
+
 RUN_DIR = Path("runs") / "da-e2e" / "direct-advantage-s0"
 
 
@@ -114,6 +116,7 @@ def count_stage_calls(monkeypatch) -> list[str]:
 
 
 @pytest.mark.parametrize("phase", STAGES)
+@pytest.mark.slow
 def test_restart_from_each_phase_reuses_the_stored_earlier_ones(copy_of_run, monkeypatch, phase):
     tmp = copy_of_run
     before = {p: (tmp / RUN_DIR / "iter_00" / f"{p}.parquet").read_bytes() for p in PHASES}
@@ -132,6 +135,7 @@ def test_restart_from_each_phase_reuses_the_stored_earlier_ones(copy_of_run, mon
     assert "val/greedy/avg_at_1" in new.data.metrics
 
 
+@pytest.mark.slow
 def test_changed_settings_of_reused_phases_are_refused_later_ones_allowed(copy_of_run):
     result = CliRunner().invoke(app, ["train", "exp.yaml", "--from-phase", "critic", "--set", "direct_advantage.mc_completions=5"])
     assert result.exit_code == 2 and "direct_advantage.mc_completions (mc_values)" in result.output
@@ -141,6 +145,7 @@ def test_changed_settings_of_reused_phases_are_refused_later_ones_allowed(copy_o
     assert yaml.safe_load((copy_of_run / RUN_DIR / "config.yaml").read_text())["direct_advantage"]["beta"] == 0.25
 
 
+@pytest.mark.slow
 def test_resume_after_a_crash_continues_in_the_same_mlflow_run(tmp_path, tiny_model_dir, monkeypatch):
     monkeypatch.chdir(tmp_path)
     config = write_config(tmp_path, tiny_model_dir)

@@ -93,6 +93,7 @@ def test_unknown_algo_and_dapo_only_restart_are_refused():
     assert result.exit_code == 2 and "--from-phase only works with algo: direct-advantage" in result.output
 
 
+@pytest.mark.slow
 def test_dry_run_prints_generation_counts_without_loading_weights(monkeypatch):
     from dapo_cli import warmstart
     from dapo_cli.models import loading

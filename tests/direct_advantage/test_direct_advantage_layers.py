@@ -6,6 +6,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 import dapo_cli
 
 PACKAGE = Path(dapo_cli.__file__).resolve().parent
@@ -28,6 +30,7 @@ def imported_modules(path: Path) -> set[str]:
     return {m for m in found if m.startswith("dapo_cli")}
 
 
+@pytest.mark.slow
 def test_direct_advantage_imports_no_concrete_engine():
     files = sorted((PACKAGE / "direct_advantage").rglob("*.py"))
     assert files

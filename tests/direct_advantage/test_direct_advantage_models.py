@@ -26,6 +26,7 @@ TEXTS = ["What is 1+2?\n", "What is 1+2?\n1+2+0=3\n", "What is 5+5?\n", "What is
 TARGETS = [0.25, 0.75, 0.5, 1.0]
 
 
+@pytest.mark.slow
 def test_critic_starts_at_the_prior_and_fits_soft_targets(tiny_model_dir):
     torch.manual_seed(0)
     model, tokenizer = build_critic(tiny_model_dir, device=torch.device("cpu"), dtype=torch.float32)
@@ -43,6 +44,7 @@ def test_critic_starts_at_the_prior_and_fits_soft_targets(tiny_model_dir):
     assert sum(row["count"] for row in table) == 4
 
 
+@pytest.mark.slow
 def test_critic_batches_do_not_change_the_gradient(tiny_model_dir):
     def fitted(micro: int) -> list[float]:
         torch.manual_seed(0)
@@ -54,6 +56,7 @@ def test_critic_batches_do_not_change_the_gradient(tiny_model_dir):
     assert fitted(1) == pytest.approx(fitted(4), abs=1e-5)
 
 
+@pytest.mark.slow
 def test_critic_save_load_round_trip(tiny_model_dir, tmp_path):
     torch.manual_seed(0)
     model, tokenizer = build_critic(tiny_model_dir, device=torch.device("cpu"), dtype=torch.float32)
@@ -64,6 +67,7 @@ def test_critic_save_load_round_trip(tiny_model_dir, tmp_path):
     assert predict(again, tok2, TEXTS, batch_size=4) == pytest.approx(predict(model, tokenizer, TEXTS, batch_size=4), abs=1e-6)
 
 
+@pytest.mark.slow
 def test_critic_phase_holds_out_problems_and_plots_calibration(tiny_model_dir, tmp_path):
     rows = [
         {"state": i, "problem": f"p{i % 5}", "prompt": t, "prefix": "", "depth": 0, "terminal": i == 3, "value": y}
@@ -130,6 +134,7 @@ def test_actor_moves_log_ratios_towards_the_scaled_advantages(engine):
     assert [r["target_log_ratio"] for r in out] == pytest.approx([1.0, -1.0, 0.6, -0.6])
 
 
+@pytest.mark.slow
 def test_actor_update_does_not_depend_on_micro_batching(tiny_model_dir):
     def final(micro: int) -> list[float]:
         torch.manual_seed(0)

@@ -269,6 +269,7 @@ def batch_of(rows) -> RolloutBatch:
     )
 
 
+@pytest.mark.slow
 def test_engine_micro_batches_accumulate_the_plain_engines_gradient():
     # micro-batches of 5 rows cut groups apart (a prompt's rows land in several micro-batches):
     # the summed micro-batch gradients the optimizer steps on must be the plain engine's

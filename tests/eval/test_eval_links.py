@@ -71,6 +71,7 @@ def read_table(client, run_id: str, tmp: Path) -> tuple[list[str], list[list]]:
     return data["columns"], data["data"]
 
 
+@pytest.mark.slow
 def test_eval_of_a_training_checkpoint_links_both_runs(world, in_cwd: Path, tmp_path: Path) -> None:
     first = evaluate(world, world.ckpt)  # no --tracking-uri, no --experiment: the training run's store and experiment
     assert not (in_cwd / "mlflow.db").exists()  # not the default ./mlflow.db
@@ -117,6 +118,7 @@ def test_eval_of_a_training_checkpoint_links_both_runs(world, in_cwd: Path, tmp_
     assert {"path": TABLE_FILE, "type": "table"} in logged
 
 
+@pytest.mark.slow
 def test_table_rows_caps_the_table_and_says_so(world, in_cwd: Path, tmp_path: Path) -> None:
     run_id = evaluate(world, world.ckpt, "--table-rows", "3")
     _, rows = read_table(world.client, run_id, tmp_path)
@@ -128,6 +130,7 @@ def test_table_rows_caps_the_table_and_says_so(world, in_cwd: Path, tmp_path: Pa
     assert bad.exit_code == 2 and bad.stderr.strip() == "error: --table-rows must be 0 or more (got -1)"
 
 
+@pytest.mark.slow
 def test_a_checkpoint_without_metadata_evaluates_as_before(world, in_cwd: Path, tiny_model_dir: Path, tmp_path: Path) -> None:
     assert read_run_info(tiny_model_dir) == {} and read_source(str(tiny_model_dir)) is None
     run_id = evaluate(world, tiny_model_dir, "--tracking-uri", world.uri)

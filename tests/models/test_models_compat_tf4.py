@@ -63,6 +63,7 @@ def read_in_tf4(python: Path, checkpoint: Path, tmp_path: Path) -> tuple[dict, t
 
 
 @pytest.mark.parametrize("name", ["qwen2", "mistral"])
+@pytest.mark.slow
 def test_a_dapo_checkpoint_reads_the_same_in_transformers_457(
     name: str, tf4_python: Path, qwen2_dir: Family, mistral_dir: Family, tmp_path: Path
 ) -> None:
@@ -81,6 +82,7 @@ def test_a_dapo_checkpoint_reads_the_same_in_transformers_457(
     torch.testing.assert_close(logits, expected, atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow
 def test_the_tiny_char_policy_checkpoint_reads_in_transformers_457(tf4_python: Path, tiny_model_dir: Path, tmp_path: Path) -> None:
     """The generic fast tokenizer is saved under a name 4.x has (5.x writes ``TokenizersBackend``)."""
     model, tokenizer = load_policy(tiny_model_dir)

@@ -18,6 +18,8 @@ from dapo_cli.rollout.base import SamplingParams
 from dapo_cli.rollout.fast import FastRolloutEngine, _NativeDecoder
 from dapo_cli.rollout.hf import HFRolloutEngine, eos_token_ids
 
+pytestmark = pytest.mark.slow  # the real-tokenizer fixtures take seconds to build
+
 QUESTION = [{"role": "user", "content": "What is 17 + 25?\n\nThink step by step."}]
 TEXT = "Hello world!\n\n  12345 + 678 = ?  Ünïcödé 中文\tend"
 
@@ -28,6 +30,7 @@ def loaded(family: Family):
     return family, model, tokenizer
 
 
+@pytest.mark.slow
 def test_the_qwen2_tokenizer_is_qwens_bpe(qwen2_dir: Family) -> None:
     """The fixture's tokenizer.json encodes as tiktoken does with Qwen's ranks and split pattern."""
     import dashscope
@@ -42,6 +45,7 @@ def test_the_qwen2_tokenizer_is_qwens_bpe(qwen2_dir: Family) -> None:
     assert tokenizer.decode(reference.encode(TEXT)) == TEXT
 
 
+@pytest.mark.slow
 def test_qwen2_prompt_is_the_qwen25_chat_format_once(qwen2_dir: Family) -> None:
     _, tokenizer = load_policy(qwen2_dir.path)
     text = format_prompt(tokenizer, QUESTION)
@@ -113,6 +117,7 @@ def test_the_fast_engine_decodes_these_configs_natively_and_matches_generate(loa
 
 
 @pytest.mark.parametrize("engine_cls", [HFRolloutEngine, FastRolloutEngine], ids=["hf", "fast"])
+@pytest.mark.slow
 def test_a_prompt_plus_max_tokens_past_the_context_is_refused_before_generating(loaded, engine_cls) -> None:
     family, model, tokenizer = loaded
     prompt = format_prompt(tokenizer, QUESTION)
@@ -132,6 +137,7 @@ def test_a_prompt_plus_max_tokens_past_the_context_is_refused_before_generating(
     model._forward_pre_hooks.clear()
 
 
+@pytest.mark.slow
 def test_a_saved_checkpoint_loads_with_plain_auto_classes_and_generates(loaded, tmp_path: Path) -> None:
     family, model, tokenizer = loaded
     save_policy(model, tokenizer, tmp_path / "model")

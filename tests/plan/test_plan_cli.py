@@ -60,6 +60,7 @@ def test_tiny_dry_run_prints_the_plan_and_writes_nothing(in_tmp: Path) -> None:
     assert list(in_tmp.iterdir()) == []  # a dry run writes nothing
 
 
+@pytest.mark.slow
 def test_json_plan_and_world_size_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WORLD_SIZE", "2")
     data = json.loads(invoke(TINY, "--dry-run", "--json").output)
@@ -101,6 +102,7 @@ def test_32b_plan_without_gpu_or_vllm(tmp_path: Path, monkeypatch: pytest.Monkey
         assert text in out, text
 
 
+@pytest.mark.slow
 def test_32b_tensor_parallel_must_divide_the_world(tmp_path: Path) -> None:
     result = invoke(q32_config(tmp_path), "--dry-run")  # world size 1, TP 4
     assert result.exit_code == 2
@@ -114,6 +116,7 @@ def test_32b_fits_with_micro_batch_one(tmp_path: Path) -> None:
     assert data["memory"]["vllm"]["tokens_fit"] == 405_391
 
 
+@pytest.mark.slow
 def test_the_paper_32b_experiment_plans_for_the_cluster_it_is_written_for() -> None:
     # no --world-size and no $WORLD_SIZE: the file's cluster section (16 nodes × 8 GPUs of 80 GB)
     result = invoke(str(PAPER_32B), "--dry-run", "--json")
@@ -126,6 +129,7 @@ def test_the_paper_32b_experiment_plans_for_the_cluster_it_is_written_for() -> N
     assert "world size 128 = 16 nodes × 8 GPUs (from cluster.world_size in the config)" in printed.output
 
 
+@pytest.mark.slow
 def test_flags_and_the_environment_override_the_configs_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
     data = json.loads(invoke(str(PAPER_32B), "--dry-run", "--json", "--world-size", "256", "--gpus-per-node", "16").output)
     assert data["world"] == {"world_size": 256, "source": "--world-size", "gpus_per_node": 16, "nodes": 16}

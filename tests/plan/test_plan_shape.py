@@ -87,6 +87,7 @@ def _meta_model(shape):
 
 
 @pytest.mark.parametrize("hub_id", [k for k in KNOWN_MODELS if not k.endswith("-Instruct")])
+@pytest.mark.slow
 def test_known_architectures_count_like_transformers_at_full_size(hub_id: str) -> None:
     shape = KNOWN_MODELS[hub_id]
     assert parameter_count(shape) == real_count(_meta_model(shape))

@@ -232,6 +232,7 @@ def write_jsonl(path: Path, records: list[dict[str, Any]]) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_hostile_rows_through_prepare_data_execute_nothing_and_are_capped(
     tmp_path: Path, marker: Path, recorder: Recorder
 ) -> None:

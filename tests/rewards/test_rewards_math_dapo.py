@@ -343,6 +343,7 @@ FRAGMENTS = [
 ]  # fmt: skip
 
 
+@pytest.mark.slow
 def test_each_rewrite_equals_the_released_regular_expression_on_random_text() -> None:
     rng = random.Random(0)
     assert [released for released, _ in TEX_REWRITES] == [f"{p} -> {r}" for p, r in RELEASED_REWRITES]
@@ -406,6 +407,7 @@ def test_ground_truth_over_the_cap_is_unscorable_and_not_read(monkeypatch: pytes
 # ----------------------------------------------------------------------- real data
 
 
+@pytest.mark.slow
 def test_aime_ground_truths_are_fixed_points_and_score_themselves() -> None:
     if not DATA.is_dir():
         pytest.skip(f"shared data folder not found at {DATA}")

@@ -222,6 +222,7 @@ def test_pathological_inputs_are_rejected_quickly(text: str) -> None:
         ("A", "B", False),
     ],
 )
+@pytest.mark.slow
 def test_is_equivalent(a: str, b: str, expected: bool) -> None:
     assert is_equivalent(a, b) is expected
     assert is_equivalent(b, a) is expected

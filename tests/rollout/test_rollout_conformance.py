@@ -82,6 +82,7 @@ def test_eos_ends_a_response_and_truncation_means_no_eos_within_the_limit(engine
             assert ids[-1] == eos and eos not in ids[:-1]
 
 
+@pytest.mark.slow
 def test_the_same_seed_replays_and_another_seed_does_not(engine):
     a, b, c = sample(engine), sample(engine), sample(engine, seed=1)
     assert torch.equal(a.response_ids, b.response_ids) and a.texts == b.texts

@@ -215,6 +215,7 @@ def chi_square(counts: torch.Tensor, probs: torch.Tensor, draws: int) -> tuple[f
     {"temperature": 1.0, "top_k": 5},
     {"temperature": 1.0, "top_p": 0.8},
 ])
+@pytest.mark.slow
 def test_the_first_two_tokens_follow_the_models_exact_distribution(tok, mode):
     model = sharpened(tiny(tok, "qwen2"), 6.0).eval()
     prompt = "What is 1+2?\n"
@@ -312,6 +313,7 @@ def test_max_tokens_one_truncates_unless_eos(tok):
     assert torch.equal(out.truncated, out.response_ids[:, 0] != EOS)
 
 
+@pytest.mark.slow
 def test_greedy_is_the_hf_engines_greedy_token_for_token(model, tok):
     prompts = [*PROMPTS, "What is 99+1?\n"]
     params = SamplingParams(temperature=0.0, max_tokens=40, logprobs=True)
@@ -324,6 +326,7 @@ def test_greedy_is_the_hf_engines_greedy_token_for_token(model, tok):
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.6])
+@pytest.mark.slow
 def test_log_probs_match_the_trainer_beyond_the_first_buffer_and_after_rows_drop(model, tok, temperature):
     # EOS boosted so rows end at different steps (rows are dropped mid-call), max_tokens 100 > the
     # first key/value buffer (64 columns past the prompt), so the buffer grows once
@@ -344,6 +347,7 @@ def test_log_probs_match_the_trainer_beyond_the_first_buffer_and_after_rows_drop
     assert (out.logprobs[~mask] == 0).all()
 
 
+@pytest.mark.slow
 def test_grouped_query_attention_and_scaled_rope_match_the_trainer(tok):
     config = LlamaConfig(
         vocab_size=len(V), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -363,6 +367,7 @@ def test_grouped_query_attention_and_scaled_rope_match_the_trainer(tok):
 # ---------------------------------------------------------------- reproducible by construction
 
 
+@pytest.mark.slow
 def test_samples_do_not_depend_on_chunks_other_prompts_position_dropping_or_decode_path(model, tok):
     params = SamplingParams(max_tokens=24, seed=123, logprobs=True)
     whole = FastRolloutEngine(model, tok).generate(PROMPTS, 3, params)
@@ -497,6 +502,7 @@ class _FakeRanks:
         return [obj] * self.world_size
 
 
+@pytest.mark.slow
 def test_the_trainers_rollouts_do_not_depend_on_the_world_size(tok):
     from dapo_cli.config import apply_techniques, load_config
     from dapo_cli.data.loader import Prompt, PromptStream

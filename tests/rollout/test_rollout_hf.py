@@ -127,6 +127,7 @@ def test_greedy_chunking_gives_the_same_result_as_one_batch(model, tok):
     assert whole.texts[0] == whole.texts[1]  # greedy: the n copies agree
 
 
+@pytest.mark.slow
 def test_sampling_follows_the_model_distribution_and_the_warpers(model, tok):
     # last-position probabilities fixed at p(a,b,c,d) = (0.5, 0.3, 0.15, 0.05); one token each
     p = torch.tensor([0.5, 0.3, 0.15, 0.05])

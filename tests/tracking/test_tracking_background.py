@@ -71,6 +71,7 @@ class Recorder:
         self.calls.append(("finish", status))
 
 
+@pytest.mark.slow
 def test_metrics_return_before_the_write_and_flush_waits_for_it() -> None:
     inner = Recorder()
     inner.gate = threading.Event()
@@ -104,6 +105,7 @@ def test_calls_land_in_the_order_made_and_arguments_are_copied() -> None:
     assert inner.calls == [*expected, ("tags", {"done": "yes"}), ("finish", "FINISHED")]
 
 
+@pytest.mark.slow
 def test_artifacts_params_inputs_and_orphans_wait_for_the_queue() -> None:
     inner = Recorder()
     inner.gate = threading.Event()
@@ -133,6 +135,7 @@ def test_a_failed_write_is_raised_once_later_writes_are_dropped_and_the_run_ends
     assert inner.calls == [("metrics", {"a": 1.0}, 1), ("finish", "FAILED")]
 
 
+@pytest.mark.slow
 def test_start_run_wraps_on_request_and_mlflow_holds_every_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("mlflow")
     monkeypatch.chdir(tmp_path)

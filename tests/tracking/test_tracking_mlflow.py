@@ -59,6 +59,7 @@ def cfg(store: SimpleNamespace, experiment: str) -> SimpleNamespace:
     return SimpleNamespace(backend="mlflow", tracking_uri=store.uri, experiment=experiment)
 
 
+@pytest.mark.slow
 def test_params_tags_metrics_artifacts_and_table(store: SimpleNamespace) -> None:
     params = flatten(Config())
     with start_run(cfg(store, "basic"), "run-a", tags={"dapo.variant": "dapo", "seed": 0}) as tracker:
@@ -93,6 +94,7 @@ def test_params_tags_metrics_artifacts_and_table(store: SimpleNamespace) -> None
     assert names == {"samples/step_1.json"}
 
 
+@pytest.mark.slow
 def test_artifacts_live_beside_the_database_not_in_the_working_directory(store: SimpleNamespace) -> None:
     with start_run(cfg(store, "where/artifacts go"), "run") as tracker:
         tracker.log_text("x", "a.txt")
@@ -104,6 +106,7 @@ def test_artifacts_live_beside_the_database_not_in_the_working_directory(store: 
     assert list((store.root / "cwd").iterdir()) == []  # no ./mlruns, no ./mlartifacts
 
 
+@pytest.mark.slow
 def test_one_batched_call_per_step_lands_every_metric_at_its_step(store: SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> None:
     with start_run(cfg(store, "metrics"), "run") as tracker:
         calls: list[dict[str, Any]] = []
@@ -143,6 +146,7 @@ def test_child_run_is_nested_under_its_parent(store: SimpleNamespace) -> None:
     assert "mlflow.parentRunId" not in store.client.get_run(parent_id).data.tags
 
 
+@pytest.mark.slow
 def test_resume_keeps_params_and_status_follows_the_resumed_session(store: SimpleNamespace) -> None:
     with pytest.raises(RuntimeError):
         with start_run(cfg(store, "resume"), "run") as first:
@@ -165,6 +169,7 @@ def test_resume_keeps_params_and_status_follows_the_resumed_session(store: Simpl
     assert len(store.client.search_runs([store.client.get_experiment_by_name("resume").experiment_id])) == 1
 
 
+@pytest.mark.slow
 def test_a_resumed_run_does_not_record_replayed_steps_twice(store: SimpleNamespace) -> None:
     # killed after logging steps 1-3 (its checkpoint was step 1): the resumed run replays 2-3
     with start_run(cfg(store, "replay"), "run") as first:
@@ -183,6 +188,7 @@ def test_a_resumed_run_does_not_record_replayed_steps_twice(store: SimpleNamespa
     assert table["data"] == [[1]]  # not appended to a second time
 
 
+@pytest.mark.slow
 def test_two_processes_creating_one_sqlite_store_at_once_both_succeed(tmp_path: Path) -> None:
     import subprocess
     import sys

@@ -107,6 +107,7 @@ def test_the_condition_is_one_optimizer_step_without_kl_or_truncated_is():
     ["algorithm.entropy_coeff=0.01"],
     ["algorithm.clip_ratio_c=3.0", "algorithm.loss_agg_mode=seq-mean-token-sum-norm"],
 ])
+@pytest.mark.slow
 def test_the_update_and_every_metric_equal_the_separate_pass_under_any_micro_batch(tiny_model_dir, extra):
     separate = one_update(tiny_model_dir, config(*extra), old_from_update=False)
     assert max(float(g.abs().max()) for g in separate["grads"][0]) > 1e-3  # a real gradient
@@ -154,6 +155,7 @@ def run_worker(model_dir: Path, out: Path, nproc: int) -> dict:
     return torch.load(out, weights_only=False)
 
 
+@pytest.mark.slow
 def test_two_ranks_with_old_from_update_give_the_one_process_update_and_metrics(tiny_model_dir, tmp_path):
     one = run_worker(tiny_model_dir, tmp_path / "one.pt", 1)
     two = run_worker(tiny_model_dir, tmp_path / "two.pt", 2)
@@ -215,6 +217,7 @@ def recorded_run(tiny_model_dir, out, monkeypatch, *, mini: int, extra: tuple[st
     return recorder.metrics
 
 
+@pytest.mark.slow
 def test_run_train_logs_the_same_metrics_without_the_separate_pass(tiny_model_dir, tmp_path, monkeypatch):
     from_update = recorded_run(tiny_model_dir, tmp_path / "from_update", monkeypatch, mini=GROUPS)
     separate = recorded_run(tiny_model_dir, tmp_path / "separate", monkeypatch, mini=GROUPS // 2)
@@ -227,6 +230,7 @@ def test_run_train_logs_the_same_metrics_without_the_separate_pass(tiny_model_di
     assert from_update[2]["timing/old_log_prob"] < separate[2]["timing/old_log_prob"]
 
 
+@pytest.mark.slow
 def test_bfloat16_autocast_trains_with_its_own_old_log_probs(tiny_model_dir, tmp_path, monkeypatch):
     # engine.autocast=bfloat16: the update's forward (bfloat16 matmuls) is also π_old's, so the ratio is
     # still exactly 1; the float32 sampler's log-probs now differ from the trainer's by bfloat16

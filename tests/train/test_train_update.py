@@ -55,6 +55,7 @@ def mini_batch_grads(model_dir: Path, mode: str, micro: int, extra: list[str] = 
 
 
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+@pytest.mark.slow
 def test_micro_batch_size_does_not_change_the_update(tiny_model_dir, mode):
     # Each mini-batch has 2 groups x 4 samples = 8 responses; micro-batches of 8 (one pass),
     # 3 (3+3+2, ragged) and 1 must accumulate the same gradient before each optimizer step
@@ -93,6 +94,7 @@ def test_a_non_finite_loss_skips_the_update_and_is_counted(tiny_model_dir):
     assert not engine.params_finite()  # what TrainingSession.save checks before writing a checkpoint
 
 
+@pytest.mark.slow
 def test_optional_kl_penalty_to_a_frozen_reference(tiny_model_dir):
     from dapo_cli.components import model_loader
 
@@ -149,6 +151,7 @@ def tis_grads(model_dir: Path, *, enable: bool, cap: float, shift: float) -> tup
 
 
 @pytest.mark.parametrize(("cap", "factor"), [(1.5, 1.5), (3.0, 2.0)])
+@pytest.mark.slow
 def test_truncated_importance_sampling_scales_the_gradient_by_the_truncated_ratio(tiny_model_dir, cap, factor):
     # ratio exp(log 2) = 2 on every token: the weight is min(2, cap), a constant, so the whole
     # gradient is that constant times the uncorrected one (one update, ratio 1 to pi_old)
@@ -166,6 +169,7 @@ def test_truncated_importance_sampling_scales_the_gradient_by_the_truncated_rati
     assert metrics_on["rollout/is_truncated_frac"] == (1.0 if cap < 2 else 0.0)
 
 
+@pytest.mark.slow
 def test_micro_batch_loss_norm_is_what_per_micro_batch_frameworks_compute(tiny_model_dir):
     # token-mean normalised per micro-batch is NOT the mini-batch token mean: the gradients differ
     exact = mini_batch_grads(tiny_model_dir, "token-mean", 3)
