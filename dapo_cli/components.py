@@ -24,17 +24,13 @@ from typing import Any
 
 import torch
 
-from dapo_cli.config.schema import EngineConfig, RolloutConfig, TrackingConfig
+from dapo_cli.config.schema import LOCAL_ROLLOUT_ENGINES, ROLLOUT_ENGINES, EngineConfig, RolloutConfig, TrackingConfig
 from dapo_cli.engine.base import TrainingEngine
 from dapo_cli.engine.dist import Collective, init_collective
 from dapo_cli.errors import UserError
 from dapo_cli.rollout.base import RolloutEngine
 from dapo_cli.tracking import NullTracker, Tracker, start_run
 
-TRAINING_ENGINES = ("torch", "deepspeed")
-ROLLOUT_ENGINES = ("fast", "hf", "vllm")
-LOCAL_ROLLOUT_ENGINES = ("fast", "hf")
-"""Rollout engines that sample with a module in this process (:func:`build_policy_rollout`)."""
 
 PromptFormatter = Callable[[Sequence[Mapping[str, str]]], str]
 

@@ -28,7 +28,7 @@ from dapo_cli.cli.options import (
     TokenLevelLossToggle,
     resolve,
 )
-from dapo_cli.config.validate_direct_advantage import ALGO_DIRECT_ADVANTAGE, ALGOS
+from dapo_cli.config.schema import ALGO_DIRECT_ADVANTAGE, ALGOS
 from dapo_cli.tracking import PARENT_RUN_ENV
 
 EXAMPLES = [

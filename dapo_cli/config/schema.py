@@ -21,6 +21,18 @@ from dapo_cli.config.tiny import TinyModelConfig
 from dapo_cli.errors import UserError
 
 
+ALGO_DAPO = "dapo"
+ALGO_DIRECT_ADVANTAGE = "direct-advantage"
+ALGOS: tuple[str, ...] = (ALGO_DAPO, ALGO_DIRECT_ADVANTAGE)
+"""``algo`` values: the RL method a run uses."""
+TRAINING_ENGINES: tuple[str, ...] = ("torch", "deepspeed")
+"""``engine.name`` values (built by ``components.build_training_engine``)."""
+ROLLOUT_ENGINES: tuple[str, ...] = ("fast", "hf", "vllm")
+"""``rollout.engine`` / ``eval.engine`` values (built by ``components``)."""
+LOCAL_ROLLOUT_ENGINES: tuple[str, ...] = ("fast", "hf")
+"""Rollout engines that sample with a module in this process (``components.build_policy_rollout``)."""
+
+
 @dataclass
 class DataConfig:
     train_files: list[str] = setting(["synthetic:add-3digit"], "training sets: DAPO parquet paths, registered names, or synthetic:NAME")
@@ -44,7 +56,7 @@ class ModelConfig:
 class RolloutConfig:
     engine: str = setting(
         "fast", "rollout engine: fast (own decode loop, the CPU default), hf (transformers generate) or vllm (CUDA, or vLLM's CPU build)",
-        choices=("fast", "hf", "vllm"),
+        choices=ROLLOUT_ENGINES,
     )
     n: int = setting(16, "responses sampled per prompt (the group size G)")
     temperature: float = setting(1.0, "sampling temperature for training rollouts")
@@ -144,7 +156,7 @@ class ValidationConfig:
 
 @dataclass
 class EngineConfig:
-    name: str = setting("torch", "training engine: torch (one process, DDP under torchrun) or deepspeed (ZeRO)", choices=("torch", "deepspeed"))
+    name: str = setting("torch", "training engine: torch (one process, DDP under torchrun) or deepspeed (ZeRO)", choices=TRAINING_ENGINES)
     device: str = setting("auto", "device for the torch engine (auto: cuda when available)", choices=("auto", "cpu", "cuda"))
     num_threads: int = setting(0, "torch CPU threads (0: torch's default)")
     zero_stage: int = setting(3, "DeepSpeed only: ZeRO stage 0-3 (0: plain data parallel, 1: optimizer states, 2: + gradients, 3: + parameters sharded)")
@@ -197,7 +209,7 @@ class EvalConfig:
     top_p: float = setting(0.7, "nucleus sampling (DAPO paper: 0.7)")
     max_tokens: int = setting(20480, "maximum new tokens per response (DAPO paper: 20480)")
     verifier: str = setting("math_dapo", "answer checker", choices=("math_dapo", "strict_box", "math_equiv"))
-    engine: str = setting("hf", "rollout engine (fast: the CPU sampler, hf: transformers generate, vllm: CUDA or vLLM's CPU build)", choices=("fast", "hf", "vllm"))
+    engine: str = setting("hf", "rollout engine (fast: the CPU sampler, hf: transformers generate, vllm: CUDA or vLLM's CPU build)", choices=ROLLOUT_ENGINES)
     batch_size: int = setting(0, "sequences per generate call (0: all of one problem batch)")
     seed: int = setting(0, "sampling seed")
     table_rows: int = setting(1000, "most samples in the MLflow generations table of dapo eval (0: none; AIME24 avg@32 is 960)")
@@ -273,7 +285,7 @@ class Config:
     data: DataConfig = setting(DataConfig(), "training and validation data")
     model: ModelConfig = setting(ModelConfig(), "the policy")
     rollout: RolloutConfig = setting(RolloutConfig(), "sampling responses for training")
-    algo: str = setting("dapo", "the RL algorithm: dapo (decoupled clip + dynamic sampling, online) or direct-advantage (step-level critic, offline)", choices=("dapo", "direct-advantage"))
+    algo: str = setting("dapo", "the RL algorithm: dapo (decoupled clip + dynamic sampling, online) or direct-advantage (step-level critic, offline)", choices=ALGOS)
     algorithm: AlgorithmConfig = setting(AlgorithmConfig(), "the DAPO objective and its techniques")
     direct_advantage: DirectAdvantageConfig = setting(DirectAdvantageConfig(), "Direct Advantage Policy Optimization (algo: direct-advantage)")
     reward: RewardConfig = setting(RewardConfig(), "scoring responses")

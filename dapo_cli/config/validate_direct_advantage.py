@@ -8,13 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dapo_cli.config.schema import Config, flatten, require
-
-ALGO_DAPO = "dapo"
-ALGO_DIRECT_ADVANTAGE = "direct-advantage"
-ALGOS = (ALGO_DAPO, ALGO_DIRECT_ADVANTAGE)
-LOCAL_ROLLOUT_ENGINES = ("fast", "hf")
-"""Rollout engines that sample with an in-process module (the phases load one model after another)."""
+from dapo_cli.config.schema import ALGO_DIRECT_ADVANTAGE, LOCAL_ROLLOUT_ENGINES, Config, flatten, require
 
 
 def non_default(section: Any, prefix: str) -> list[str]:

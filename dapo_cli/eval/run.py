@@ -509,7 +509,8 @@ def run_eval(
     if opts.table_rows < 0:
         raise UserError(f"--table-rows must be 0 or more (got {opts.table_rows})")
     check_memory(opts, 1)  # before anything loads: even one problem may not fit
-    from dapo_cli.components import ROLLOUT_ENGINES, build_eval_rollout
+    from dapo_cli.components import build_eval_rollout
+    from dapo_cli.config.schema import ROLLOUT_ENGINES
 
     if opts.engine not in ROLLOUT_ENGINES:
         raise UserError(f"unknown engine '{opts.engine}'; valid names: {', '.join(ROLLOUT_ENGINES)}")
