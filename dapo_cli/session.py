@@ -35,11 +35,12 @@ from dapo_cli.config.schema import PLANNING_SECTIONS, DataConfig
 from dapo_cli.config.techniques import variant_name
 from dapo_cli.config.validate import check_world_size
 from dapo_cli.data.loader import Prompt, PromptStream, build_prompts, dataset_manifest, dropped_note, keep_fitting, load_rows
+from dapo_cli.engine.base import TrainingEngine
 from dapo_cli.engine.dist import Collective, SingleProcess, shutdown_process_group
 from dapo_cli.errors import NON_FINITE, RunStopped, UserError
 from dapo_cli.fileio import write_text_atomic
 from dapo_cli.progress import QUIET, StepReporter
-from dapo_cli.rollout.base import SamplingParams
+from dapo_cli.rollout.base import RolloutEngine, SamplingParams
 from dapo_cli.tracking.base import Tracker
 
 MAX_MODEL_ARTIFACT_BYTES = 64 * 2**20
@@ -193,8 +194,8 @@ class TrainingSession:
     run_name: str
     run_dir: Path
     tokenizer: Any
-    engine: Any
-    rollout: Any
+    engine: TrainingEngine
+    rollout: RolloutEngine
     stream: PromptStream
     val_problems: list[Any]
     val_prompts: list[str]
