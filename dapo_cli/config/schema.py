@@ -31,6 +31,8 @@ ROLLOUT_ENGINES: tuple[str, ...] = ("fast", "hf", "vllm")
 """``rollout.engine`` / ``eval.engine`` values (built by ``components``)."""
 LOCAL_ROLLOUT_ENGINES: tuple[str, ...] = ("fast", "hf")
 """Rollout engines that sample with a module in this process (``components.build_policy_rollout``)."""
+ROLLOUT_WORKERS: tuple[str, ...] = ("auto", "inline", "process")
+"""``rollout.worker`` values: where training rollouts are generated (``dapo_cli/rounds.py``)."""
 
 
 @dataclass
@@ -73,6 +75,25 @@ class RolloutConfig:
         1, "vLLM only: sleep mode during the update phase (0: stay awake, 1: offload weights and drop the KV cache, 2: drop both); "
         "vLLM's CPU build has none and stays awake",
     )
+    max_staleness: int = setting(
+        0, "asynchronous rollouts: a worker process generates the next steps' rounds while the trainer updates; a "
+        "sample drawn with weights more than this many versions older than the policy being updated is never trained "
+        "on (its group is dropped), and the loss corrects the rest with the decoupled objective (0: the synchronous loop)",
+    )
+    worker: str = setting(
+        "auto", "where training rollouts are generated: inline (in the trainer's process, between updates), process (a "
+        "worker process fed the newest weights after every optimizer step), auto (process when max_staleness > 0)",
+        choices=ROLLOUT_WORKERS,
+    )
+    worker_threads: int = setting(
+        0, "rollout worker process: its torch threads (0: half the CPU cores); the trainer then takes "
+        "engine.num_threads, or the remaining cores when that is 0",
+    )
+
+
+def uses_worker(rollout: RolloutConfig) -> bool:
+    """True when training rollouts come from the worker process (``rollout.worker``, auto: when ``max_staleness > 0``)."""
+    return rollout.worker == "process" or (rollout.worker == "auto" and rollout.max_staleness > 0)
 
 
 @dataclass

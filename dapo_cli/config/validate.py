@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from dapo_cli.config.schema import Config, ConfigError, DataConfig, EngineConfig, require  # noqa: F401 (ConfigError re-exported)
+from dapo_cli.config.schema import (  # noqa: F401 (ConfigError re-exported)
+    LOCAL_ROLLOUT_ENGINES,
+    Config,
+    ConfigError,
+    DataConfig,
+    EngineConfig,
+    require,
+    uses_worker,
+)
 from dapo_cli.config.validate_direct_advantage import check_direct_advantage
 
 MAX_AVG_K = 4096
@@ -100,6 +108,17 @@ def validate(cfg: Config) -> None:
     require(0.0 < rollout.gpu_memory_utilization <= 1.0, f"rollout.gpu_memory_utilization={rollout.gpu_memory_utilization} must be in (0, 1]; colocated with training, 0.4-0.6 is typical")
     require(rollout.tensor_parallel_size >= 1, f"rollout.tensor_parallel_size={rollout.tensor_parallel_size} must be >= 1")
     require(rollout.sleep_level in (0, 1, 2), f"rollout.sleep_level={rollout.sleep_level} must be 0 (awake), 1 or 2")
+    require(rollout.max_staleness >= 0, f"rollout.max_staleness={rollout.max_staleness} must be >= 0 (0: synchronous)")
+    require(rollout.worker_threads >= 0, f"rollout.worker_threads={rollout.worker_threads} must be >= 0 (0: half the cores)")
+    require(
+        rollout.worker != "inline" or rollout.max_staleness == 0,
+        f"rollout.max_staleness={rollout.max_staleness} needs the rollout worker process; set rollout.worker=process (or auto), or max_staleness=0",
+    )
+    require(
+        rollout.engine in LOCAL_ROLLOUT_ENGINES or not uses_worker(rollout),
+        f"the rollout worker process runs the {' or '.join(LOCAL_ROLLOUT_ENGINES)} engine, not {rollout.engine}; "
+        "set rollout.engine=fast (or rollout.max_staleness=0 and rollout.worker=auto)",
+    )
     require(algo.rollout_is.cap >= 1.0, f"algorithm.rollout_is.cap={algo.rollout_is.cap} must be >= 1 (weights above it are truncated; 2.0 is common)")
     require(bool(data.train_files), "data.train_files is empty; give at least one dataset")
     cluster = cfg.cluster
