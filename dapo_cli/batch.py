@@ -25,7 +25,7 @@ old_log_probs          FloatTensor [N, T]           engine (no grad), policy tha
 ref_log_probs          FloatTensor [N, T] | None    engine (frozen reference), KL only
 entropy                FloatTensor [N, T] | None    engine, with old_log_probs
 rollout_log_probs      FloatTensor [N, T] | None    rollout engine: log-probs of its own samples
-is_weights             FloatTensor [N, T] | None    algo.importance (truncated IS), when enabled
+versions               LongTensor [N] | None        round source: the weight version each response was sampled with
 =====================  ===========================  ===================================
 """
 
@@ -63,7 +63,7 @@ class RolloutBatch:
     ref_log_probs: torch.Tensor | None = None
     entropy: torch.Tensor | None = None
     rollout_log_probs: torch.Tensor | None = None
-    is_weights: torch.Tensor | None = None
+    versions: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return int(self.response_ids.shape[0])

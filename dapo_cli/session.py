@@ -12,6 +12,7 @@ import dataclasses
 import hashlib
 import json
 import shutil
+import os
 import subprocess
 from pathlib import Path
 from collections.abc import Callable
@@ -31,7 +32,7 @@ from dapo_cli.checkpoint import (
     set_rng_state,
 )
 from dapo_cli.config import Config, dump_yaml, flatten, technique_state, to_dict
-from dapo_cli.config.schema import PLANNING_SECTIONS, DataConfig
+from dapo_cli.config.schema import PLANNING_SECTIONS, DataConfig, RolloutConfig, uses_worker
 from dapo_cli.config.techniques import variant_name
 from dapo_cli.config.validate import check_world_size
 from dapo_cli.data.loader import Prompt, PromptStream, build_prompts, dataset_manifest, dropped_note, keep_fitting, load_rows
@@ -51,6 +52,15 @@ def derive_seed(seed: int, *parts: Any) -> int:
     """A 31-bit seed from the run seed and a purpose/step path, stable across processes and resumes."""
     text = ":".join(str(p) for p in (seed, *parts))
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "big") & 0x7FFFFFFF
+
+
+def thread_split(rollout: RolloutConfig, num_threads: int) -> tuple[int, int]:
+    """(trainer, worker) torch threads: ``rollout.worker_threads`` (0: half the cores, at least 1) for the worker,
+    ``engine.num_threads`` (``num_threads``; 0: the cores left, at least 1) for the trainer."""
+    cores = os.cpu_count() or 1
+    worker = rollout.worker_threads or max(1, cores // 2)
+    trainer = num_threads or max(1, cores - worker)
+    return trainer, worker
 
 
 def git_commit() -> str:
@@ -212,6 +222,8 @@ class TrainingSession:
     mlflow_run_id: str | None = None
     base_val: float | None = None
     last_val: float | None = None
+    model_path: str = ""
+    """The weights the run's policy was loaded from (the checkpoint's ``model/`` after a resume)."""
 
     @property
     def display_name(self) -> str:
@@ -231,7 +243,9 @@ class TrainingSession:
         from dapo_cli.models import load_policy
         from dapo_cli.warmstart import ensure_model
 
-        if cfg.engine.num_threads > 0:
+        if uses_worker(cfg.rollout):  # the rollout worker process takes its share of the cores
+            torch.set_num_threads(thread_split(cfg.rollout, cfg.engine.num_threads)[0])
+        elif cfg.engine.num_threads > 0:
             torch.set_num_threads(cfg.engine.num_threads)
         dist = components.build_collective(cfg.engine)
         held: list[RunClaim] = []  # rank 0's claim, with its lock
@@ -287,6 +301,7 @@ class TrainingSession:
             ckpt=ckpt,
             dist=dist,
             claim=held[0] if held else claim,
+            model_path=str(model_path),
         )
         for note in (*claim.notes, *manifest["notes"], *engine_notes):
             session.reporter.note(note)
@@ -383,13 +398,15 @@ class TrainingSession:
         self.reporter.note(f"step {step}: val avg@{v.k} = {acc:.3f} on {len(self.val_problems)} problems")
         return metrics
 
-    def save(self, step: int) -> Path:
+    def save(self, step: int, *, stream_state: dict[str, int] | None = None) -> Path:
+        """Checkpoint step ``step``; ``stream_state``: where the prompt stream resumes (default: its state now;
+        a round source that drew prompts ahead gives the position of the first prompt no trained round used)."""
         if not self.engine.params_finite():
             self.reporter.note(f"step {step}: parameters are not finite; checkpoint skipped")
             return self.ckpt.root
         self.reporter.phase(step, "checkpoint")
         state = {
-            "stream": self.stream.state_dict(),
+            "stream": stream_state if stream_state is not None else self.stream.state_dict(),
             "barren_steps": self.barren_steps,
             "mlflow_run_id": self.mlflow_run_id or "",
             "base_val": self.base_val,

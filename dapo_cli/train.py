@@ -2,14 +2,14 @@
 
 One step (DAPO Algorithm 1; Yu et al. 2025, arXiv:2503.14476)::
 
-    prompts ─rollout.generate(n=G)─► responses, lengths, truncated
+    prompts ─rounds.next_round──────► responses, lengths, truncated, weight version (rounds.py: inline, or a worker process)
             ─verifier───────────────► score ±1, acc
             ─algo.overlong──────────► shaped reward (soft punishment, Eq. 13) / loss mask (filtering)
             ─algo.sampling──────────► keep groups with 0 < #correct < G; generate more rounds until full (Eq. 11)
             ─algo.advantages────────► Â per response (group-normalised)
             ─engine (no grad)───────► old log-probs, entropy
             ─epochs × mini-batches × micro-batches: policy_loss (decoupled clip Eq. 10, token-level Eq. 12)
-            ─engine.step────────────► rollout.wake_up + sync_weights(engine)  (export_weights, in memory)
+            ─engine.step────────────► rounds.after_update: the rollout engine (or the worker) gets the new weights
             ─tracker.log_metrics (one batched call) / checkpoint / validate
 
 Departures from the paper, each deliberate: (1) no KL term unless ``algorithm.use_kl_loss``
@@ -17,6 +17,11 @@ Departures from the paper, each deliberate: (1) no KL term unless ``algorithm.us
 the step trains on the groups it has (``filter_groups.on_exhausted: train``) instead of
 stalling; (3) a collapse guard stops the run after ``trainer.collapse_patience`` steps
 without any informative group (every group all-right or all-wrong gives no gradient).
+
+Asynchronous rollouts (``rollout.max_staleness = k > 0``, ``rollout_worker.py``): a worker process
+generates the next steps' rounds while the trainer updates; a round sampled more than ``k`` versions
+before the policy being updated is dropped, and the loss is the decoupled objective
+(``algo/staleness.py``: clip around the recomputed π_old, behaviour weight min(π_old / π_rollout, C)).
 
 Data parallel (``torchrun``): every rank runs this loop on its share of each round's
 prompts; the few places where ranks must agree go through ``engine.dist`` — the dynamic
@@ -36,19 +41,19 @@ import torch
 from dapo_cli.algo.advantages import group_advantages
 from dapo_cli.algo.overlong import mask_responses, overlong_filter_mask, overlong_penalty
 from dapo_cli.algo.sampling import GroupBatchAssembler, informative_groups
+from dapo_cli.algo.staleness import version_lag
 from dapo_cli.batch import RolloutBatch
 from dapo_cli.components import open_tracker
 from dapo_cli.config import Config
-from dapo_cli.data.loader import Prompt, PromptStream
+from dapo_cli.config.schema import uses_worker
 from dapo_cli.diagnostics import contains_answer, group_length_spread, loops, on_correct_path
 from dapo_cli.engine.dist import Collective, SingleProcess, gather_cat, reduce_sums
 from dapo_cli.errors import UserError
 from dapo_cli.rewards import score_batch
-from dapo_cli.rollout.base import RolloutEngine, SamplingParams
-from dapo_cli.session import TrainingSession, derive_seed
+from dapo_cli.rounds import Round, RoundSource, open_rounds
+from dapo_cli.session import TrainingSession
 from dapo_cli.signals import sigint_deferred
 from dapo_cli.update import (
-    fill_is_weights,
     fill_old_log_probs,
     old_log_probs_from_update,
     rollout_mismatch,
@@ -59,11 +64,9 @@ from dapo_cli.update import (
 # ---------------------------------------------------------------- the step's phases
 
 
-def generate_round(
-    rollout: RolloutEngine, prompts: list[Prompt], *, n: int, params: SamplingParams, first_group: int, pad_id: int
-) -> RolloutBatch:
-    """Sample ``n`` responses for each prompt; group ids ``first_group + prompt index``."""
-    out = rollout.generate([p.text for p in prompts], n, params)
+def to_batch(rnd: Round, *, first_group: int, pad_id: int) -> RolloutBatch:
+    """A round as the step's batch type; group ids ``first_group + prompt index``, every response's version."""
+    out, prompts = rnd.rollouts, rnd.prompts
     return RolloutBatch(
         prompt_ids=out.prompt_ids,
         prompt_mask=out.prompt_mask,
@@ -77,6 +80,7 @@ def generate_round(
         prompts=[prompts[i].text for i in out.prompt_index.tolist()],
         pad_id=pad_id,
         rollout_log_probs=out.logprobs,
+        versions=torch.full((len(out.lengths),), rnd.version, dtype=torch.long),
     )
 
 
@@ -111,32 +115,36 @@ class Collected:
 
 
 def collect_batch(
-    rollout: RolloutEngine, stream: PromptStream, cfg: Config, *, step: int, pad_id: int, dist: Collective | None = None
+    rounds: RoundSource, cfg: Config, *, step: int, pad_id: int, dist: Collective | None = None, policy_version: int | None = None,
 ) -> Collected:
-    """Generate, score and shape; with dynamic sampling, repeat rounds until enough informative groups.
+    """Take rounds, score and shape them; with dynamic sampling, take more until enough informative groups.
 
-    Data parallel: every rank draws the same round of prompts from its (identical) stream and
-    generates for its own contiguous share; the group filter runs on the whole round's
-    accuracies (gathered, rank order), so every rank agrees when the batch is full and the
-    ranks together train exactly ``train_batch_size`` groups. Group ids are global.
+    ``policy_version`` (default ``step − 1``) is the version of the weights being updated; with the worker
+    process (``rollout.worker``) a round sampled more than ``rollout.max_staleness`` versions before it is
+    dropped whole, before anything is scored, and counted (``async/stale_groups_dropped``).
+
+    Data parallel: every rank takes the same round (its own share of the same prompts); the staleness
+    test and the group filter run on the whole round (lag maximum, gathered accuracies, rank order), so
+    every rank agrees when the batch is full and the ranks together train exactly ``train_batch_size``
+    groups. Group ids are global.
     """
     dist = dist or SingleProcess()
+    version = step - 1 if policy_version is None else policy_version
     target = cfg.data.train_batch_size
     per_round = cfg.data.gen_batch_size or target
     share = per_round // dist.world_size
     fg = cfg.algorithm.filter_groups
     assembler = GroupBatchAssembler(target, fg.max_num_gen_batches) if fg.enable else None
+    worker = uses_worker(cfg.rollout)
     kept: list[RolloutBatch] = []
     generated: list[RolloutBatch] = []
-    round_idx = 0
+    round_idx = stale_groups = 0
     while True:
-        # one process keeps its historical seeds; an engine that keys its random streams by prompt text
-        # (rollout/fast.py) needs no rank either, so its samples do not depend on the world size
-        rank_part = [dist.rank] if dist.world_size > 1 and not rollout.seeds_per_prompt else []
-        params = rollout_params(cfg, seed=derive_seed(cfg.trainer.seed, "rollout", step, round_idx, *rank_part))
-        prompts = stream.next(per_round)[dist.rank * share : (dist.rank + 1) * share]
-        first = round_idx * per_round + dist.rank * share
-        batch = generate_round(rollout, prompts, n=cfg.rollout.n, params=params, first_group=first, pad_id=pad_id)
+        rnd = rounds.next_round(step)
+        if worker and round_lag(rnd, version, dist) > cfg.rollout.max_staleness:
+            stale_groups += per_round
+            continue
+        batch = to_batch(rnd, first_group=round_idx * per_round + dist.rank * share, pad_id=pad_id)
         score_and_shape(batch, cfg)
         generated.append(batch)
         round_idx += 1
@@ -177,8 +185,18 @@ def collect_batch(
             "train/samples_generated": float(len(stats["lengths"])),
         }
         nothing = False
+    if worker:
+        metrics["async/stale_groups_dropped"] = float(stale_groups)
     trained = None if nothing else RolloutBatch.concat(kept)
     return Collected(batch=trained, generated=everything, metrics=metrics, generated_stats=stats)
+
+
+def round_lag(rnd: Round, policy_version: int, dist: Collective) -> int:
+    """Version lag of a round (``algo.staleness.version_lag``), the largest over ranks so every rank agrees."""
+    lag = int(version_lag(policy_version, torch.tensor([rnd.version]))[0])
+    if dist.world_size == 1:
+        return lag
+    return int(dist.all_reduce(torch.tensor([float(lag)]), "max").item())
 
 
 def compute_advantages(batch: RolloutBatch, cfg: Config) -> None:
@@ -188,8 +206,11 @@ def compute_advantages(batch: RolloutBatch, cfg: Config) -> None:
     batch.advantages = group_advantages(batch.rewards, batch.group_ids, estimator=cfg.algorithm.adv_estimator)
 
 
-def step_metrics(collected: Collected, batch: RolloutBatch | None, cfg: Config, dist: Collective | None = None) -> dict[str, float]:
-    """The paper's monitors on the trained batch, plus accuracy over everything generated (all ranks)."""
+def step_metrics(
+    collected: Collected, batch: RolloutBatch | None, cfg: Config, dist: Collective | None = None, *, policy_version: int = 0,
+) -> dict[str, float]:
+    """The paper's monitors on the trained batch, plus accuracy over everything generated (all ranks);
+    with the worker process, the trained responses' version lag behind ``policy_version`` (mean, max)."""
     dist = dist or SingleProcess()
     gen = collected.generated_stats
     lengths = gen["lengths"].float()
@@ -222,6 +243,7 @@ def step_metrics(collected: Collected, batch: RolloutBatch | None, cfg: Config, 
             "entropy": float((batch.entropy * mask).sum()),
             "prob": float((torch.exp(batch.old_log_probs) * mask).sum()),
             "filtered": float((batch.loss_mask.sum(-1) == 0).sum()),
+            "lag": float(version_lag(policy_version, batch.versions).sum()) if batch.versions is not None else 0.0,
         })
         rows, tokens = max(s["rows"], 1.0), s["tokens"]
         out.update(
@@ -237,6 +259,10 @@ def step_metrics(collected: Collected, batch: RolloutBatch | None, cfg: Config, 
                 "train/loss_tokens": tokens,
             }
         )
+        if uses_worker(cfg.rollout):
+            out["async/version_lag_mean"] = s["lag"] / rows
+            lag_max = version_lag(policy_version, batch.versions).max() if len(batch) else torch.tensor(0)
+            out["async/version_lag_max"] = float(dist.all_reduce(lag_max.double().reshape(1), "max").item())
     return out
 
 
@@ -247,15 +273,6 @@ def informative_step(batch: RolloutBatch | None, dist: Collective) -> bool:
 
 
 # ---------------------------------------------------------------- small helpers
-
-
-def rollout_params(cfg: Config, *, seed: int) -> SamplingParams:
-    """Training rollouts: the config's sampling, with the engine's log-probs of its samples
-    (the train-inference mismatch metric and the truncated-IS correction use them)."""
-    r = cfg.rollout
-    return SamplingParams(
-        temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_tokens=r.max_response_length, seed=seed, logprobs=True
-    )
 
 
 def due(step: int, freq: int, last: int) -> bool:
@@ -286,6 +303,7 @@ def run_train(
     s = TrainingSession.open(cfg, resume=resume, verbosity=-1 if quiet else int(verbose))
     trainer, dist = cfg.trainer, s.dist
     step, metrics = s.start_step, {}
+    rounds: RoundSource | None = None
     try:
         with open_tracker(
             cfg.tracking, dist, s.display_name, tags=s.tags(command, extra_tags), parent_run_id=parent_run_id,
@@ -293,15 +311,17 @@ def run_train(
         ) as tracker:
             s.record_start(tracker)
             s.close_orphans(tracker)
+            # inline, or a worker process generating ahead (rollout.worker / max_staleness); versions count steps
+            rounds = open_rounds(cfg, s.rollout, s.stream, dist, s.engine, model_path=s.model_path, version=s.start_step)
             if s.start_step == 0:
                 s.log_validation(tracker, step=0)
             with s.reporter:
                 for step in range(s.start_step + 1, trainer.total_steps + 1):
                     t0 = time.perf_counter()
                     s.reporter.phase(step, "generate + score")
-                    collected = collect_batch(s.rollout, s.stream, cfg, step=step, pad_id=s.pad_id, dist=dist)
+                    collected = collect_batch(rounds, cfg, step=step, pad_id=s.pad_id, dist=dist)
                     t_gen = elapsed(t0)
-                    s.rollout.sleep()  # a colocated engine hands its GPU memory to the update
+                    rounds.before_update(step, int(collected.metrics["train/num_gen_batches"]))  # the worker goes on
                     batch, update = collected.batch, {}
                     if batch is not None:
                         compute_advantages(batch, cfg)
@@ -309,22 +329,17 @@ def run_train(
                         if not old_from_update:
                             s.reporter.phase(step, "old log-probs")
                             fill_old_log_probs(s.engine, batch, cfg)
-                            fill_is_weights(batch, cfg)
                         t_old = elapsed(t0) - t_gen
                         s.reporter.phase(step, "update")
                         update = update_policy(s.engine, batch, cfg, step=step, old_from_update=old_from_update)
                         update.update(rollout_mismatch(batch, cfg, dist), **{"timing/old_log_prob": t_old})
                     if batch is not None and not s.engine.params_finite():
                         s.stop_non_finite(tracker, step)  # raises: nothing generates with NaN weights
-                    t_sync = time.perf_counter()
-                    s.rollout.wake_up()
-                    if batch is not None:
-                        s.rollout.sync_weights(s.engine)  # in memory, from engine.export_weights()
-                        update["timing/weight_sync"] = elapsed(t_sync)
+                    update.update(rounds.after_update(s.engine, step, updated=batch is not None))  # weights version `step`
                     if update.get("actor/skipped_updates"):
                         s.reporter.note(f"step {step}: {int(update['actor/skipped_updates'])} update(s) skipped: the loss or gradient was not finite")
                     s.barren_steps = 0 if informative_step(batch, dist) else s.barren_steps + 1
-                    metrics = {**step_metrics(collected, batch, cfg, dist), **update}
+                    metrics = {**step_metrics(collected, batch, cfg, dist, policy_version=step - 1), **update}
                     metrics["timing/gen_and_score"] = t_gen
                     metrics["timing/step"] = elapsed(t0)
                     metrics["perf/gen_tokens_per_s"] = float(collected.generated_stats["lengths"].sum()) / max(t_gen, 1e-9)
@@ -338,7 +353,7 @@ def run_train(
                         s.log_validation(tracker, step=step)
                     if due(step, trainer.save_freq, last):
                         with sigint_deferred():  # Ctrl-C stops the run after this checkpoint, not inside it
-                            s.save(step)
+                            s.save(step, stream_state=rounds.stream_state())  # rounds drawn ahead are drawn again
                     if collapsed:
                         s.stop_collapsed(tracker, step)
                         break
@@ -352,6 +367,8 @@ def run_train(
             s.ckpt.clean_stale()
         raise
     finally:
+        if rounds is not None:
+            rounds.close()  # the worker process stops before the session lets go of the run
         s.close()
 
 

@@ -4,9 +4,12 @@
 
     old_log_probs_from_update(cfg)   one optimizer step? then the update's own forward is π_old's
     fill_old_log_probs               else: log π_old (+ entropy, + log π_ref for KL) without grad
-    fill_is_weights                  truncated IS weights min(π_old / π_rollout, C) when rollout_is is on
     update_policy                    schedule_minibatches → micro_loss per micro-batch → engine.step per mini-batch
     rollout_mismatch                 |log π_old − log π_rollout| and the IS correction's effect (metrics)
+
+With :func:`behaviour_correction` (``algorithm.rollout_is`` or asynchronous rollouts) each token's loss is
+weighted by min(π_old / π_rollout, C): the decoupled objective of :mod:`dapo_cli.algo.staleness`, π_old
+being the proximal policy (the weights being updated) and π_rollout the behaviour policy that sampled.
 
 Every function here is exact under any micro-batch or rank split (``tests/train/``, ``tests/distributed/``).
 """
@@ -17,14 +20,22 @@ from dataclasses import dataclass
 
 import torch
 
-from dapo_cli.algo.importance import mismatch_sums, truncated_is_weights
+from dapo_cli.algo.importance import mismatch_sums
 from dapo_cli.algo.kl import kl_penalty
 from dapo_cli.algo.losses import LOG_RATIO_CLAMP, aggregate_loss, global_counts, masked_mean, policy_loss
+from dapo_cli.algo.staleness import decoupled_policy_loss
 from dapo_cli.batch import RolloutBatch
 from dapo_cli.config import Config
 from dapo_cli.engine.base import TrainingEngine
 from dapo_cli.engine.dist import Collective, reduce_sums
 from dapo_cli.session import derive_seed
+
+
+def behaviour_correction(cfg: Config) -> bool:
+    """True when the loss weights each token by min(π_old / π_rollout, C) (``algorithm.rollout_is.cap``):
+    with ``algorithm.rollout_is.enable``, and always with asynchronous rollouts (``rollout.max_staleness > 0``),
+    whose stale samples need the decoupled objective (:mod:`dapo_cli.algo.staleness`)."""
+    return cfg.algorithm.rollout_is.enable or cfg.rollout.max_staleness > 0
 
 
 def old_log_probs_from_update(cfg: Config) -> bool:
@@ -33,13 +44,14 @@ def old_log_probs_from_update(cfg: Config) -> bool:
     With one epoch and one mini-batch per step (every trained group fits ``ppo_mini_batch_size``)
     the optimizer steps only after every micro-batch has run its forward, so each forward is
     π_old itself: its log-probs, detached, ARE the old log-probs (the ratio is exactly 1) and its
-    entropy is the old policy's. Not with the KL term (its reference forward stays in
-    :func:`fill_old_log_probs`) nor truncated IS (its weights scale the loss, so they must exist
-    before the first forward). Decided from the config alone, so every rank agrees.
+    entropy is the old policy's; with :func:`behaviour_correction` the same detached log-probs are
+    π_prox of the decoupled objective, so its weights come from that forward too. Not with the KL
+    term (its reference forward stays in :func:`fill_old_log_probs`). Decided from the config alone,
+    so every rank agrees.
     """
-    t, a = cfg.trainer, cfg.algorithm
+    t = cfg.trainer
     most_groups = max(cfg.data.train_batch_size, cfg.data.gen_batch_size)  # trained groups in a step, at most
-    return t.ppo_epochs == 1 and most_groups <= t.ppo_mini_batch_size and not a.use_kl_loss and not a.rollout_is.enable
+    return t.ppo_epochs == 1 and most_groups <= t.ppo_mini_batch_size and not cfg.algorithm.use_kl_loss
 
 
 @torch.no_grad()
@@ -68,22 +80,13 @@ def fill_old_log_probs(engine: TrainingEngine, batch: RolloutBatch, cfg: Config)
     batch.ref_log_probs = (torch.cat(refs) if refs else empty.clone()) if use_ref else None
 
 
-def fill_is_weights(batch: RolloutBatch, cfg: Config) -> None:
-    """Truncated importance-sampling weights min(π_old / π_rollout, C) per token (``batch.is_weights``,
-    :func:`~dapo_cli.algo.importance.truncated_is_weights`), when ``algorithm.rollout_is`` is on and the
-    rollout engine returned its log-probs; they scale the loss, so they exist before the update."""
-    ris = cfg.algorithm.rollout_is
-    if ris.enable and batch.rollout_log_probs is not None:
-        batch.is_weights = truncated_is_weights(batch.old_log_probs, batch.rollout_log_probs, batch.loss_mask, cap=ris.cap)
-
-
 def rollout_mismatch(batch: RolloutBatch, cfg: Config, dist: Collective) -> dict[str, float]:
     """How far the rollout engine's log-probs of its samples are from the trainer's old log-probs
     (over all ranks' trained responses), and what the truncated-IS correction did.
 
     ``rollout/logprob_diff_mean`` / ``_max``: mean / max of |log π_old − log π_rollout| per token;
-    with ``algorithm.rollout_is.enable``: ``rollout/is_weight_mean`` (of ``batch.is_weights``) and
-    ``rollout/is_truncated_frac`` (share of trained tokens whose ratio exceeded the cap).
+    with :func:`behaviour_correction`: ``rollout/is_weight_mean`` (of min(π_old / π_rollout, C) over the trained
+    tokens, the weights the loss used) and ``rollout/is_truncated_frac`` (share of them whose ratio exceeded C).
     """
     if batch.rollout_log_probs is None:
         return {}
@@ -92,19 +95,19 @@ def rollout_mismatch(batch: RolloutBatch, cfg: Config, dist: Collective) -> dict
     biggest = float(dist.all_reduce(torch.tensor([local.pop("max_abs_diff")], dtype=torch.float64), "max").item())
     out: dict[str, float] = {}
     sums = {**local}
-    ris = cfg.algorithm.rollout_is
-    if ris.enable:
+    ris, corrected = cfg.algorithm.rollout_is, behaviour_correction(cfg)
+    if corrected:
         keep = batch.loss_mask.bool()
         ratio = torch.exp(torch.clamp(old - rollout, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
         sums.update({
-            "is_weight": float(batch.is_weights[keep].double().sum()),
+            "is_weight": float(torch.clamp(ratio[keep], max=ris.cap).double().sum()),
             "is_truncated": float((ratio[keep] > ris.cap).sum()),
             "is_tokens": float(keep.sum()),
         })
     total = reduce_sums(dist, sums)
     out["rollout/logprob_diff_mean"] = total["abs_diff"] / total["tokens"] if total["tokens"] else 0.0
     out["rollout/logprob_diff_max"] = biggest
-    if ris.enable and total["is_tokens"]:
+    if corrected and total["is_tokens"]:
         out["rollout/is_weight_mean"] = total["is_weight"] / total["is_tokens"]
         out["rollout/is_truncated_frac"] = total["is_truncated"] / total["is_tokens"]
     return out
@@ -226,19 +229,23 @@ def micro_loss(
     its detached metrics (token means) and its token count.
 
     ``old_from_update``: this forward is π_old's (see :func:`old_log_probs_from_update`); its detached
-    log-probs become ``micro.old_log_probs`` (ratio exactly 1) and its entropy ``micro.entropy``."""
+    log-probs become ``micro.old_log_probs`` (ratio exactly 1) and its entropy ``micro.entropy``.
+    With :func:`behaviour_correction` the clip term is the decoupled one (π_old = π_prox, the rollout
+    engine's log-probs = π_behav; ``algo.staleness.decoupled_policy_loss``)."""
     algo = cfg.algorithm
     with_entropy = algo.entropy_coeff > 0 or old_from_update
     logp, ent = engine.log_probs(micro, temperature=cfg.rollout.temperature, with_entropy=with_entropy)
     if old_from_update:
         micro.old_log_probs, micro.entropy = logp.detach(), ent.detach()
     mask = micro.loss_mask.to(logp.device)
-    weights = micro.is_weights.to(logp.device) if algo.rollout_is.enable and micro.is_weights is not None else None
-    loss, m = policy_loss(
-        logp, micro.old_log_probs.to(logp.device), micro.advantages.to(logp.device), mask,
-        clip_ratio_low=algo.clip_ratio_low, clip_ratio_high=algo.clip_ratio_high,
-        clip_ratio_c=algo.clip_ratio_c, loss_agg_mode=algo.loss_agg_mode, token_weights=weights, **counts,
-    )
+    clip = dict(clip_ratio_low=algo.clip_ratio_low, clip_ratio_high=algo.clip_ratio_high, clip_ratio_c=algo.clip_ratio_c,
+                loss_agg_mode=algo.loss_agg_mode, **counts)
+    old, adv = micro.old_log_probs.to(logp.device), micro.advantages.to(logp.device)
+    if behaviour_correction(cfg) and micro.rollout_log_probs is not None:  # π_old is π_prox, the rollout engine's π_behav
+        behav = micro.rollout_log_probs.to(logp.device)
+        loss, m = decoupled_policy_loss(logp, old, behav, adv, mask, cap=algo.rollout_is.cap, **clip)
+    else:
+        loss, m = policy_loss(logp, old, adv, mask, **clip)
     if algo.entropy_coeff > 0:
         loss = loss - algo.entropy_coeff * aggregate_loss(ent, mask, algo.loss_agg_mode, **counts)
     if algo.use_kl_loss:
@@ -277,5 +284,5 @@ def blank_micro(batch: RolloutBatch) -> RolloutBatch:
         lengths=torch.zeros(1, dtype=torch.long), truncated=torch.zeros(1, dtype=torch.bool),
         group_ids=torch.full((1,), -1, dtype=torch.long), texts=[""], ground_truths=[""], prompts=[""],
         pad_id=batch.pad_id, loss_mask=~one, advantages=torch.zeros(1),
-        old_log_probs=torch.zeros(1, 1), ref_log_probs=torch.zeros(1, 1), is_weights=torch.zeros(1, 1),
+        old_log_probs=torch.zeros(1, 1), ref_log_probs=torch.zeros(1, 1), rollout_log_probs=torch.zeros(1, 1),
     )

@@ -27,6 +27,7 @@ from dapo_cli.config import apply_techniques, load_config  # noqa: E402
 from dapo_cli.data.loader import Prompt, PromptStream  # noqa: E402
 from dapo_cli.engine.dist import shutdown_process_group  # noqa: E402
 from dapo_cli.models import load_policy  # noqa: E402
+from dapo_cli.rounds import InlineRounds
 from dapo_cli.train import collect_batch, compute_advantages  # noqa: E402
 from dapo_cli.update import fill_old_log_probs, update_policy  # noqa: E402
 
@@ -74,7 +75,7 @@ def one_update(
     prompts = [Prompt(text=f"p{k}", ground_truth=str(k), problem_id=str(k)) for k in range(GROUPS)]
     stream = PromptStream(prompts, seed=0, shuffle=False)
     rollout = ScriptedRollout(lopsided if uneven else script)
-    batch = collect_batch(rollout, stream, cfg, step=1, pad_id=0, dist=dist).batch
+    batch = collect_batch(InlineRounds(rollout, stream, cfg, dist), cfg, step=1, pad_id=0, dist=dist).batch
     compute_advantages(batch, cfg)
     fill_old_log_probs(engine, batch, cfg)
     metrics = update_policy(engine, batch, cfg, step=1)

@@ -507,6 +507,7 @@ def test_the_trainers_rollouts_do_not_depend_on_the_world_size(tok):
     from dapo_cli.config import apply_techniques, load_config
     from dapo_cli.data.loader import Prompt, PromptStream
     from dapo_cli.session import derive_seed
+    from dapo_cli.rounds import InlineRounds
     from dapo_cli.train import collect_batch
 
     model = tiny(tok)
@@ -530,7 +531,7 @@ def test_the_trainers_rollouts_do_not_depend_on_the_world_size(tok):
             engine.seeds = []
             stream = PromptStream(prompts, seed=0, shuffle=False)
             dist = _FakeRanks(rank, world_size) if world_size > 1 else None
-            out += collect_batch(engine, stream, cfg, step=3, pad_id=PAD, dist=dist).generated.texts
+            out += collect_batch(InlineRounds(engine, stream, cfg, dist), cfg, step=3, pad_id=PAD, dist=dist).generated.texts
             seeds += engine.seeds
         return out, seeds
 

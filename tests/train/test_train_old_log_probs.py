@@ -29,6 +29,8 @@ from dapo_cli.config import apply_techniques, load_config
 from dapo_cli.data.loader import Prompt, PromptStream
 from dapo_cli.engine.torch import TorchEngine
 from dapo_cli.models import load_policy
+from dapo_cli.engine.dist import SingleProcess
+from dapo_cli.rounds import InlineRounds
 from dapo_cli.train import collect_batch, compute_advantages, step_metrics
 from dapo_cli.update import fill_old_log_probs, old_log_probs_from_update, rollout_mismatch, update_policy
 
@@ -64,7 +66,7 @@ def one_update(model_dir: Path, cfg, *, old_from_update: bool, dtype=torch.float
 
     engine.step = recording_step
     prompts = [Prompt(text=f"p{k}", ground_truth=str(k), problem_id=str(k)) for k in range(GROUPS)]
-    collected = collect_batch(ScriptedRollout(script), PromptStream(prompts, seed=0, shuffle=False), cfg, step=1, pad_id=0, dist=dist)
+    collected = collect_batch(InlineRounds(ScriptedRollout(script), PromptStream(prompts, seed=0, shuffle=False), cfg, dist or SingleProcess()), cfg, step=1, pad_id=0, dist=dist)
     batch = collected.batch
     compute_advantages(batch, cfg)
     if not old_from_update:
@@ -72,7 +74,6 @@ def one_update(model_dir: Path, cfg, *, old_from_update: bool, dtype=torch.float
     batch.rollout_log_probs = None
     metrics = update_policy(engine, batch, cfg, step=1, old_from_update=old_from_update)
     batch.rollout_log_probs = (batch.old_log_probs - 0.01 * batch.response_mask).to(batch.old_log_probs.dtype)
-    from dapo_cli.engine.dist import SingleProcess
 
     metrics.update(rollout_mismatch(batch, cfg, dist or SingleProcess()))
     metrics.update(step_metrics(collected, batch, cfg, dist))
@@ -96,7 +97,7 @@ def test_the_condition_is_one_optimizer_step_without_kl_or_truncated_is():
     assert not old_log_probs_from_update(config(f"trainer.ppo_mini_batch_size={GROUPS // 2}"))  # 2 steps
     assert not old_log_probs_from_update(config("trainer.ppo_epochs=2"))
     assert not old_log_probs_from_update(config("algorithm.use_kl_loss=true"))
-    assert not old_log_probs_from_update(config("algorithm.rollout_is.enable=true"))
+    assert old_log_probs_from_update(config("algorithm.rollout_is.enable=true"))  # π_prox is the update's forward too
     assert not old_log_probs_from_update(config(f"data.gen_batch_size={2 * GROUPS}"))  # rounds may train more groups
     assert old_log_probs_from_update(load_config(None, ["data.train_batch_size=8", "trainer.ppo_mini_batch_size=8"]))
 

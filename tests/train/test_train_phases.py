@@ -16,6 +16,8 @@ from fakes import ScriptedRollout  # noqa: E402
 from dapo_cli.config import apply_techniques, load_config  # noqa: E402
 from dapo_cli.data.loader import Prompt, PromptStream  # noqa: E402
 from dapo_cli.errors import UserError  # noqa: E402
+from dapo_cli.engine.dist import SingleProcess
+from dapo_cli.rounds import InlineRounds
 from dapo_cli.train import collect_batch, compute_advantages, score_and_shape  # noqa: E402
 
 # Prompt "pK" has ground truth "K". Its kind decides how the G=4 samples answer:
@@ -41,7 +43,7 @@ def make_cfg(**sets: object):
 def collect(cfg, script=answer_script, prompts=PROMPTS):
     stream = PromptStream(prompts, seed=0, shuffle=False)
     rollout = ScriptedRollout(script)
-    return collect_batch(rollout, stream, cfg, step=1, pad_id=0), rollout
+    return collect_batch(InlineRounds(rollout, stream, cfg, SingleProcess()), cfg, step=1, pad_id=0), rollout
 
 
 def test_dynamic_sampling_keeps_only_mixed_groups_and_fills_the_batch():

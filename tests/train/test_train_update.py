@@ -17,6 +17,8 @@ from dapo_cli.config import apply_techniques, load_config  # noqa: E402
 from dapo_cli.data.loader import Prompt, PromptStream  # noqa: E402
 from dapo_cli.engine.torch import TorchEngine  # noqa: E402
 from dapo_cli.models import load_policy  # noqa: E402
+from dapo_cli.engine.dist import SingleProcess
+from dapo_cli.rounds import InlineRounds
 from dapo_cli.train import collect_batch, compute_advantages  # noqa: E402
 from dapo_cli.update import fill_old_log_probs, update_policy  # noqa: E402
 
@@ -46,7 +48,7 @@ def mini_batch_grads(model_dir: Path, mode: str, micro: int, extra: list[str] = 
 
     engine.step = recording_step
     prompts = [Prompt(text=f"p{k}", ground_truth=str(k), problem_id=str(k)) for k in range(4)]
-    batch = collect_batch(ScriptedRollout(script), PromptStream(prompts, seed=0, shuffle=False), cfg, step=1, pad_id=0).batch
+    batch = collect_batch(InlineRounds(ScriptedRollout(script), PromptStream(prompts, seed=0, shuffle=False), cfg, SingleProcess()), cfg, step=1, pad_id=0).batch
     compute_advantages(batch, cfg)
     fill_old_log_probs(engine, batch, cfg)
     metrics = update_policy(engine, batch, cfg, step=1)
@@ -80,7 +82,7 @@ def test_a_non_finite_loss_skips_the_update_and_is_counted(tiny_model_dir):
     engine = TorchEngine(model, lr=1e-2, weight_decay=0.0, warmup_steps=0, grad_clip=1.0)
     before = [p.detach().clone() for p in engine.module.parameters()]
     prompts = [Prompt(text=f"p{k}", ground_truth=str(k), problem_id=str(k)) for k in range(4)]
-    batch = collect_batch(ScriptedRollout(script), PromptStream(prompts, seed=0, shuffle=False), cfg, step=1, pad_id=0).batch
+    batch = collect_batch(InlineRounds(ScriptedRollout(script), PromptStream(prompts, seed=0, shuffle=False), cfg, SingleProcess()), cfg, step=1, pad_id=0).batch
     compute_advantages(batch, cfg)
     fill_old_log_probs(engine, batch, cfg)
     batch.advantages[:] = float("nan")  # every mini-batch's loss becomes NaN
@@ -107,7 +109,7 @@ def test_optional_kl_penalty_to_a_frozen_reference(tiny_model_dir):
     ref = model_loader(tiny_model_dir, torch.float32)()  # a fresh load of the initial policy, not a deepcopy
     engine = TorchEngine(model, lr=1e-2, weight_decay=0.0, warmup_steps=0, grad_clip=1.0, ref_model=ref)
     prompts = [Prompt(text=f"p{k}", ground_truth=str(k), problem_id=str(k)) for k in range(4)]
-    batch = collect_batch(ScriptedRollout(script), PromptStream(prompts, seed=0, shuffle=False), cfg, step=1, pad_id=0).batch
+    batch = collect_batch(InlineRounds(ScriptedRollout(script), PromptStream(prompts, seed=0, shuffle=False), cfg, SingleProcess()), cfg, step=1, pad_id=0).batch
     compute_advantages(batch, cfg)
     fill_old_log_probs(engine, batch, cfg)
     # before any update the policy is the reference: log-probs agree exactly
@@ -122,8 +124,7 @@ def test_optional_kl_penalty_to_a_frozen_reference(tiny_model_dir):
 
 def tis_grads(model_dir: Path, *, enable: bool, cap: float, shift: float) -> tuple[list[torch.Tensor], dict]:
     """Gradient of one update when the rollout engine's log-probs are the trainer's minus ``shift``."""
-    from dapo_cli.engine.dist import SingleProcess
-    from dapo_cli.update import fill_is_weights, rollout_mismatch
+    from dapo_cli.update import rollout_mismatch
 
     cfg = apply_techniques(load_config(None, [
         "rollout.n=4", "data.train_batch_size=4", "trainer.ppo_mini_batch_size=4", "trainer.ppo_micro_batch_size=3",
@@ -141,11 +142,10 @@ def tis_grads(model_dir: Path, *, enable: bool, cap: float, shift: float) -> tup
 
     engine.step = recording_step
     prompts = [Prompt(text=f"p{k}", ground_truth=str(k), problem_id=str(k)) for k in range(4)]
-    batch = collect_batch(ScriptedRollout(script), PromptStream(prompts, seed=0, shuffle=False), cfg, step=1, pad_id=0).batch
+    batch = collect_batch(InlineRounds(ScriptedRollout(script), PromptStream(prompts, seed=0, shuffle=False), cfg, SingleProcess()), cfg, step=1, pad_id=0).batch
     compute_advantages(batch, cfg)
     fill_old_log_probs(engine, batch, cfg)
     batch.rollout_log_probs = batch.old_log_probs - shift  # pi_old / pi_rollout = exp(shift) on every token
-    fill_is_weights(batch, cfg)  # as run_train: the weights exist before the update, the metrics after it
     update_policy(engine, batch, cfg, step=1)
     return grads, rollout_mismatch(batch, cfg, SingleProcess())
 

@@ -1,0 +1,292 @@
+"""Where a training step's generation rounds come from: a :class:`RoundSource`.
+
+A *round* is ``gen_batch_size`` prompts (this rank's share) drawn from the prompt stream, ``n``
+responses sampled for each, and the weight *version* that sampled them (versions count completed
+steps: the initial policy is version 0, or the checkpoint's step after ``--resume``).
+
+* :class:`InlineRounds` (``rollout.worker: inline``, the synchronous loop): the rollout engine in
+  this process generates each round when the step asks for it, between updates, always with the
+  newest weights.
+* :class:`WorkerRounds` (``rollout.worker: process``, auto when
+  ``rollout.max_staleness > 0``): a worker process generates rounds ahead, up to ``max_staleness``
+  steps, while the trainer updates; its process is ``rollout_worker.py``.
+
+``train.collect_batch`` asks a source for rounds one at a time and decides (staleness, dynamic
+sampling) what to train on; the source decides nothing. Every rank has its own source; requests
+are made in the same order on every rank, so round ``j`` of a step is the same prompts' shares.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import os
+import queue
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from dapo_cli.config import Config
+from dapo_cli.config.schema import uses_worker
+from dapo_cli.data.loader import Prompt, PromptStream
+from dapo_cli.engine.base import TrainingEngine
+from dapo_cli.engine.dist import Collective, SingleProcess
+from dapo_cli.errors import EnvironmentFailure
+from dapo_cli.rollout.base import RolloutEngine, Rollouts, SamplingParams
+from dapo_cli.rollout_worker import POLL_S, WorkerSpec, worker_main
+from dapo_cli.session import derive_seed, thread_split
+
+START_TIMEOUT_S = 600.0
+"""Longest the trainer waits for a worker to load its policy (a 32B folder from a slow disk takes minutes)."""
+
+
+@dataclass
+class Round:
+    """One generation round on this rank: its prompts (this rank's share), what was sampled, and with which weights."""
+
+    prompts: list[Prompt]
+    rollouts: Rollouts
+    version: int
+    """Weight version of the policy that sampled every response of the round."""
+    seconds: float
+    """Generation time of the round (in the worker process for :class:`WorkerRounds`)."""
+
+
+class RoundSource(Protocol):
+    """Rounds for ``train.collect_batch``, and what the loop tells the source around each update."""
+
+    def next_round(self, step: int) -> Round:
+        """The next round for ``step`` (blocks until it is generated)."""
+        ...
+
+    def before_update(self, step: int, rounds_used: int) -> None:
+        """Step ``step`` has its batch (``rounds_used`` rounds examined); the trainer updates next."""
+        ...
+
+    def after_update(self, engine: TrainingEngine, version: int, *, updated: bool) -> dict[str, float]:
+        """The update of step ``version`` is done (``updated``: the weights changed): make later rounds use them.
+        Returns timing metrics (``timing/weight_sync`` and, for the worker, ``async/*``)."""
+        ...
+
+    def stream_state(self) -> dict[str, int]:
+        """The prompt stream's state to checkpoint: positioned at the first prompt no trained round has used."""
+        ...
+
+    def close(self) -> None:
+        """Stop whatever the source runs beside the trainer (idempotent)."""
+        ...
+
+
+def rollout_params(cfg: Config, *, seed: int) -> SamplingParams:
+    """Training rollouts: the config's sampling, with the engine's log-probs of its samples
+    (the train-inference mismatch metric, truncated IS and the decoupled objective use them)."""
+    r = cfg.rollout
+    return SamplingParams(
+        temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_tokens=r.max_response_length, seed=seed, logprobs=True
+    )
+
+
+class RoundPlanner:
+    """Draws each round's prompts (this rank's share) and derives its sampling seed from the step it is
+    planned for and its index among that step's rounds: the synchronous loop's seeds, whichever source
+    generates. One process keeps its historical seeds; an engine that keys its random streams by prompt
+    text (``rollout/fast.py``) needs no rank either, so its samples do not depend on the world size."""
+
+    def __init__(self, stream: PromptStream, cfg: Config, dist: Collective, *, seeds_per_prompt: bool) -> None:
+        self.stream, self.cfg, self.dist = stream, cfg, dist
+        self.per_round = cfg.data.gen_batch_size or cfg.data.train_batch_size
+        self.share = self.per_round // dist.world_size
+        self.rank_part = [dist.rank] if dist.world_size > 1 and not seeds_per_prompt else []
+        self.planned: dict[int, int] = {}
+
+    def plan(self, step: int) -> tuple[list[Prompt], SamplingParams]:
+        index = self.planned.get(step, 0)
+        self.planned[step] = index + 1
+        params = rollout_params(self.cfg, seed=derive_seed(self.cfg.trainer.seed, "rollout", step, index, *self.rank_part))
+        rank = self.dist.rank
+        prompts = self.stream.next(self.per_round)[rank * self.share : (rank + 1) * self.share]
+        return prompts, params
+
+
+class InlineRounds:
+    """The synchronous loop: ``rollout`` generates each round on request, with the newest weights."""
+
+    def __init__(
+        self, rollout: RolloutEngine, stream: PromptStream, cfg: Config, dist: Collective | None = None, *, version: int = 0,
+    ) -> None:
+        self.rollout = rollout
+        self.stream = stream
+        self.planner = RoundPlanner(stream, cfg, dist or SingleProcess(), seeds_per_prompt=rollout.seeds_per_prompt)
+        self.version = version
+
+    def next_round(self, step: int) -> Round:
+        prompts, params = self.planner.plan(step)
+        t0 = time.perf_counter()
+        out = self.rollout.generate([p.text for p in prompts], self.planner.cfg.rollout.n, params)
+        return Round(prompts, out, self.version, time.perf_counter() - t0)
+
+    def before_update(self, step: int, rounds_used: int) -> None:
+        self.rollout.sleep()  # a colocated engine hands its GPU memory to the update
+
+    def after_update(self, engine: TrainingEngine, version: int, *, updated: bool) -> dict[str, float]:
+        t0 = time.perf_counter()
+        self.rollout.wake_up()
+        self.version = version
+        if not updated:
+            return {}
+        self.rollout.sync_weights(engine)  # in memory, from engine.export_weights()
+        return {"timing/weight_sync": time.perf_counter() - t0}
+
+    def stream_state(self) -> dict[str, int]:
+        return self.stream.state_dict()
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass
+class Pending:
+    """A requested round: its key, its prompts, and the stream's state before they were drawn."""
+
+    key: int
+    prompts: list[Prompt]
+    stream_state: dict[str, int]
+
+
+class WorkerRounds:
+    """A :class:`~dapo_cli.rounds.RoundSource` whose rounds a worker process generates, up to
+    ``rollout.max_staleness`` steps ahead (0: each round on request, with the newest weights, as inline)."""
+
+    def __init__(
+        self, cfg: Config, stream: PromptStream, dist: Collective, engine: TrainingEngine, *, model_path: str,
+        version: int, threads: int, seeds_per_prompt: bool,
+    ) -> None:
+        self.stream, self.n, self.dist = stream, cfg.rollout.n, dist
+        self.max_staleness = cfg.rollout.max_staleness
+        self.planner = RoundPlanner(stream, cfg, dist, seeds_per_prompt=seeds_per_prompt)
+        self.pending: deque[Pending] = deque()
+        self.next_key = 0
+        self.totals = {"wait": 0.0, "generate": 0.0, "idle": 0.0, "sync": 0.0}
+        ctx = mp.get_context("spawn")
+        self.staging = {name: t.detach().to("cpu", copy=True).contiguous().share_memory_() for name, t in engine.export_weights()}
+        self.version = ctx.Value("q", version, lock=False)
+        self.lock = ctx.Lock()
+        self.requests, self.results = ctx.Queue(), ctx.Queue()
+        spec = WorkerSpec(cfg.rollout.engine, model_path, cfg.model.dtype, cfg.rollout.batch_size, threads, os.getpid())
+        self.process: Any = ctx.Process(
+            target=worker_main, args=(spec, self.staging, self.version, self.lock, self.requests, self.results),
+            name=f"dapo-rollout-worker-{dist.rank}", daemon=True,
+        )
+        self.process.start()
+        try:
+            self.receive(timeout=START_TIMEOUT_S, expect="ready")
+        except BaseException:
+            self.close()
+            raise
+
+    # ------------------------------------------------------------ the RoundSource protocol
+
+    def next_round(self, step: int) -> Round:
+        if not self.pending:
+            self.request(step)
+        head = self.pending.popleft()
+        t0 = time.perf_counter()
+        _, key, out, version, generate_s, idle_s, sync_s = self.receive(timeout=None, expect="round")
+        self.totals["wait"] += time.perf_counter() - t0
+        if key != head.key:  # one worker serves requests in order; anything else is a bug, not a race to recover from
+            raise RuntimeError(f"rollout worker answered request {key}, expected {head.key}")
+        self.totals["generate"] += generate_s
+        self.totals["idle"] += idle_s
+        self.totals["sync"] += sync_s
+        return Round(head.prompts, out, int(version), generate_s)
+
+    def before_update(self, step: int, rounds_used: int) -> None:
+        """Queue ``max_staleness`` steps' worth of rounds (as many per step as step ``step`` examined), so the
+        worker generates while the trainer updates; a round queued now is planned for step ``step + 1 + j``."""
+        per_step = max(1, rounds_used)
+        while len(self.pending) < self.max_staleness * per_step:
+            self.request(step + 1 + len(self.pending) // per_step)
+
+    def after_update(self, engine: TrainingEngine, version: int, *, updated: bool) -> dict[str, float]:
+        t0 = time.perf_counter()
+        with self.lock:
+            if updated:
+                for name, tensor in engine.export_weights():
+                    self.staging[name].copy_(tensor)
+            self.version.value = version
+        metrics = {
+            "timing/weight_sync": time.perf_counter() - t0,
+            "timing/trainer_wait_rollouts": self.totals["wait"],
+            "timing/worker_generate": self.totals["generate"],
+            "timing/worker_wait_weights": self.totals["idle"] + self.totals["sync"],
+        }
+        self.totals = dict.fromkeys(self.totals, 0.0)
+        return metrics
+
+    def stream_state(self) -> dict[str, int]:
+        return self.pending[0].stream_state if self.pending else self.stream.state_dict()
+
+    def close(self) -> None:
+        process, self.process = self.process, None
+        if process is None:
+            return
+        with contextlib.suppress(Exception):
+            self.requests.put(None)
+        process.join(timeout=10)
+        if process.is_alive():
+            process.terminate()
+            process.join(timeout=10)
+        if process.is_alive():
+            process.kill()
+            process.join()
+        for q in (self.requests, self.results):
+            q.cancel_join_thread()
+            q.close()
+
+    # ------------------------------------------------------------ plumbing
+
+    def request(self, step: int) -> None:
+        state = self.stream.state_dict()
+        prompts, params = self.planner.plan(step)
+        self.pending.append(Pending(self.next_key, prompts, state))
+        self.requests.put((self.next_key, [p.text for p in prompts], self.n, params))
+        self.next_key += 1
+
+    def receive(self, *, timeout: float | None, expect: str) -> tuple[Any, ...]:
+        """The worker's next message (``expect``: its kind); a worker that failed or died raises here."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            try:
+                message = self.results.get(timeout=POLL_S)
+            except queue.Empty:
+                if self.process is None or not self.process.is_alive():
+                    code = None if self.process is None else self.process.exitcode
+                    raise EnvironmentFailure(
+                        f"the rollout worker process died (exit code {code}{': killed, e.g. out of memory' if code == -9 else ''}); "
+                        "dapo train --resume continues from the last complete checkpoint"
+                    ) from None
+                if deadline is not None and time.monotonic() > deadline:
+                    raise EnvironmentFailure(f"the rollout worker process did not start within {timeout:.0f} s") from None
+                continue
+            if message[0] == "error":
+                raise RuntimeError(f"rollout worker failed: {message[1]}")
+            if message[0] != expect:
+                raise RuntimeError(f"rollout worker sent {message[0]!r}, expected {expect!r}")
+            return message
+
+
+def open_rounds(
+    cfg: Config, rollout: RolloutEngine, stream: PromptStream, dist: Collective, engine: TrainingEngine, *,
+    model_path: str, version: int,
+) -> RoundSource:
+    """The run's round source: the worker process when ``rollout.worker`` asks for it, else inline.
+    ``engine``'s current weights (after any resume) are the worker's first version, ``version``."""
+    if not uses_worker(cfg.rollout):
+        return InlineRounds(rollout, stream, cfg, dist, version=version)
+    _, worker_threads = thread_split(cfg.rollout, cfg.engine.num_threads)
+    return WorkerRounds(
+        cfg, stream, dist, engine, model_path=model_path, version=version, threads=worker_threads,
+        seeds_per_prompt=rollout.seeds_per_prompt,
+    )
+
