@@ -60,7 +60,7 @@ from dapo_cli.ablate.variants import LADDER_LABELS, LADDER_NAMES, PAPER_AIME24_A
 from dapo_cli.ablate.plots import plot_curves
 from dapo_cli.ablate.results import SAMPLES_METRIC, AblationReport, ChildResult, EqualSamples, Overall, VariantRow
 from dapo_cli.ablate.stats import Z_95, mean_or_nan, mean_per_problem, seed_interval
-from dapo_cli.ablate.store import child_runs, child_table, read_child
+from dapo_cli.ablate.store import child_runs, child_table, read_child, variant_of
 from dapo_cli.eval.compare import compare_accuracies
 from dapo_cli.eval.metrics import PairedComparison
 from dapo_cli.fileio import write_json_atomic, write_text_atomic
@@ -148,7 +148,7 @@ def build_report(client: Any, parent: Any) -> AblationReport:
     for run in child_runs(client, parent):
         res = read_child(client, run)
         if res is None:
-            unfinished.append(f"{run.data.tags.get('dapo.variant', '?')} seed {run.data.tags.get('dapo.seed', '?')} "
+            unfinished.append(f"{variant_of(run.data.tags)} seed {run.data.tags.get('dapo.seed', '?')} "
                               f"({run.info.status}, run {run.info.run_id})")
             continue
         results.setdefault(res.variant, []).append(res)
