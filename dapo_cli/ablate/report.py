@@ -291,11 +291,11 @@ def axis_table_rows(report: AblationReport) -> list[dict[str, str]]:
             "Δ by seed %": pct(a.seed_mean, signed=True),
             "Δ by seed 95% CI (t)": pct(a.seed_half, half=True),
             "seed pairs": str(len(a.seeds)),
-            "Δ %": "—" if d is None else pct(d.diff, signed=True),
-            "Δ 95% CI (paired)": "—" if d is None else interval(d),
+            "Δ problems %": "—" if d is None else pct(d.diff, signed=True),
+            "Δ problems 95% CI (paired)": "—" if d is None else interval(d),
             "P(Δ>0)": "—" if d is None else f"{d.share_positive:.2f}",
-            "Δ equal samples %": "—" if e is None else pct(e.diff, signed=True),
-            "Δ equal samples 95% CI": "—" if e is None else interval(e),
+            "Δ at equal samples %": "—" if e is None else pct(e.diff, signed=True),
+            "Δ at equal samples 95% CI": "—" if e is None else interval(e),
         })
     return out
 
@@ -310,7 +310,7 @@ def axis_markdown(report: AblationReport) -> list[str]:
         "", "## Axis comparisons", "",
         "Each variant against its twin at the first value of an axis (same techniques, same other settings): "
         "Δ by seed = mean over the seeds both finished of avg@K(variant) − avg@K(twin), 95% CI Student t; "
-        "Δ and Δ equal samples as in the table above (paired over problems), on those seeds.", "",
+        "Δ problems and Δ at equal samples as Δ and Δ equal samples in the table above (paired over problems), on those seeds.", "",
         "| " + " | ".join(head) + " |", "|" + "---|" * len(head),
         *("| " + " | ".join(r[h] for h in head) + " |" for r in rows),
     ]

@@ -113,6 +113,10 @@ NARROW_HEADS = {
     "Δ by seed %": ("Δseed", "paired Δ by seed in points"),
     "Δ by seed 95% CI (t)": ("±t", "its 95% CI (Student t over the seed pairs)"),
     "seed pairs": ("n", "seed pairs"),
+    "Δ problems %": ("Δ", "paired Δ in points"),
+    "Δ problems 95% CI (paired)": ("ΔCI", "its 95% CI (paired bootstrap over problems)"),
+    "Δ at equal samples %": ("Δs", "paired Δ in points at equal generated samples"),
+    "Δ at equal samples 95% CI": ("ΔsCI", "its 95% CI"),
     "Δ equal samples %": ("Δs", "paired Δ in points at equal generated samples"),
     "Δ equal samples 95% CI": ("ΔsCI", "its 95% CI"),
     "equal-samples steps": ("steps", "validation step used, this rung vs its reference, per seed"),
@@ -291,13 +295,17 @@ def print_equal_samples(rows: list[dict[str, str]], out: Console, *, ladder: boo
 
 
 def print_axis_deltas(result: AblationReport, out: Console) -> None:
-    """With ``--axis``: each variant against its twin at the first value of each axis, in a table of its own."""
+    """With ``--axis``: each variant against its twin at the first value of each axis, in a table of its own
+    (in a narrow terminal, the variants as their run labels: ``DAPO@ms=1``)."""
     from dapo_cli.ablate.report import axis_table_rows
+    from dapo_cli.ablate.variants import short_variant
 
     rows = axis_table_rows(result)
     if not rows:
         return
     heads = [h for h in rows[0] if h in ("variant", "vs") or any(r[h] != "—" for r in rows)]
+    if out.width < wide_width(rows, heads):
+        rows = [{**r, "variant": short_variant(r["variant"]), "vs": short_variant(r["vs"])} for r in rows]
     print_table(out, rows, heads, "Δ between axis values, at the same techniques")
     out.print(Text("Δ by seed: mean over the seeds both finished of the paired avg@K differences, 95% CI Student t; "
-                   "Δ: paired bootstrap over problems on those seeds."))
+                   "Δ problems: paired bootstrap over problems on those seeds."))

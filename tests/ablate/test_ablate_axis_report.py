@@ -4,6 +4,7 @@ its twin at the axis's first value, by seed and over problems (hand-derived valu
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -91,3 +92,21 @@ def test_each_variant_is_paired_with_its_twin_at_the_first_axis_value(axis_store
     assert metrics["variants/3_DAPO.ms.1.delta_by_seed_max_staleness"] == pytest.approx(0.1875)
     assert metrics["variants/3_DAPO.ms.1.delta_max_staleness"] == pytest.approx(0.1875)
     assert not any(k.startswith("variants/2_") and "max_staleness" in k for k in metrics)  # the twins have no Δ
+
+
+@pytest.mark.parametrize("width", [80, 400])
+def test_the_terminal_shows_the_axis_pairs_and_keeps_the_variant_names(axis_store, width: int) -> None:
+    from rich.console import Console
+
+    from dapo_cli.cli.report import print_report
+
+    client, parent, _, _ = axis_store
+    out = Console(width=width, record=True)
+    print_report(build_report(client, parent), out)
+    text = out.export_text()
+    assert "Δ between axis values, at the same techniques" in text
+    assert "79.4" in text
+    if width == 80:  # the pairs by their run labels; the results table keeps its variant column (wrapped)
+        assert "DAPO@ms=1  DAPO@ms=0" in text and "variant" in text.split("Δ between")[0]
+    else:
+        assert re.search(f"│ {re.escape(D1)} +│ {re.escape(D0)} +│", text)
