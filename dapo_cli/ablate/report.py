@@ -137,8 +137,8 @@ def same_axes(rows: Sequence[VariantRow], name: str) -> list[VariantRow]:
 def add_deltas(rows: list[VariantRow], results: dict[str, list[ChildResult]], mode: str, client: Any = None) -> None:
     """Δ of each row to the previous row (ladder) or to the first row (grid) with its axis settings:
     :func:`compare_variants`."""
-    for row in rows:
-        before = same_axes(rows[: rows.index(row)], row.name)
+    for i, row in enumerate(rows):
+        before = same_axes(rows[:i], row.name)
         if not before:
             continue
         ref = before[-1] if mode == "ladder" else before[0]
@@ -158,12 +158,14 @@ def axis_deltas(
     out = []
     for row in rows:
         techniques, settings = split_axes(row.name)
+        mine = {r.seed: r for r in results[row.name]}
         for j, (axis, value) in enumerate(settings):
+            if value == firsts[j]:
+                continue
             twin = techniques + axis_suffix([(a, firsts[j] if i == j else v) for i, (a, v) in enumerate(settings)])
-            mine = {r.seed: r for r in results[row.name]}
             ref = {r.seed: r for r in results.get(twin, [])}
             seeds = sorted(set(mine) & set(ref))
-            if value == firsts[j] or not seeds:
+            if not seeds:
                 continue
             diffs = [mine[s].avg - ref[s].avg for s in seeds]
             delta, equal = compare_variants([mine[s] for s in seeds], [ref[s] for s in seeds], twin, client)
@@ -329,6 +331,7 @@ def to_markdown(report: AblationReport, plots: dict[str, list[Path]], out_dir: P
         "- 95% CI seeds: Student t over seeds (— for one seed); 95% CI problems: normal, ±1.96 × the children's val stderr",
         "- Δ: paired over problems (bootstrap of per-problem accuracy differences, 2000 resamples) to the "
         + ("previous rung" if report.mode == "ladder" else "first variant")
+        + (" with the same axis settings" if "ablate.axes" in report.tags else "")
         + " at the final step (equal steps)",
         ("- Δ equal samples: the same Δ, each child taken at its latest validation step whose cumulative generated "
          "samples are at most the budget (the smaller of the two variants' samples per seed) + 5% slack; steps "

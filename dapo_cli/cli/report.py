@@ -220,7 +220,8 @@ def print_report(result: AblationReport, out: Console | None = None) -> None:
         print_table(out, rows, heads, title, legend_end="; numbers in % (points).")
         out.print(
             "CI seeds: Student t over seeds; CI problems: normal (±1.96 × val stderr); Δ: paired bootstrap over problems "
-            + ("to the previous rung" if ladder else "to the first variant") + ", at the final step",
+            + ("to the previous rung" if ladder else "to the first variant")
+            + (" with the same axis settings" if "ablate.axes" in result.tags else "") + ", at the final step",
             highlight=False,
             markup=False,
         )

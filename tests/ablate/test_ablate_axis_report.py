@@ -4,6 +4,7 @@ its twin at the axis's first value, by seed and over problems (hand-derived valu
 
 from __future__ import annotations
 
+import math
 import re
 import sys
 from pathlib import Path
@@ -110,3 +111,23 @@ def test_the_terminal_shows_the_axis_pairs_and_keeps_the_variant_names(axis_stor
         assert "DAPO@ms=1  DAPO@ms=0" in text and "variant" in text.split("Δ between")[0]
     else:
         assert re.search(f"│ {re.escape(D1)} +│ {re.escape(D0)} +│", text)
+
+
+def test_the_report_says_its_deltas_stay_within_an_axis_setting(axis_store) -> None:
+    client, parent, _, _ = axis_store
+    md = to_markdown(build_report(client, parent), {"step": [], "samples": []}, Path("."))
+    assert "to the first variant with the same axis settings at the final step" in md
+
+
+def test_a_ladder_with_an_axis_compares_each_rung_with_the_previous_one_at_its_setting(monkeypatch) -> None:
+    from dapo_cli.ablate import report as report_module
+    from dapo_cli.ablate.results import VariantRow
+    from dapo_cli.ablate.variants import LADDER_NAMES
+
+    names = [f"{n}@max_staleness={v}" for n in LADDER_NAMES[:3] for v in (0, 1)]
+    rows = [VariantRow(i, n, "", None, [0], [0.5], 0.5, math.nan, math.nan, {}, 0.0, [2]) for i, n in enumerate(names)]
+    monkeypatch.setattr(report_module, "compare_variants", lambda a, b, ref, client=None: (None, None))
+    report_module.add_deltas(rows, {n: [] for n in names}, "ladder")
+    assert [r.delta_vs for r in rows] == [None, None, names[0], names[1], names[2], names[3]]
+    report_module.add_deltas(rows, {n: [] for n in names}, "grid")
+    assert [r.delta_vs for r in rows][2:] == [names[0], names[1], names[0], names[1]]

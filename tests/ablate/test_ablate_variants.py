@@ -181,12 +181,17 @@ def test_printed_train_command_resolves_to_the_child_config(config_path) -> None
     for child in plan.children():
         words = train_words(plan, child, config_path, sets)
         assert words[:2] == ["dapo", "train"]
-        args = shlex.split(shlex.join(words))[2:]
-        config = args.pop(0) if config_path else None
-        sets_typed = [args[i + 1] for i, w in enumerate(args) if w == "--set"]
-        toggles = {w.removeprefix("--no-").removeprefix("--").replace("-", "_"): not w.startswith("--no-")
-                   for w in args if w.startswith("--") and w != "--set"}
-        assert resolve(config, sets_typed, **toggles) == plan.child_config(child)
+        assert resolve_words(words, config_path) == plan.child_config(child)
+
+
+def resolve_words(words: list[str], config_path: str | None):
+    """What ``dapo train`` resolves a printed child command to: its CONFIG, its ``--set``s and its toggles."""
+    args = shlex.split(shlex.join(words))[2:]
+    config = args.pop(0) if config_path else None
+    sets_typed = [args[i + 1] for i, w in enumerate(args) if w == "--set"]
+    toggles = {w.removeprefix("--no-").removeprefix("--").replace("-", "_"): not w.startswith("--no-")
+               for w in args if w.startswith("--") and w != "--set"}
+    return resolve(config, sets_typed, **toggles)
 
 
 # ---------------------------------------------------------------- axes (--axis KEY=V1,V2)
@@ -292,9 +297,6 @@ def test_technique_keys_are_what_the_toggles_write_and_read(cfg) -> None:
 def test_printed_train_command_of_an_axis_child_resolves_to_its_config(cfg) -> None:
     plan = make_ablation(cfg, mode="grid", techniques=("dynamic_sampling",), axes=parse_axes([STALENESS], cfg))
     for child in plan.children():
-        args = train_words(plan, child, None, [])[2:]
-        assert f"rollout.max_staleness={child.variant.axes[0][1]}" in args
-        sets_typed = [args[i + 1] for i, w in enumerate(args) if w == "--set"]
-        toggles = {w.removeprefix("--no-").removeprefix("--").replace("-", "_"): not w.startswith("--no-")
-                   for w in args if w.startswith("--") and w != "--set"}
-        assert resolve(None, sets_typed, **toggles) == plan.child_config(child)
+        words = train_words(plan, child, None, [])
+        assert f"rollout.max_staleness={child.variant.axes[0][1]}" in words
+        assert resolve_words(words, None) == plan.child_config(child)
