@@ -87,13 +87,14 @@ def child_tags(plan: AblationPlan, child: Child, parent_id: str) -> dict[str, st
 
 
 def train_words(plan: AblationPlan, child: Child, config_path: str | None, sets: Sequence[str]) -> list[str]:
-    """``dapo train [CONFIG] --set ... --set trainer.seed=S --set trainer.run_name=R --[no-]toggle ...``.
+    """``dapo train [CONFIG] --set ... [--set AXIS=V ...] --set trainer.seed=S --set trainer.run_name=R --[no-]toggle ...``.
 
     Resolved by ``dapo train``, these give exactly :meth:`AblationPlan.child_config`.
     """
     words = ["dapo", "train", *([config_path] if config_path else [])]
     label = f"tracking.run_label={child_label(child.variant, child.seed)}"
-    for item in [*sets, f"trainer.seed={child.seed}", f"trainer.run_name={child.run_name}", label]:
+    axes = [f"{key}={value}" for key, value in child.variant.axes]
+    for item in [*sets, *axes, f"trainer.seed={child.seed}", f"trainer.run_name={child.run_name}", label]:
         words += ["--set", item]
     for name, on in child.variant.toggles:
         flag = name.replace("_", "-")

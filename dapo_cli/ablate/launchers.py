@@ -190,7 +190,11 @@ class OneProcessAtATime(_OneAtATime):
 
 class PrintCommands:
     """One shell line per child (``DAPO_PARENT_RUN_ID=... dapo train ...``, ``# done: ...`` when finished),
-    in :attr:`commands` and as each outcome's ``action``; no report."""
+    in :attr:`commands` and as each outcome's ``action``; no report.
+
+    An axis variant's line also sets ``DAPO_EXTRA_TAGS`` (its ``ablate.*`` tags): the trainer's own
+    ``dapo.variant`` names the technique state alone, so its ``ablate.variant`` tells the report and
+    reruns which axis setting it trained."""
 
     name, reports, jobs = "print", False, None
 
@@ -204,6 +208,8 @@ class PrintCommands:
     def finish(self, outcomes: Sequence[ChildOutcome], parent: Parent) -> None:
         for o in outcomes:
             words = child_argv(self.plan, o.child, self.config_path, self.sets, resume=o.action == "resume")
-            line = f"{PARENT_RUN_ENV}={parent.run_id} {shlex.join(words)}"
+            env = child_env(parent.run_id, child_tags(self.plan, o.child, parent.run_id)) if o.child.variant.axes else {
+                PARENT_RUN_ENV: parent.run_id}
+            line = " ".join([*(f"{k}={shlex.quote(v)}" for k, v in env.items()), shlex.join(words)])
             self.commands.append(f"# done: {o.child.run_name}" if o.action == "skip" else line)
             o.action = self.commands[-1]

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from dapo_cli.ablate.results import CURVE_METRICS, SAMPLES_METRIC, VAL_CURVE, AblationReport, ChildResult
+from dapo_cli.ablate.variants import axis_suffix, split_axes
 from dapo_cli.fileio import atomic_path
 
 
@@ -60,7 +61,7 @@ def plot_curves(report: AblationReport, out_dir: Path) -> dict[str, list[Path]]:
                 xs, ys = curve_points(by_variant[row.name], metric, axis)
                 if not xs:
                     continue
-                ax.plot(xs, ys, marker="o", markersize=2, linewidth=1, alpha=0.85, label=row.label or row.name)
+                ax.plot(xs, ys, marker="o", markersize=2, linewidth=1, alpha=0.85, label=row.label + axis_suffix(split_axes(row.name)[1]) if row.label else row.name)
             ax.set_xlabel("step" if axis == "step" else "generated samples (cumulative)")
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps and samples are counts
             ax.set_ylabel(f"val/avg_at_{report.k}" if metric == VAL_CURVE else metric)

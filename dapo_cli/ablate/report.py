@@ -25,6 +25,11 @@ avg@K over ``P`` held-out problems, logged as ``val/avg_at_K`` with ``val/avg_at
   rungs generated the same samples); the steps used are shown per seed (``@50``, ``@50/50/100``);
 * a ladder of 3+ rungs also compares its last rung with its first (naive GRPO → DAPO), the same
   two ways (:class:`~dapo_cli.ablate.results.Overall`, :func:`compare_variants`), under the table and in the parent's description;
+* with ``--axis``, each Δ above compares rows with the same axis settings (``dapo@max_staleness=1`` to
+  the previous rung at ``max_staleness=1``), and each variant is also compared with its twin at the
+  first value of each axis (:class:`~dapo_cli.ablate.results.AxisDelta`, :func:`axis_deltas`): paired by
+  seed, :math:`d_s = a_{v,s} - a_{u,s}` over the seeds both finished, mean ± Student t; and paired over
+  problems and at equal samples as above, on those seeds;
 * shares over the training steps (mean over steps and seeds): ``overlong/truncated_frac``
   and ``train/kept_group_frac`` (kept / generated groups with dynamic sampling, the
   informative share without it);
@@ -56,11 +61,19 @@ from dapo_cli.ablate.mechanisms import (
     mechanisms_markdown,
     steps_text,
 )
-from dapo_cli.ablate.variants import LADDER_LABELS, LADDER_NAMES, PAPER_AIME24_AVG32, short_variant
+from dapo_cli.ablate.variants import LADDER_LABELS, LADDER_NAMES, PAPER_AIME24_AVG32, axis_suffix, short_variant, split_axes
 from dapo_cli.ablate.plots import plot_curves
-from dapo_cli.ablate.results import SAMPLES_METRIC, AblationReport, ChildResult, EqualSamples, Overall, VariantRow
+from dapo_cli.ablate.results import (
+    SAMPLES_METRIC,
+    AblationReport,
+    AxisDelta,
+    ChildResult,
+    EqualSamples,
+    Overall,
+    VariantRow,
+)
 from dapo_cli.ablate.stats import Z_95, mean_or_nan, mean_per_problem, seed_interval
-from dapo_cli.ablate.store import child_runs, child_table, read_child
+from dapo_cli.ablate.store import child_runs, child_table, read_child, variant_of
 from dapo_cli.eval.compare import compare_accuracies
 from dapo_cli.eval.metrics import PairedComparison
 from dapo_cli.fileio import write_json_atomic, write_text_atomic
@@ -72,7 +85,8 @@ SHARE_METRICS = {"truncated": "overlong/truncated_frac", "kept_groups": "train/k
 
 
 def label_of(name: str) -> tuple[str, float | None]:
-    """The paper's Table 1 row and AIME 2024 avg@32 for a ladder variant name, else ``("", None)``."""
+    """The paper's Table 1 row and AIME 2024 avg@32 for a ladder variant name (axis settings aside), else ``("", None)``."""
+    name = split_axes(name)[0]
     if name in LADDER_NAMES:
         i = LADDER_NAMES.index(name)
         return LADDER_LABELS[i], PAPER_AIME24_AVG32[i]
@@ -114,12 +128,54 @@ def compare_variants(
     return delta, equal_samples_delta(results, ref, ref_name, lambda c, s: child_table(client, c, s))
 
 
+def same_axes(rows: Sequence[VariantRow], name: str) -> list[VariantRow]:
+    """The rows with the axis settings of variant ``name`` (all rows when the ablation has no axes), in order."""
+    settings = split_axes(name)[1]
+    return [r for r in rows if split_axes(r.name)[1] == settings]
+
+
 def add_deltas(rows: list[VariantRow], results: dict[str, list[ChildResult]], mode: str, client: Any = None) -> None:
-    """Δ of each row to the previous row (ladder) or to the first row (grid): :func:`compare_variants`."""
-    for i, row in enumerate(rows[1:], start=1):
-        ref = rows[i - 1] if mode == "ladder" else rows[0]
+    """Δ of each row to the previous row (ladder) or to the first row (grid) with its axis settings:
+    :func:`compare_variants`."""
+    for i, row in enumerate(rows):
+        before = same_axes(rows[:i], row.name)
+        if not before:
+            continue
+        ref = before[-1] if mode == "ladder" else before[0]
         row.delta_vs = ref.name
         row.delta, row.equal_samples = compare_variants(results[row.name], results[ref.name], ref.name, client)
+
+
+def axis_deltas(
+    order: Sequence[str], rows: Sequence[VariantRow], results: dict[str, list[ChildResult]], client: Any = None
+) -> list[AxisDelta]:
+    """Each row against its twin at the first value of each axis (the value the planned ``order`` shows first):
+    by seed over the seeds both finished, and :func:`compare_variants` on those seeds."""
+    firsts: dict[int, str] = {}
+    for name in order:
+        for j, (_, value) in enumerate(split_axes(name)[1]):
+            firsts.setdefault(j, value)
+    out = []
+    for row in rows:
+        techniques, settings = split_axes(row.name)
+        mine = {r.seed: r for r in results[row.name]}
+        for j, (axis, value) in enumerate(settings):
+            if value == firsts[j]:
+                continue
+            twin = techniques + axis_suffix([(a, firsts[j] if i == j else v) for i, (a, v) in enumerate(settings)])
+            ref = {r.seed: r for r in results.get(twin, [])}
+            seeds = sorted(set(mine) & set(ref))
+            if not seeds:
+                continue
+            diffs = [mine[s].avg - ref[s].avg for s in seeds]
+            delta, equal = compare_variants([mine[s] for s in seeds], [ref[s] for s in seeds], twin, client)
+            out.append(AxisDelta(row.name, twin, axis, seeds, diffs, *seed_interval(diffs), delta, equal))
+    return out
+
+
+def interval(d: PairedComparison) -> str:
+    """``[+1.2, +3.4]``: a paired Δ's 95% interval in points."""
+    return f"[{pct(d.ci_low, signed=True)}, {pct(d.ci_high, signed=True)}]"
 
 
 def overall_text(report: AblationReport) -> str:
@@ -128,11 +184,13 @@ def overall_text(report: AblationReport) -> str:
     if o is None or o.delta is None:
         return ""
     names = [r.label or r.name for r in report.rows if r.name in (o.first, o.last)]
+    settings = " ".join(f"{k}={v}" for k, v in split_axes(o.first)[1])
 
     def ci(d: PairedComparison) -> str:
-        return f"{pct(d.diff, signed=True)} [{pct(d.ci_low, signed=True)}, {pct(d.ci_high, signed=True)}]"
+        return f"{pct(d.diff, signed=True)} {interval(d)}"
 
-    text = f"{' → '.join(names)} (last rung − first, paired over problems): Δ {ci(o.delta)} points at equal steps"
+    text = (f"{' → '.join(names)}{f' at {settings}' if settings else ''} (last rung − first, paired over problems): "
+            f"Δ {ci(o.delta)} points at equal steps")
     eq = o.equal_samples
     if eq is not None and eq.delta is not None:
         text += f"; {ci(eq.delta)} at equal generated samples ({steps_text(eq.steps)} vs {steps_text(eq.ref_steps)})"
@@ -148,7 +206,7 @@ def build_report(client: Any, parent: Any) -> AblationReport:
     for run in child_runs(client, parent):
         res = read_child(client, run)
         if res is None:
-            unfinished.append(f"{run.data.tags.get('dapo.variant', '?')} seed {run.data.tags.get('dapo.seed', '?')} "
+            unfinished.append(f"{variant_of(run.data.tags)} seed {run.data.tags.get('dapo.seed', '?')} "
                               f"({run.info.status}, run {run.info.run_id})")
             continue
         results.setdefault(res.variant, []).append(res)
@@ -157,8 +215,9 @@ def build_report(client: Any, parent: Any) -> AblationReport:
     mode = tags.get("ablate.mode", "grid")
     add_deltas(rows, results, mode, client)
     overall = None
-    if mode == "ladder" and len(rows) > 2:
-        first, last = rows[0].name, rows[-1].name
+    rungs = same_axes(rows, rows[0].name) if rows else []
+    if mode == "ladder" and len(rungs) > 2:
+        first, last = rungs[0].name, rungs[-1].name
         overall = Overall(first, last, *compare_variants(results[last], results[first], first, client))
     ks = {r.k for rs in results.values() for r in rs}
     return AblationReport(
@@ -173,6 +232,7 @@ def build_report(client: Any, parent: Any) -> AblationReport:
         unfinished=unfinished,
         mechanisms=[mechanism_row(row, results[row.name]) for row in rows],
         overall=overall,
+        axis_deltas=axis_deltas(order, rows, results, client),
     )
 
 
@@ -208,10 +268,10 @@ def table_rows(report: AblationReport) -> list[dict[str, str]]:
             "95% CI seeds (t)": pct(row.seed_half, half=True),
             "95% CI problems": pct(row.problem_half, half=True),
             "Δ %": "—" if d is None else pct(d.diff, signed=True),
-            "Δ 95% CI (paired)": "—" if d is None else f"[{pct(d.ci_low, signed=True)}, {pct(d.ci_high, signed=True)}]",
+            "Δ 95% CI (paired)": "—" if d is None else interval(d),
             "P(Δ>0)": "—" if d is None else f"{d.share_positive:.2f}",
             "Δ equal samples %": "—" if e is None else pct(e.diff, signed=True),
-            "Δ equal samples 95% CI": "—" if e is None else f"[{pct(e.ci_low, signed=True)}, {pct(e.ci_high, signed=True)}]",
+            "Δ equal samples 95% CI": "—" if e is None else interval(e),
             "equal-samples steps": "—" if eq is None else f"{steps_text(eq.steps)} vs {steps_text(eq.ref_steps)}",
             "equal-samples budget": "—" if eq is None else f"{eq.budget:.0f}",
             "truncated %": pct(row.shares["truncated"]),
@@ -220,6 +280,42 @@ def table_rows(report: AblationReport) -> list[dict[str, str]]:
             "seeds": str(len(row.seeds)),
         })
     return out
+
+
+def axis_table_rows(report: AblationReport) -> list[dict[str, str]]:
+    """The axis comparisons as strings, one dict per pair (Markdown, HTML, the terminal)."""
+    out = []
+    for a in report.axis_deltas:
+        d, e = a.delta, a.equal_samples.delta if a.equal_samples is not None else None
+        out.append({
+            "variant": a.variant,
+            "vs": a.vs,
+            "Δ by seed %": pct(a.seed_mean, signed=True),
+            "Δ by seed 95% CI (t)": pct(a.seed_half, half=True),
+            "seed pairs": str(len(a.seeds)),
+            "Δ problems %": "—" if d is None else pct(d.diff, signed=True),
+            "Δ problems 95% CI (paired)": "—" if d is None else interval(d),
+            "P(Δ>0)": "—" if d is None else f"{d.share_positive:.2f}",
+            "Δ at equal samples %": "—" if e is None else pct(e.diff, signed=True),
+            "Δ at equal samples 95% CI": "—" if e is None else interval(e),
+        })
+    return out
+
+
+def axis_markdown(report: AblationReport) -> list[str]:
+    """report.md's section of the axis comparisons (none without them)."""
+    rows = axis_table_rows(report)
+    if not rows:
+        return []
+    head = list(rows[0])
+    return [
+        "", "## Axis comparisons", "",
+        "Each variant against its twin at the first value of an axis (same techniques, same other settings): "
+        "Δ by seed = mean over the seeds both finished of avg@K(variant) − avg@K(twin), 95% CI Student t; "
+        "Δ problems and Δ at equal samples as Δ and Δ equal samples in the table above (paired over problems), on those seeds.", "",
+        "| " + " | ".join(head) + " |", "|" + "---|" * len(head),
+        *("| " + " | ".join(r[h] for h in head) + " |" for r in rows),
+    ]
 
 
 def to_markdown(report: AblationReport, plots: dict[str, list[Path]], out_dir: Path) -> str:
@@ -235,6 +331,7 @@ def to_markdown(report: AblationReport, plots: dict[str, list[Path]], out_dir: P
         "- 95% CI seeds: Student t over seeds (— for one seed); 95% CI problems: normal, ±1.96 × the children's val stderr",
         "- Δ: paired over problems (bootstrap of per-problem accuracy differences, 2000 resamples) to the "
         + ("previous rung" if report.mode == "ladder" else "first variant")
+        + (" with the same axis settings" if "ablate.axes" in report.tags else "")
         + " at the final step (equal steps)",
         ("- Δ equal samples: the same Δ, each child taken at its latest validation step whose cumulative generated "
          "samples are at most the budget (the smaller of the two variants' samples per seed) + 5% slack; steps "
@@ -247,6 +344,7 @@ def to_markdown(report: AblationReport, plots: dict[str, list[Path]], out_dir: P
         lines += ["| " + " | ".join(r[h] for h in head) + " |" for r in rows]
     else:
         lines.append("No finished child run yet.")
+    lines += axis_markdown(report)
     lines += mechanisms_markdown(report)
     if overall_text(report):
         lines += ["", f"**{overall_text(report)}.**"]
@@ -276,6 +374,11 @@ def to_html(report: AblationReport, plots: dict[str, list[Path]], out_dir: Path)
         *("<tr>" + "".join(f"<td>{esc(r[h])}</td>" for h in head) + "</tr>" for r in rows),
         "</table>",
     ]
+    axis_rows = axis_table_rows(report)
+    if axis_rows:
+        parts += ["<h2>Axis comparisons</h2>",
+                  "<table border='1' cellspacing='0' cellpadding='3'><tr>" + "".join(f"<th>{esc(h)}</th>" for h in axis_rows[0]) + "</tr>",
+                  *("<tr>" + "".join(f"<td>{esc(v)}</td>" for v in r.values()) + "</tr>" for r in axis_rows), "</table>"]
     mech = mechanism_table_rows(report)
     if mech:
         parts += ["<h2>Mechanisms (what each technique acts on)</h2>",
@@ -299,6 +402,9 @@ def summary_markdown(report: AblationReport) -> str:
              f"final held-out avg@{report.k}, recomputed from the child runs", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(r[h] for h in head) + " |" for r in rows]
+    pairs = [f"- {r['variant']} − {r['vs']}: Δ {r['Δ by seed %']} {r['Δ by seed 95% CI (t)']} points "
+             f"(paired by seed, {r['seed pairs']} pairs)" for r in axis_table_rows(report)]
+    lines += ["", *pairs] if pairs else []
     if overall_text(report):
         lines += ["", overall_text(report) + "."]
     return "\n".join(lines) + "\n"
@@ -312,8 +418,15 @@ def summary_metrics(report: AblationReport) -> dict[str, float]:
     last ``/``, so per-variant prefixes (``0_GRPO/avg_at_4``) gave one section of one-bar charts per
     variant; these all fall in one ``variants`` section."""
     out: dict[str, float] = {}
+    keys = {row.name: f"variants/{row.position}_{re.sub(r'[^A-Za-z0-9_.-]', '.', short_variant(row.name)).strip('.')}"
+            for row in report.rows}
+    for a in report.axis_deltas:
+        out[f"{keys[a.variant]}.delta_by_seed_{a.axis}"] = a.seed_mean
+        out[f"{keys[a.variant]}.delta_by_seed_{a.axis}_ci95"] = a.seed_half
+        if a.delta is not None:
+            out[f"{keys[a.variant]}.delta_{a.axis}"] = a.delta.diff
     for row in report.rows:
-        key = f"variants/{row.position}_{re.sub(r'[^A-Za-z0-9_.-]', '.', short_variant(row.name)).strip('.')}"
+        key = keys[row.name]
         out[f"{key}.avg_at_{report.k}"] = row.mean
         out[f"{key}.ci95_seeds"] = row.seed_half
         out[f"{key}.samples"] = row.samples

@@ -115,6 +115,26 @@ class Overall:
 
 
 @dataclass
+class AxisDelta:
+    """A variant against the one that differs from it only in one axis, set to that axis's first value
+    (``dapo@max_staleness=1`` − ``dapo@max_staleness=0``): Δ paired by seed and paired over problems."""
+
+    variant: str
+    vs: str
+    axis: str
+    """The axis as variant names spell it (``max_staleness``)."""
+    seeds: list[int]
+    """The seeds both finished: the pairs of the by-seed Δ."""
+    seed_diffs: list[float]
+    """avg@K of the variant − the reference's, per seed of ``seeds``."""
+    seed_mean: float
+    seed_half: float
+    """Half-width of the Student t 95% interval of ``seed_diffs`` (NaN for one pair)."""
+    delta: PairedComparison | None = None
+    equal_samples: EqualSamples | None = None
+
+
+@dataclass
 class AblationReport:
     """Everything ``report.md`` shows, with the parent run it came from."""
 
@@ -129,4 +149,6 @@ class AblationReport:
     unfinished: list[str] = field(default_factory=list)
     mechanisms: list[MechanismRow] = field(default_factory=list)
     overall: Overall | None = None
-    """Ladders of 3+ rungs: the last rung against the first."""
+    """Ladders of 3+ rungs: the last rung against the first (among the rungs with the first row's axis settings)."""
+    axis_deltas: list[AxisDelta] = field(default_factory=list)
+    """With ``--axis``: each variant against its twin at the first value of each axis."""

@@ -60,12 +60,12 @@ from dapo_cli.ablate.launchers import (
     PrintCommands,
     no_log,
 )
-from dapo_cli.ablate.variants import AblationPlan, Child, config_hash
+from dapo_cli.ablate.variants import AblationPlan, Child, axes_text, config_hash
 from dapo_cli.ablate.pool import Pool
 from dapo_cli.ablate.report import build_report, summary_markdown, summary_metrics, write_report
 from dapo_cli.ablate.results import AblationReport
 from dapo_cli.ablate.slurm import ArgvFn, Slurm
-from dapo_cli.ablate.store import SUPERSEDED_TAG, child_runs, find_parent, mlflow_client
+from dapo_cli.ablate.store import SUPERSEDED_TAG, child_runs, find_parent, mlflow_client, variant_of
 from dapo_cli.config import dump_yaml, flatten
 from dapo_cli.errors import UserError
 from dapo_cli.tracking import start_run
@@ -97,11 +97,12 @@ def decide(prior: Sequence[PriorRun], has_checkpoint: bool) -> tuple[str, list[s
 
 
 def prior_runs(runs: Sequence[Any], child: Child) -> list[PriorRun]:
-    """The MLflow child runs (of one parent) that belong to ``child``, by their ``dapo.variant``/``dapo.seed`` tags."""
+    """The MLflow child runs (of one parent) that belong to ``child``, by their variant (:func:`variant_of`) and
+    ``dapo.seed`` tags."""
     out = []
     for run in runs:
         tags = run.data.tags
-        if tags.get("dapo.variant") == child.variant.name and tags.get("dapo.seed") == str(child.seed):
+        if variant_of(tags) == child.variant.name and tags.get("dapo.seed") == str(child.seed):
             run_dir = tags.get("dapo.run_dir")
             out.append(PriorRun(run.info.run_id, run.info.status, bool(run_dir) and (Path(run_dir) / "summary.json").is_file()))
     return out
@@ -123,6 +124,7 @@ def parent_tags(plan: AblationPlan, *, command: str, launcher: str) -> dict[str,
         "ablate.mode": plan.mode,
         "ablate.variants": ",".join(v.name for v in plan.variants),
         "ablate.techniques": ",".join(plan.techniques),
+        **({"ablate.axes": axes_text(plan)} if plan.axes else {}),
         "ablate.seeds": ",".join(str(s) for s in plan.seeds),
         "ablate.config_hash": config_hash(plan.base),
         "ablate.launcher": launcher,
@@ -304,7 +306,8 @@ def _log_plan(tracker: Any, plan: AblationPlan) -> None:
             "seeds": list(plan.seeds),
             "children": [
                 {"variant": c.variant.name, "label": c.variant.label, "seed": c.seed, "rung": c.index,
-                 "toggles": c.variant.toggle_dict(), "state": dict(c.variant.state), "run_name": c.run_name}
+                 "toggles": c.variant.toggle_dict(), "state": dict(c.variant.state), "axes": dict(c.variant.axes),
+                 "run_name": c.run_name}
                 for c in plan.children()
             ],
         },

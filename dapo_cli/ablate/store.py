@@ -77,6 +77,12 @@ def resolve_parent(client: Any, target: str) -> Any:
     raise UserError(f"no ablation parent run, ablation name or experiment named '{target}'{hint}")
 
 
+def variant_of(tags: dict[str, str]) -> str:
+    """A child run's variant in its ablation: ``ablate.variant`` (its axis settings included,
+    ``dapo@max_staleness=1``), else the trainer's ``dapo.variant`` (the technique state alone)."""
+    return tags.get("ablate.variant") or tags.get("dapo.variant", "?")
+
+
 def history(client: Any, run_id: str, key: str) -> dict[int, float]:
     """``step -> value`` of a metric (the last value logged at each step)."""
     return {m.step: m.value for m in sorted(client.get_metric_history(run_id, key), key=lambda m: m.timestamp)}
@@ -117,7 +123,7 @@ def read_child(client: Any, run: Any) -> ChildResult | None:
     stderr = history(client, rid, f"val/avg_at_{k}_stderr").get(step, math.nan)
     return ChildResult(
         run_id=rid,
-        variant=run.data.tags.get("dapo.variant", "?"),
+        variant=variant_of(run.data.tags),
         seed=int(run.data.tags.get("dapo.seed", "0")),
         k=k,
         final_step=step,

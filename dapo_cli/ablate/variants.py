@@ -16,6 +16,11 @@ Two modes, a registry keyed by name (:data:`MODES`):
 * ``grid``: the full factorial :math:`\\{0,1\\}^m` of ``m`` chosen techniques (all five:
   32 variants); the others stay as in the config.
 
+Either mode takes extra *axes* (``--axis rollout.max_staleness=0,1``, :class:`Axis`): config settings
+beside the techniques, each multiplying the variants (technique-major: every value of the axes at one
+technique state before the next state). An axis variant is named by its technique state and its
+settings, ``dapo@max_staleness=1`` (:func:`axis_suffix`); variants without axes keep their plain names.
+
 A variant's name is :func:`~dapo_cli.config.techniques.variant_name` of the technique
 state its config really has, so a variant is named by what it trains, not by how it
 was asked for. The ablation id hashes the resolved config, the mode, the variants and
@@ -31,10 +36,12 @@ import json
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from dapo_cli.config import TECHNIQUES, Config, apply_techniques, technique_state, to_dict
+from dapo_cli.config import TECHNIQUES, Config, apply_techniques, flatten, technique_state, to_dict
+from dapo_cli.config.load import override_config, parse_override
 from dapo_cli.config.schema import PLANNING_SECTIONS
-from dapo_cli.config.techniques import variant_name
+from dapo_cli.config.techniques import TECHNIQUE_KEYS, variant_name
 from dapo_cli.config.validate import validate
 from dapo_cli.errors import UserError
 
@@ -58,8 +65,19 @@ PAPER_AIME24_AVG32 = (30.0, 36.0, 38.0, 41.0, 42.0, 50.0)
 LADDER_NAMES = tuple(variant_name({t: j < i for j, t in enumerate(TECHNIQUES)}) for i in range(len(TECHNIQUES) + 1))
 """Variant names of the ladder rungs: ``grpo``, ``grpo+overlong_filtering``, ..., ``dapo``."""
 
-SAFE_COMPONENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
-"""A run-name path component: no separators, no leading dot (so never ``.`` or ``..``), no spaces."""
+SAFE_COMPONENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+@=-]*$")
+"""A run-name path component: no separators, no leading dot (so never ``.`` or ``..``), no spaces
+(``@`` and ``=`` only come from axis settings: ``dapo@max_staleness=1``)."""
+
+AXIS_VALUE = re.compile(r"^[A-Za-z0-9._+-]+$")
+"""An axis value as variant names spell it (no ``@``, ``=``, separators or spaces)."""
+
+AXIS_OWNERS = {
+    "trainer.seed": "--seeds sets it (trainer.seed + 0..N-1 for every variant)",
+    "trainer.run_name": "the ablation names every child",
+    "tracking.run_label": "the ablation labels every child",
+}
+"""Keys outside the technique toggles that an axis may not vary, and who sets them instead."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +92,8 @@ class Variant:
     """The full technique state of the variant's config, in :data:`TECHNIQUES` order."""
     paper: float | None = None
     """The paper's AIME 2024 avg@32 when the state is a ladder rung, else None."""
+    axes: tuple[tuple[str, str], ...] = ()
+    """The axis settings of this variant, ``(key, value)`` as ``--set key=value`` spells it, in the axes' order."""
 
     def toggle_dict(self) -> dict[str, bool]:
         return dict(self.toggles)
@@ -101,6 +121,7 @@ class AblationPlan:
     seeds: tuple[int, ...]
     ablation_id: str
     name: str
+    axes: tuple[Axis, ...] = ()
 
     def children(self) -> list[Child]:
         """Seed-major order: a complete ladder for the first seed before any second seed."""
@@ -111,8 +132,9 @@ class AblationPlan:
         ]
 
     def child_config(self, child: Child) -> Config:
-        """The base config with the variant's toggles, the child's seed and run name; validated."""
+        """The base config with the variant's toggles and axis settings, the child's seed and run name; validated."""
         cfg = apply_techniques(self.base, **child.variant.toggle_dict())
+        cfg = override_config(cfg, [f"{key}={value}" for key, value in child.variant.axes])
         cfg = dataclasses.replace(
             cfg,
             trainer=dataclasses.replace(cfg.trainer, seed=child.seed, run_name=child.run_name),
@@ -157,6 +179,132 @@ def grid_variants(base: Config, techniques: Sequence[str]) -> list[Variant]:
 
 MODES: dict[str, Callable[[Config, Sequence[str]], list[Variant]]] = {"ladder": ladder_variants, "grid": grid_variants}
 """Ablation modes by name."""
+
+
+# ---------------------------------------------------------------- axes
+
+
+@dataclass(frozen=True)
+class Axis:
+    """One ``--axis KEY=V1,V2,...``: a config key and its values, in the order given."""
+
+    key: str
+    values: tuple[str, ...]
+    """As ``--set key=value`` spells them, canonical (``1.0`` for ``1`` of a float setting)."""
+    short: str
+    """The key in variant names: its shortest dotted suffix that ends no other schema key (``max_staleness``)."""
+
+
+def parse_axis(text: str, base: Config, sets: Sequence[str] = ()) -> Axis:
+    """``rollout.max_staleness=0,1`` → an :class:`Axis`, its key and values checked against the schema as
+    ``--set`` checks them. Refused: a key the technique toggles own (:data:`TECHNIQUE_KEYS`), one of
+    :data:`AXIS_OWNERS`, ``ablate.*`` and the planning sections, a key also given with ``--set``, fewer than
+    two values, a repeated value, a value a run name cannot hold."""
+    if "=" not in text:
+        raise UserError(f"--axis '{text}' must look like section.key=V1,V2, e.g. --axis rollout.max_staleness=0,1")
+    key, raw = (part.strip() for part in text.split("=", 1))
+    keys = list(flatten(base))
+    if key not in keys:
+        if any(k.startswith(key + ".") for k in keys):
+            raise UserError(f"--axis {key}: '{key}' is a section; give one of its keys")
+        override_config(base, [f"{key}=0"])  # raises as --set would: unknown config key '...'; did you mean ...?
+    why = _axis_owner(key)
+    if why:
+        raise UserError(f"--axis {key}: {why}")
+    clash = [item for item in sets if _overlaps(parse_override(item)[0], key)]
+    if clash:
+        raise UserError(f"--axis {key} and --set {clash[0].strip()} both set {key}; give it in one of them")
+    given = [v.strip() for v in raw.split(",") if v.strip()]
+    if len(given) < 2:
+        raise UserError(f"--axis {key} needs at least 2 comma-separated values, got '{raw}'")
+    texts = [value_text(flatten(override_config(base, [f"{key}={v}"]))[key]) for v in given]  # typed as --set types
+    for v, t in zip(given, texts):
+        if not AXIS_VALUE.match(t):
+            raise UserError(f"--axis {key}: value '{v}' cannot be part of a run name (letters, digits, . _ + - only)")
+    repeated = [t for i, t in enumerate(texts) if t in texts[:i]]
+    if repeated:
+        raise UserError(f"--axis {key} gives the value {repeated[0]} twice; give each value once")
+    return Axis(key=key, values=tuple(texts), short=short_key(key, keys))
+
+
+def _axis_owner(key: str) -> str:
+    """Why an axis may not vary ``key`` ("" when it may)."""
+    if any(_overlaps(key, owned) for owned in TECHNIQUE_KEYS):
+        return "the technique toggles own it (it decides a technique's state); vary the technique with --grid instead"
+    if key in AXIS_OWNERS:
+        return AXIS_OWNERS[key]
+    section = key.split(".", 1)[0]
+    if section == "ablate":
+        return "ablate.* configures the ablation itself, not its children"
+    if section in PLANNING_SECTIONS:
+        return f"{section}.* changes no run's results (it only plans --dry-run)"
+    return ""
+
+
+def _overlaps(a: str, b: str) -> bool:
+    """True when dotted keys ``a`` and ``b`` are the same or one is a section holding the other."""
+    return a == b or a.startswith(b + ".") or b.startswith(a + ".")
+
+
+def value_text(value: Any) -> str:
+    """A typed setting as ``--set`` would give it back: ``true``, ``null``, ``0.5``, ``1``, text as is."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if value is None:
+        return "null"
+    return str(value)
+
+
+def short_key(key: str, keys: Sequence[str]) -> str:
+    """The shortest dotted suffix of ``key`` that no other of ``keys`` ends with."""
+    parts = key.split(".")
+    for n in range(1, len(parts)):
+        suffix = ".".join(parts[-n:])
+        if not any(k != key and k.endswith("." + suffix) for k in keys):
+            return suffix
+    return key
+
+
+def axis_suffix(settings: Sequence[tuple[str, str]]) -> str:
+    """``@max_staleness=1@temperature=0.7``: what a variant's name adds for its axis settings (short keys)."""
+    return "".join(f"@{short}={value}" for short, value in settings)
+
+
+def split_axes(name: str) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """``dapo@max_staleness=1`` → (``dapo``, ``(("max_staleness", "1"),)``); a name without axes → (name, ())."""
+    head, *rest = name.split("@")
+    return head, tuple((short, value) for short, _, value in (part.partition("=") for part in rest))
+
+
+def parse_axes(texts: Sequence[str], base: Config, sets: Sequence[str] = ()) -> tuple[Axis, ...]:
+    """Every ``--axis`` (:func:`parse_axis`); a key given twice is refused."""
+    axes = [parse_axis(text, base, sets) for text in texts]
+    keys = [a.key for a in axes]
+    twice = [k for i, k in enumerate(keys) if k in keys[:i]]
+    if twice:
+        raise UserError(f"--axis {twice[0]} is given twice; give all its values in one --axis {twice[0]}=V1,V2")
+    return tuple(axes)
+
+
+def axes_text(plan: AblationPlan) -> str:
+    """``rollout.max_staleness=0,1`` (``;`` between axes): the parent's ``ablate.axes`` tag."""
+    return ";".join(f"{a.key}={','.join(a.values)}" for a in plan.axes)
+
+
+def with_axes(variants: Sequence[Variant], axes: Sequence[Axis]) -> list[Variant]:
+    """Every variant × every combination of the axes' values, technique-major; no axes: ``variants`` as they are."""
+    if not axes:
+        return list(variants)
+    combos = list(itertools.product(*(a.values for a in axes)))
+    return [
+        dataclasses.replace(
+            v,
+            name=v.name + axis_suffix([(a.short, value) for a, value in zip(axes, combo)]),
+            axes=tuple((a.key, value) for a, value in zip(axes, combo)),
+        )
+        for v in variants
+        for combo in combos
+    ]
 
 
 def parse_techniques(text: str | None) -> tuple[str, ...]:
@@ -242,16 +390,26 @@ TECHNIQUE_ABBREVIATIONS = {
 
 def short_variant(name: str) -> str:
     """A variant name in a few characters: the ladder rung (``GRPO``, ``+ClipHigher``, ``DAPO``) or the
-    techniques abbreviated (``grpo+ch+ds``)."""
-    if name in LADDER_NAMES:
-        return LADDER_SHORT[LADDER_NAMES.index(name)]
-    parts = name.split("+")
-    return "+".join(TECHNIQUE_ABBREVIATIONS.get(p, p) for p in parts)
+    techniques abbreviated (``grpo+ch+ds``), then any axis settings with their keys abbreviated (``DAPO@ms=1``)."""
+    techniques, settings = split_axes(name)
+    if techniques in LADDER_NAMES:
+        short = LADDER_SHORT[LADDER_NAMES.index(techniques)]
+    else:
+        short = "+".join(TECHNIQUE_ABBREVIATIONS.get(p, p) for p in techniques.split("+"))
+    return short + axis_suffix([(abbreviate_key(key), value) for key, value in settings])
+
+
+def abbreviate_key(key: str) -> str:
+    """An axis key in a run label: the initials of its last part's words (``max_staleness`` → ``ms``), or
+    a one-word part's first four letters (``temperature`` → ``temp``)."""
+    words = key.rsplit(".", 1)[-1].split("_")
+    return "".join(w[:1] for w in words) if len(words) > 1 else words[0][:4]
 
 
 def child_label(variant: Variant, seed: int) -> str:
     """The child's MLflow run name: the ladder rung and the seed (``GRPO s0``, ``+ClipHigher s1``, ``DAPO s0``),
-    or for a grid variant its techniques abbreviated (``grpo+ch+ds s0``); distinct within an ablation."""
+    or for a grid variant its techniques abbreviated (``grpo+ch+ds s0``), each with its axis settings
+    (``DAPO@ms=1 s0``); distinct within an ablation unless two axes' keys abbreviate alike."""
     return f"{short_variant(variant.name)} s{seed}"
 
 
@@ -272,18 +430,21 @@ def make_ablation(
     only: Sequence[str] = (),
     skip: Sequence[str] = (),
     seeds: int = 1,
+    axes: Sequence[Axis] = (),
 ) -> AblationPlan:
-    """The plan of ``dapo ablate``: ``mode`` variants of ``cfg``, filtered, × ``seeds`` seeds from ``trainer.seed``."""
+    """The plan of ``dapo ablate``: ``mode`` variants of ``cfg`` × the ``axes``' values, filtered, × ``seeds``
+    seeds from ``trainer.seed``."""
     if mode not in MODES:
         raise UserError(f"unknown ablation mode '{mode}'; valid: {', '.join(MODES)}")
     if seeds < 1:
         raise UserError(f"--seeds must be >= 1, got {seeds}")
-    variants = select_variants(MODES[mode](cfg, techniques), only, skip)
+    variants = select_variants(with_axes(MODES[mode](cfg, techniques), axes), only, skip)
     seed_list = tuple(cfg.trainer.seed + i for i in range(seeds))
     aid = ablation_id(cfg, mode, variants)
     name = f"{safe_component(cfg.tracking.experiment)}-{mode}-{aid[:8]}"
     plan = AblationPlan(
-        mode=mode, base=cfg, techniques=tuple(techniques), variants=tuple(variants), seeds=seed_list, ablation_id=aid, name=name
+        mode=mode, base=cfg, techniques=tuple(techniques), variants=tuple(variants), seeds=seed_list, ablation_id=aid, name=name,
+        axes=tuple(axes),
     )
     for child in plan.children():  # every child config must be valid before anything runs
         plan.child_config(child)

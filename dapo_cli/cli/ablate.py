@@ -21,8 +21,9 @@ from dapo_cli.errors import UserError
 EXAMPLES = [
     ("dapo ablate --ladder", "The paper's ladder (naive GRPO → DAPO) on the embedded experiments/tiny-ladder.yaml; resumable."),
     ("dapo ablate --ladder --dry-run", "The plan and a time estimate (one timed step in a temporary folder); records and builds nothing."),
-    ("dapo ablate --grid clip_higher,dynamic_sampling --seeds 2 --set trainer.total_steps=20",
-     "A 2×2 factorial of two techniques, two seeds each, 20 steps per child."),
+    ("dapo ablate --grid dynamic_sampling --axis rollout.max_staleness=0,1 --seeds 2 --set trainer.total_steps=20",
+     "Dynamic sampling on/off × synchronous/asynchronous rollouts: 4 variants, two seeds each, 20 steps per child; "
+     "the report pairs the two staleness values at each technique state."),
     ("dapo ablate experiments/tiny.yaml --ladder --launcher print",
      "One dapo train command per child (for a scheduler), nested under one MLflow parent run."),
 ]
@@ -76,6 +77,16 @@ def ablate(
     grid: Annotated[bool, typer.Option("--grid", help="The full factorial of the technique toggles (all five: 32 variants).", rich_help_panel=Panel.TECHNIQUES)] = False,
     only: Annotated[list[str] | None, typer.Option("--only", help="Run only this variant (repeatable).", show_default="every variant", rich_help_panel=Panel.TECHNIQUES)] = None,
     skip: Annotated[list[str] | None, typer.Option("--skip", help="Leave out this variant (repeatable).", show_default="none", rich_help_panel=Panel.TECHNIQUES)] = None,
+    axis: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--axis", metavar="KEY=V1,V2",
+            help="A config setting as one more dimension: every variant once per value, named like "
+            "dapo@max_staleness=1, e.g. --axis rollout.max_staleness=0,1 (repeatable: the product). "
+            "Not a technique's own keys (--grid varies those) nor trainer.seed (--seeds).",
+            show_default="none", rich_help_panel=Panel.TECHNIQUES,
+        ),
+    ] = None,
     seeds: Annotated[int | None, typer.Option("--seeds", help="Seeds per variant: trainer.seed + 0..N-1.", show_default="ablate.seeds of the config", rich_help_panel=Panel.RUN)] = None,
     jobs: Annotated[
         int | None,
@@ -105,7 +116,7 @@ def ablate(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No per-step lines from the children (the overall progress stays).", rich_help_panel=Panel.OUTPUT)] = False,
 ) -> None:
     """Run the DAPO ablation ladder or a technique grid as MLflow parent/child runs, then report."""
-    from dapo_cli.ablate.variants import make_ablation, parse_techniques
+    from dapo_cli.ablate.variants import make_ablation, parse_axes, parse_techniques
     from dapo_cli.cli.options import resolve
 
     if ladder == grid:
@@ -124,8 +135,9 @@ def ablate(
         only=only or [],
         skip=skip or [],
         seeds=cfg.ablate.seeds if seeds is None else seeds,
+        axes=parse_axes(axis or [], cfg, sets or []),
     )
-    command = command_line(words, ladder=ladder, only=only, skip=skip, seeds=seeds, sets=sets, jobs=jobs)
+    command = command_line(words, ladder=ladder, only=only, skip=skip, seeds=seeds, sets=sets, jobs=jobs, axes=axis)
     if dry_run:
         print_plan(plan)
         print_estimate(plan, calibrate)
@@ -185,11 +197,11 @@ def ablate(
 
 def command_line(
     words: list[str], *, ladder: bool, only: list[str] | None, skip: list[str] | None, seeds: int | None, sets: list[str] | None,
-    jobs: int | None = None,
+    jobs: int | None = None, axes: list[str] | None = None,
 ) -> str:
     """The command as parsed (the parent's ``dapo.command`` tag)."""
     out = ["dapo", "ablate", *words, "--ladder" if ladder else "--grid"]
-    for flag, values in (("--only", only), ("--skip", skip), ("--set", sets)):
+    for flag, values in (("--axis", axes), ("--only", only), ("--skip", skip), ("--set", sets)):
         for v in values or ():
             out += [flag, v]
     for flag, value in (("--seeds", seeds), ("--jobs", jobs)):
@@ -211,15 +223,18 @@ def print_plan(plan: AblationPlan) -> None:
     table.add_column("rung", justify="right")
     for t in TECHNIQUES:
         table.add_column(SHORT[t], justify="center")
+    for axis in plan.axes:
+        table.add_column(axis.short, justify="center")
     table.add_column("paper row (AIME24 avg@32)")
     table.add_column("variant", overflow="fold")
     for i, v in enumerate(plan.variants):
         state = dict(v.state)
         paper = f"{v.label} ({v.paper:.0f})" if v.paper is not None else "—"
-        table.add_row(str(i), *("✓" if state[t] else "·" for t in TECHNIQUES), paper, Text(v.name))
+        settings = [Text(value) for _, value in v.axes]
+        table.add_row(str(i), *("✓" if state[t] else "·" for t in TECHNIQUES), *settings, paper, Text(v.name))
     console.print(table)
     console.print(
-        "  ".join(f"{SHORT[t]} = {t}" for t in TECHNIQUES) + "\n"
+        "  ".join([*(f"{SHORT[t]} = {t}" for t in TECHNIQUES), *(f"{a.short} = {a.key}" for a in plan.axes)]) + "\n"
         f"seeds {', '.join(map(str, plan.seeds))}; {plan.base.trainer.total_steps} steps per child; "
         f"run dirs {plan.base.trainer.output_dir}/{plan.base.tracking.experiment}/{plan.name}/<variant>-s<seed>; "
         f"ablation id {plan.ablation_id}",

@@ -110,6 +110,13 @@ NARROW_HEADS = {
     "kept groups %": ("kp%", "kept groups %"),
     "samples": ("smp", "generated samples per seed"),
     "seeds": ("n", "seeds"),
+    "Δ by seed %": ("Δseed", "paired Δ by seed in points"),
+    "Δ by seed 95% CI (t)": ("±t", "its 95% CI (Student t over the seed pairs)"),
+    "seed pairs": ("n", "seed pairs"),
+    "Δ problems %": ("Δ", "paired Δ in points"),
+    "Δ problems 95% CI (paired)": ("ΔCI", "its 95% CI (paired bootstrap over problems)"),
+    "Δ at equal samples %": ("Δs", "paired Δ in points at equal generated samples"),
+    "Δ at equal samples 95% CI": ("ΔsCI", "its 95% CI"),
     "Δ equal samples %": ("Δs", "paired Δ in points at equal generated samples"),
     "Δ equal samples 95% CI": ("ΔsCI", "its 95% CI"),
     "equal-samples steps": ("steps", "validation step used, this rung vs its reference, per seed"),
@@ -125,7 +132,7 @@ NARROW_HEADS = {
 }
 """Abbreviated headers (and their legend lines) for terminals too narrow for :data:`SHORT_HEADS`."""
 
-TEXT_COLUMNS = ("variant", "paper row")
+TEXT_COLUMNS = ("variant", "paper row", "vs")
 """Columns of names: they wrap; numbers never do."""
 
 EQUAL_SAMPLES_HEADS = ("Δ equal samples %", "Δ equal samples 95% CI", "equal-samples steps", "equal-samples budget")
@@ -200,6 +207,7 @@ def print_report(result: AblationReport, out: Console | None = None) -> None:
     in a legend below; a wider terminal gets the bordered table with longer headers.
     """
     from dapo_cli.ablate.report import table_rows
+    from dapo_cli.ablate.variants import split_axes
 
     out = out or console
     rows = table_rows(result)
@@ -207,12 +215,13 @@ def print_report(result: AblationReport, out: Console | None = None) -> None:
     title = f"{result.name} · {result.mode} · parent run {result.parent_run_id}"
     if not rows:
         out.print(Text(f"{title}: no finished child run yet"))
-    else:
-        heads = terminal_columns(rows, ladder=ladder)
+    else:  # with axes, a paper row names several variants: the variant column stays
+        heads = terminal_columns(rows, ladder=ladder and not any(split_axes(r.name)[1] for r in result.rows))
         print_table(out, rows, heads, title, legend_end="; numbers in % (points).")
         out.print(
             "CI seeds: Student t over seeds; CI problems: normal (±1.96 × val stderr); Δ: paired bootstrap over problems "
-            + ("to the previous rung" if ladder else "to the first variant") + ", at the final step",
+            + ("to the previous rung" if ladder else "to the first variant")
+            + (" with the same axis settings" if "ablate.axes" in result.tags else "") + ", at the final step",
             highlight=False,
             markup=False,
         )
@@ -222,6 +231,7 @@ def print_report(result: AblationReport, out: Console | None = None) -> None:
             out.print(Text(overall_text(result) + "."))
         print_mechanisms(result, out)
         print_equal_samples(rows, out, ladder=ladder)
+        print_axis_deltas(result, out)
     if result.missing:
         out.print(f"not finished: {', '.join(result.missing)}", highlight=False, markup=False)
 
@@ -283,3 +293,20 @@ def print_equal_samples(rows: list[dict[str, str]], out: Console, *, ladder: boo
                 "Δ at equal generated samples, " + ("to the previous rung" if ladder else "to the first variant"))
     out.print(Text("each child at its latest validation step with at most the budget of generated samples "
                    "(the smaller of the two rungs' samples per seed) + 5%; same paired bootstrap."))
+
+
+def print_axis_deltas(result: AblationReport, out: Console) -> None:
+    """With ``--axis``: each variant against its twin at the first value of each axis, in a table of its own
+    (in a narrow terminal, the variants as their run labels: ``DAPO@ms=1``)."""
+    from dapo_cli.ablate.report import axis_table_rows
+    from dapo_cli.ablate.variants import short_variant
+
+    rows = axis_table_rows(result)
+    if not rows:
+        return
+    heads = [h for h in rows[0] if h in ("variant", "vs") or any(r[h] != "—" for r in rows)]
+    if out.width < wide_width(rows, heads):
+        rows = [{**r, "variant": short_variant(r["variant"]), "vs": short_variant(r["vs"])} for r in rows]
+    print_table(out, rows, heads, "Δ between axis values, at the same techniques")
+    out.print(Text("Δ by seed: mean over the seeds both finished of the paired avg@K differences, 95% CI Student t; "
+                   "Δ problems: paired bootstrap over problems on those seeds."))

@@ -44,11 +44,25 @@ def build_config(path: str | Path | None = None, overrides: typing.Sequence[str]
     source = Path(path) if path is not None else embedded_experiment_path()
     data = read_yaml(source)
     for item in overrides:
-        key, value = parse_override(item)
-        if _leaf_type(key) is str:
-            value = _as_text(item.split("=", 1)[1], value)
-        set_dotted(data, key, value)
+        set_dotted(data, *typed_override(item))
     return from_dict(Config, data)
+
+
+def override_config(cfg: Config, overrides: typing.Sequence[str]) -> Config:
+    """``cfg`` with ``a.b=c`` overrides applied as ``--set`` applies them (typed against the schema, unknown
+    keys refused with a suggestion), not cross-field validated."""
+    data = to_dict(cfg)
+    for item in overrides:
+        set_dotted(data, *typed_override(item))
+    return from_dict(Config, data)
+
+
+def typed_override(item: str) -> tuple[str, Any]:
+    """:func:`parse_override`, a string setting keeping the text as typed (:func:`_as_text`)."""
+    key, value = parse_override(item)
+    if _leaf_type(key) is str:
+        value = _as_text(item.split("=", 1)[1], value)
+    return key, value
 
 
 def read_yaml(path: Path) -> dict[str, Any]:

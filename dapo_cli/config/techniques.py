@@ -20,6 +20,17 @@ from dapo_cli.config.schema import Config
 TECHNIQUES = ("overlong_filtering", "clip_higher", "overlong_shaping", "token_level_loss", "dynamic_sampling")
 """In the order of the DAPO paper's Table 1 (each rung adds the next one)."""
 
+TECHNIQUE_KEYS = (
+    "algorithm.overlong_filter",
+    "algorithm.clip_ratio_low",
+    "algorithm.clip_ratio_high",
+    "algorithm.overlong_buffer.enable",
+    "algorithm.loss_agg_mode",
+    "algorithm.filter_groups.enable",
+)
+"""The schema fields the techniques are derived from (:func:`technique_state` reads them, :func:`apply_techniques`
+writes all but ``clip_ratio_low``): owned by the technique toggles."""
+
 PAPER_CLIP_RATIO_HIGH = 0.28
 """epsilon_high that clip-higher switches on when the config has it equal to epsilon_low."""
 

@@ -5,7 +5,8 @@ It logs, like ``dapo_cli.train.run_train``: the run tags (``dapo.variant``, ``da
 and its stderr at step 0 and at the last step, the per-problem table of each validation, one
 step of training metrics per step, a checkpoint marker that ``CheckpointManager.latest`` accepts,
 and ``summary.json`` at the end. Accuracies come from a script: (variant, seed) -> correct
-counts per problem. With ``val_every = n`` it also validates every ``n`` steps in between, with
+counts per problem, the variant being the ablation's (``ablate.variant``, which names axis settings
+too: ``dapo@max_staleness=1``) when the caller tags it, else the technique state's. With ``val_every = n`` it also validates every ``n`` steps in between, with
 the counts of ``mid_correct`` (default: the final ones), as ``trainer.test_freq`` makes the trainer do.
 """
 
@@ -48,13 +49,13 @@ class FakeTrain:
     def __call__(self, cfg: Any, *, resume: bool, command: str, parent_run_id: str | None,
                  extra_tags: dict[str, str] | None, quiet: bool) -> dict[str, Any]:
         state = technique_state(cfg)
-        key = (variant_name(state), cfg.trainer.seed)
+        key = ((extra_tags or {}).get("ablate.variant") or variant_name(state), cfg.trainer.seed)
         self.calls.append((*key, resume))
         self.commands.append(command)
         run_dir = Path(cfg.trainer.output_dir) / cfg.tracking.experiment / cfg.trainer.run_name
         ckpt = run_dir / "checkpoints"
         resume_id = (run_dir / "fake_run_id").read_text() if resume else None
-        tags = {"dapo.variant": key[0], "dapo.seed": str(key[1]), "dapo.run_dir": str(run_dir.resolve()),
+        tags = {"dapo.variant": variant_name(state), "dapo.seed": str(key[1]), "dapo.run_dir": str(run_dir.resolve()),
                 "dapo.command": command, **{f"technique.{k}": str(v).lower() for k, v in state.items()}, **(extra_tags or {})}
         k, steps = cfg.validation.k, cfg.trainer.total_steps
         counts = self.correct.get(key, [1] * 3)
@@ -69,14 +70,14 @@ class FakeTrain:
                 self.validate(tracker, step=0, counts=[0] * len(counts), k=k)
                 if key in self.crash_before:
                     raise Died(f"{key} died before its first checkpoint")
-                self.train_step(tracker, 1, key)
+                self.train_step(tracker, 1, state["dynamic_sampling"])
                 self.mid_validate(tracker, 1, steps, key, counts, k)
                 write_complete_checkpoint(ckpt / "step_000001")
                 (ckpt / "latest").write_text("step_000001\n")
                 if key in self.crash_after:
                     raise Died(f"{key} died after its first checkpoint")
             for step in range(2, steps + 1):
-                self.train_step(tracker, step, key)
+                self.train_step(tracker, step, state["dynamic_sampling"])
                 self.mid_validate(tracker, step, steps, key, counts, k)
             self.validate(tracker, step=steps, counts=counts, k=k)
         summary = {"run_name": cfg.trainer.run_name, "run_dir": str(run_dir), "mlflow_run_id": tracker.run_id}
@@ -96,9 +97,8 @@ class FakeTrain:
             self.validate(tracker, step=step, counts=self.mid_correct.get(key, counts), k=k)
 
     @staticmethod
-    def train_step(tracker: Any, step: int, key: Key) -> None:
+    def train_step(tracker: Any, step: int, dynamic: bool) -> None:
         """Per-step metrics that encode the step: rollout/acc = step / 10, 16 samples per step (32 with dynamic sampling)."""
-        dynamic = key[0] == "dapo" or key[0].endswith("dynamic_sampling")
         tracker.log_metrics({
             "rollout/acc": step / 10, "actor/entropy": 1.0 / step, "response_length/mean": 10.0 + step,
             "actor/clipfrac_high": 0.01, "actor/clipfrac_low": 0.02, "train/kept_group_frac": 0.5 if dynamic else 0.25,

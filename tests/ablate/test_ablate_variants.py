@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import shlex
 from pathlib import Path
 
@@ -12,10 +13,13 @@ from dapo_cli.ablate.variants import (
     LADDER_LABELS,
     PAPER_AIME24_AVG32,
     ablation_id,
+    child_label,
     child_run_name,
     make_ablation,
+    parse_axes,
     parse_techniques,
     safe_component,
+    short_variant,
 )
 from dapo_cli.ablate.child import train_words
 from dapo_cli.cli.options import resolve
@@ -177,9 +181,122 @@ def test_printed_train_command_resolves_to_the_child_config(config_path) -> None
     for child in plan.children():
         words = train_words(plan, child, config_path, sets)
         assert words[:2] == ["dapo", "train"]
-        args = shlex.split(shlex.join(words))[2:]
-        config = args.pop(0) if config_path else None
-        sets_typed = [args[i + 1] for i, w in enumerate(args) if w == "--set"]
-        toggles = {w.removeprefix("--no-").removeprefix("--").replace("-", "_"): not w.startswith("--no-")
-                   for w in args if w.startswith("--") and w != "--set"}
-        assert resolve(config, sets_typed, **toggles) == plan.child_config(child)
+        assert resolve_words(words, config_path) == plan.child_config(child)
+
+
+def resolve_words(words: list[str], config_path: str | None):
+    """What ``dapo train`` resolves a printed child command to: its CONFIG, its ``--set``s and its toggles."""
+    args = shlex.split(shlex.join(words))[2:]
+    config = args.pop(0) if config_path else None
+    sets_typed = [args[i + 1] for i, w in enumerate(args) if w == "--set"]
+    toggles = {w.removeprefix("--no-").removeprefix("--").replace("-", "_"): not w.startswith("--no-")
+               for w in args if w.startswith("--") and w != "--set"}
+    return resolve(config, sets_typed, **toggles)
+
+
+# ---------------------------------------------------------------- axes (--axis KEY=V1,V2)
+
+
+STALENESS = "rollout.max_staleness=0,1"
+
+
+def test_an_axis_multiplies_the_grid_technique_major_and_names_each_setting(cfg) -> None:
+    plan = make_ablation(cfg, mode="grid", techniques=("dynamic_sampling",), axes=parse_axes([STALENESS], cfg))
+    tll = "grpo+overlong_filtering+clip_higher+overlong_shaping+token_level_loss"
+    assert [v.name for v in plan.variants] == [
+        f"{tll}@max_staleness=0", f"{tll}@max_staleness=1", "dapo@max_staleness=0", "dapo@max_staleness=1",
+    ]
+    assert [v.axes for v in plan.variants] == [(("rollout.max_staleness", v),) for v in ("0", "1", "0", "1")]
+    assert [v.toggles for v in plan.variants] == [(("dynamic_sampling", on),) for on in (False, False, True, True)]
+    # the label and paper row follow the technique state; the run label carries the setting in a few characters
+    assert plan.variants[3].label == "+ Dynamic Sampling (DAPO)" and plan.variants[3].paper == 50
+    assert [child_label(v, 0) for v in plan.variants] == ["+TokenLoss@ms=0 s0", "+TokenLoss@ms=1 s0", "DAPO@ms=0 s0", "DAPO@ms=1 s0"]
+    assert short_variant("grpo+clip_higher@max_staleness=1@rollout.temperature=0.7") == "grpo+ch@ms=1@temp=0.7"
+    for child in plan.children():
+        child_cfg = plan.child_config(child)  # validated
+        assert child_cfg.rollout.max_staleness == int(child.variant.axes[0][1])
+        assert technique_state(child_cfg)["dynamic_sampling"] is (child.index >= 2)
+        assert child.run_name == f"{plan.name}/{child.variant.name}-s{child.seed}"  # path-safe: it did not raise
+    assert plan.base.rollout.max_staleness == 0  # the base (and its config hash) untouched
+
+
+def test_the_ladder_takes_axes_too_and_two_axes_make_a_product(cfg) -> None:
+    ladder = make_ablation(cfg, mode="ladder", axes=parse_axes([STALENESS], cfg))
+    assert len(ladder.variants) == 12
+    assert [v.name for v in ladder.variants[:3]] == ["grpo@max_staleness=0", "grpo@max_staleness=1", "grpo+overlong_filtering@max_staleness=0"]
+    assert [v.label for v in ladder.variants[:2]] == ["Naive GRPO", "Naive GRPO"]
+    axes = parse_axes([STALENESS, "rollout.temperature=1,0.7"], cfg)
+    assert [(a.key, a.values, a.short) for a in axes] == [
+        ("rollout.max_staleness", ("0", "1"), "max_staleness"),
+        ("rollout.temperature", ("1.0", "0.7"), "rollout.temperature"),  # validation.temperature ends in temperature too
+    ]
+    grid = make_ablation(cfg, mode="grid", techniques=("clip_higher",), only=[], axes=axes)
+    assert len(grid.variants) == 8 and len({v.name for v in grid.variants}) == 8
+    assert grid.variants[1].name == "grpo+overlong_filtering+overlong_shaping+token_level_loss+dynamic_sampling" \
+        "@max_staleness=0@rollout.temperature=0.7"
+    assert grid.child_config(grid.children()[1]).rollout.temperature == 0.7
+    picked = make_ablation(cfg, mode="ladder", axes=parse_axes([STALENESS], cfg), only=["dapo@max_staleness=1"])
+    assert [v.name for v in picked.variants] == ["dapo@max_staleness=1"]
+
+
+def test_without_axes_the_variants_and_ablation_id_are_unchanged(cfg) -> None:
+    import hashlib
+    import json
+
+    from dapo_cli.ablate.variants import MODES, config_hash
+
+    for mode in MODES:
+        plan = make_ablation(cfg, mode=mode, axes=())
+        assert plan.variants == tuple(MODES[mode](cfg, TECHNIQUES)) and all(v.axes == () for v in plan.variants)
+        # the id hashes the config, the mode and the plain names, as before axes existed
+        payload = json.dumps([config_hash(cfg), mode, [v.name for v in plan.variants]])
+        assert plan.ablation_id == hashlib.sha256(payload.encode()).hexdigest()[:12]
+    with_axis = make_ablation(cfg, mode="grid", axes=parse_axes([STALENESS], cfg))
+    assert with_axis.ablation_id != make_ablation(cfg, mode="grid").ablation_id
+
+
+@pytest.mark.parametrize(("axes", "sets", "message"), [
+    (["rollout.max_stalenes=0,1"], [], "unknown config key 'rollout.max_stalenes'; did you mean 'rollout.max_staleness'?"),
+    (["rollout.max_staleness=0,x"], [], "rollout.max_staleness must be an integer, got 'x'"),
+    (["rollout.max_staleness"], [], "must look like section.key=V1,V2"),
+    (["rollout=0,1"], [], "'rollout' is a section"),
+    (["rollout.max_staleness=1"], [], "needs at least 2 comma-separated values"),
+    (["rollout.max_staleness=0,1,00"], [], "gives the value 0 twice"),
+    (["algorithm.filter_groups.enable=true,false"], [], "the technique toggles own it"),
+    (["algorithm.clip_ratio_low=0.1,0.2"], [], "the technique toggles own it"),
+    (["trainer.seed=1,2"], [], "--seeds sets it"),
+    (["trainer.run_name=a,b"], [], "the ablation names every child"),
+    (["ablate.jobs=1,2"], [], "ablate.* configures the ablation itself"),
+    (["cluster.world_size=1,2"], [], "changes no run's results"),
+    (["rollout.max_staleness=0,1"], ["rollout.max_staleness=2"], "--axis rollout.max_staleness and --set rollout.max_staleness=2"),
+    ([STALENESS, "rollout.max_staleness=2,3"], [], "--axis rollout.max_staleness is given twice"),
+    (["data.train_files=a/b,c"], [], "cannot be part of a run name"),
+])
+def test_bad_axes_are_one_line_errors(cfg, axes, sets, message) -> None:
+    with pytest.raises(UserError, match=re.escape(message)) as err:
+        parse_axes(axes, cfg, sets)
+    assert "\n" not in str(err.value)
+
+
+def test_an_axis_value_the_child_config_rejects_fails_before_anything_runs(cfg) -> None:
+    with pytest.raises(UserError, match=re.escape("variant dapo@max_staleness=-1: rollout.max_staleness=-1 must be >= 0")):
+        make_ablation(cfg, mode="ladder", only=["dapo@max_staleness=-1"], axes=parse_axes(["rollout.max_staleness=-1,0"], cfg))
+
+
+def test_technique_keys_are_what_the_toggles_write_and_read(cfg) -> None:
+    from dapo_cli.config import apply_techniques, flatten
+    from dapo_cli.config.techniques import TECHNIQUE_KEYS
+
+    before = flatten(cfg)
+    written = {k for t in TECHNIQUES for on in (False, True) for k, v in flatten(apply_techniques(cfg, **{t: on})).items()
+               if v != before[k]}
+    assert written == set(TECHNIQUE_KEYS) - {"algorithm.clip_ratio_low"}  # clip-higher compares high with low
+
+
+@pytest.mark.slow
+def test_printed_train_command_of_an_axis_child_resolves_to_its_config(cfg) -> None:
+    plan = make_ablation(cfg, mode="grid", techniques=("dynamic_sampling",), axes=parse_axes([STALENESS], cfg))
+    for child in plan.children():
+        words = train_words(plan, child, None, [])
+        assert f"rollout.max_staleness={child.variant.axes[0][1]}" in words
+        assert resolve_words(words, None) == plan.child_config(child)

@@ -254,3 +254,40 @@ def test_train_reads_the_parent_run_and_extra_tags_of_a_child_process(in_tmp: Pa
     assert calls[0][1]["extra_tags"] is None and calls[0][1]["parent_run_id"] is None
     bad = CliRunner().invoke(app, ["train"], env={"DAPO_EXTRA_TAGS": json.dumps(["not", "an", "object"])})
     assert "DAPO_EXTRA_TAGS must be a JSON object of tag names to values, got list" in one_line_error(bad)
+
+
+@pytest.mark.slow
+def test_an_axis_multiplies_the_dry_run_plan_and_its_printed_commands(in_tmp: Path) -> None:
+    config = write_config(in_tmp)
+    dry = invoke("ablate", str(config), "--grid", "dynamic_sampling", "--axis", "rollout.max_staleness=0,1", "--seeds", "2",
+                 "--dry-run", "--no-calibrate")
+    assert dry.exit_code == 0, dry.output
+    assert "grid, 4 variants × 2 seeds" in dry.output and "8 child runs" in dry.output
+    assert "max_staleness = rollout.max_staleness" in dry.output  # the axis column's legend
+    for rung, (ds, value, name) in enumerate([("·", "0", "grpo+overlong_filtering+clip_higher+overlong_shaping+token_level_loss@max_staleness=0"),
+                                              ("·", "1", "grpo+overlong_filtering+clip_higher+overlong_shaping+token_level_loss@max_staleness=1"),
+                                              ("✓", "0", "dapo@max_staleness=0"), ("✓", "1", "dapo@max_staleness=1")]):
+        assert re.search(rf"│ +{rung} │ ✓  │ ✓  │  ✓  │  ✓  │ {ds}  │ +{value} +│ .*│ {re.escape(name)} +│", dry.output), name
+    assert sorted(p.name for p in in_tmp.iterdir()) == ["exp.yaml"]  # a dry run writes nothing
+    # the ladder takes an axis too: each rung once per value
+    ladder = invoke("ablate", str(config), "--ladder", "--axis", "rollout.max_staleness=0,1", "--seeds", "1", "--dry-run",
+                    "--no-calibrate")
+    assert ladder.exit_code == 0, ladder.output
+    assert "ladder, 12 variants × 1 seeds" in ladder.output and "│ grpo@max_staleness=1 " in ladder.output
+    # print launcher: each command sets the axis value, and the child's ablate.* tags name its axis variant
+    printed = invoke("ablate", str(config), "--grid", "dynamic_sampling", "--axis", "rollout.max_staleness=0,1", "--launcher", "print",
+                     "--seeds", "1")
+    assert printed.exit_code == 0, printed.output
+    lines = printed.stdout.splitlines()
+    assert len(lines) == 4
+    assert all(f"--set rollout.max_staleness={v} --set trainer.seed=0" in line for line, v in zip(lines, "0101"))
+    assert """DAPO_EXTRA_TAGS='{"ablate.label": "+ Dynamic Sampling (DAPO)", "ablate.parent": """ in lines[3]
+    assert '"ablate.variant": "dapo@max_staleness=1"}' in lines[3] and "'tracking.run_label=DAPO@ms=1 s0'" in lines[3]
+
+
+def test_an_axis_on_a_technique_key_or_the_seed_is_a_one_line_error(in_tmp: Path) -> None:
+    assert "--axis algorithm.filter_groups.enable: the technique toggles own it" in one_line_error(
+        invoke("ablate", "--grid", "--axis", "algorithm.filter_groups.enable=true,false", "--dry-run", "--no-calibrate"))
+    assert "--axis trainer.seed: --seeds sets it" in one_line_error(
+        invoke("ablate", "--ladder", "--axis", "trainer.seed=0,1", "--dry-run", "--no-calibrate"))
+    assert list(in_tmp.iterdir()) == []

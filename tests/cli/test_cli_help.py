@@ -58,8 +58,10 @@ def test_train_help_lists_every_technique_toggle_both_ways() -> None:
 def test_ablate_help_lists_its_modes_filters_and_launchers() -> None:
     text = invoke("ablate", "--help").output
     assert "[CONFIG] [TECHNIQUES]" in text
-    for option in ("--ladder", "--grid", "--only", "--skip", "--seeds", "--set", "--dry-run", "--no-calibrate", "--launcher", "--html"):
+    for option in ("--ladder", "--grid", "--axis", "--only", "--skip", "--seeds", "--set", "--dry-run", "--no-calibrate", "--launcher",
+                   "--html"):
         assert option in text, option
+    assert "--axis rollout.max_staleness=0,1" in " ".join(text.split())  # the option's example
     assert "not built" not in text
 
 
