@@ -43,6 +43,7 @@ SUMMARY_KEYS = (
     ("overlong/truncated_frac", "trunc", "{:.2f}"),
     ("train/kept_group_frac", "kept", "{:.2f}"),
     ("train/num_gen_batches", "rounds", "{:.0f}"),
+    ("async/version_lag_mean", "lag", "{:.2f}"),  # asynchronous rollouts only
     ("timing/step", "s", "{:.2f}"),
 )
 

@@ -56,9 +56,11 @@ POLL_S = 0.5
 
 @dataclass(frozen=True)
 class WorkerSpec:
-    """What the worker process builds: ``engine`` (fast | hf) on the policy folder ``model_path`` in ``dtype``."""
+    """What the worker process builds: ``engine`` (fast | hf) on the policy folder ``model_path`` in ``dtype``, on
+    ``device`` (the trainer's: a colocated copy on its GPU, or the CPU)."""
 
     engine: str
+    device: str
     model_path: str
     dtype: str
     batch_size: int
@@ -98,7 +100,7 @@ def worker_main(
         from dapo_cli.components import build_policy_rollout
         from dapo_cli.models.loading import load_policy
 
-        policy, tokenizer = load_policy(spec.model_path, device="cpu", dtype=getattr(torch, spec.dtype))
+        policy, tokenizer = load_policy(spec.model_path, device=spec.device, dtype=getattr(torch, spec.dtype))
         rollout = build_policy_rollout(spec.engine, policy, tokenizer, batch_size=spec.batch_size, shares_weights=False)
         source, mine = StagedWeights(staging), None
         results.put(("ready",))

@@ -173,7 +173,8 @@ class WorkerRounds:
         self.version = ctx.Value("q", version, lock=False)
         self.lock = ctx.Lock()
         self.requests, self.results = ctx.Queue(), ctx.Queue()
-        spec = WorkerSpec(cfg.rollout.engine, model_path, cfg.model.dtype, cfg.rollout.batch_size, threads, os.getpid())
+        spec = WorkerSpec(cfg.rollout.engine, str(engine.device), model_path, cfg.model.dtype, cfg.rollout.batch_size, threads,
+                          os.getpid())
         self.process: Any = ctx.Process(
             target=worker_main, args=(spec, self.staging, self.version, self.lock, self.requests, self.results),
             name=f"dapo-rollout-worker-{dist.rank}", daemon=True,

@@ -1,4 +1,4 @@
-"""The engine protocols are complete: every implementation declares every member, and nothing in the
+"""The engine protocols (and the round sources') are complete: every implementation declares every member, and nothing in the
 package reads a protocol member with ``getattr`` (a member some engines lack would hide there)."""
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ def implementations() -> list[tuple[type, type]]:
     from dapo_cli.rollout.fast import FastRolloutEngine
     from dapo_cli.rollout.hf import HFRolloutEngine
     from dapo_cli.rollout.vllm import VLLMRolloutEngine  # imports vLLM only when an engine is built
+    from dapo_cli.rounds import InlineRounds, RoundSource, WorkerRounds
     from dapo_cli.tracking.background import BackgroundTracker
     from dapo_cli.tracking.base import NullTracker
     from dapo_cli.tracking.mlflow import MlflowTracker
@@ -52,6 +53,7 @@ def implementations() -> list[tuple[type, type]]:
         (RolloutEngine, FastRolloutEngine), (RolloutEngine, HFRolloutEngine), (RolloutEngine, VLLMRolloutEngine),
         (TrainingEngine, TorchEngine), (TrainingEngine, DeepSpeedEngine),
         (Tracker, MlflowTracker), (Tracker, NullTracker), (Tracker, BackgroundTracker),
+        (RoundSource, InlineRounds), (RoundSource, WorkerRounds),
     ]
 
 

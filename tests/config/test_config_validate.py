@@ -107,6 +107,11 @@ INVALID: list[tuple[dict[str, object], str]] = [
     ({"model__tiny__sft_direct_frac": 1.5}, "model.tiny.sft_direct_frac=1.5 must be in [0, 1]"),
     ({"model__tiny__sft_loop_frac": -0.1}, "model.tiny.sft_loop_frac=-0.1 must be in [0, 1]"),
     ({"model__tiny__sft_loop_continue": 1.0}, "model.tiny.sft_loop_continue=1.0 must be in [0, 1) (1 would never end a loop)"),
+    ({"rollout__max_staleness": -1}, "rollout.max_staleness=-1 must be >= 0 (0: synchronous)"),
+    ({"rollout__worker_threads": -2}, "rollout.worker_threads=-2 must be >= 0 (0: half the cores)"),
+    ({"rollout__max_staleness": 1, "rollout__worker": "inline"}, "rollout.max_staleness=1 needs the rollout worker process; set rollout.worker=process"),
+    ({"rollout__max_staleness": 2, "rollout__engine": "vllm"}, "the rollout worker process runs the fast or hf engine, not vllm"),
+    ({"rollout__worker": "process", "rollout__engine": "vllm"}, "the rollout worker process runs the fast or hf engine, not vllm"),
 ]
 
 
@@ -136,6 +141,9 @@ VALID_BOUNDARIES: list[dict[str, object]] = [
     {"trainer__lr_warmup_steps": 0},
     {"eval__pass_k": [1]},
     {"engine__zero_stage": 0},
+    {"rollout__max_staleness": 0, "rollout__worker": "inline", "rollout__engine": "vllm"},  # synchronous vLLM
+    {"rollout__max_staleness": 0, "rollout__worker": "process"},  # the synchronous loop in the worker process
+    {"rollout__max_staleness": 3, "rollout__engine": "hf", "rollout__worker_threads": 1},
 ]
 
 

@@ -122,3 +122,19 @@ def test_deepspeed_zero2_on_two_ranks_killed_and_resumed_ends_like_the_uninterru
     a, b = load_file(final(ref_dir)), load_file(final(work))
     for name in a:
         torch.testing.assert_close(b[name], a[name], rtol=0, atol=1e-6, msg=name)
+
+
+def test_asynchronous_rollouts_on_two_ranks_each_with_its_worker(tmp_path, tiny_model_dir):
+    # torch DDP, one worker process per rank, one step off; both ranks take the same rounds (the staleness test
+    # uses the largest lag over ranks), so they agree on every batch and the run finishes with one MLflow run
+    config = write_config(tmp_path, tiny_model_dir, steps=3)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "dapo_cli", "train",
+           str(config), "--no-dynamic-sampling", "--set", "rollout.max_staleness=1", "--set", "rollout.worker_threads=1",
+           "--set", "engine.num_threads=1"]
+    run(cmd, tmp_path)
+    client, mlrun = only_run(tmp_path)
+    assert mlrun.info.status == "FINISHED"
+    values = last_values(client, mlrun.info.run_id, ["train/samples_generated", "train/batch_responses"], 3)
+    assert values == {"train/samples_generated": 16.0, "train/batch_responses": 16.0}  # 2 prompts x 4 samples per rank
+    lags = [m.value for m in client.get_metric_history(mlrun.info.run_id, "async/version_lag_max")]
+    assert len(lags) == 3 and lags[0] == 0.0 and all(lag <= 1.0 for lag in lags)
