@@ -24,15 +24,12 @@ the synchronous run's generation G and update U.
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import REPO, machine, median, table, thread_env
+from common import REPO, machine, median, table, train_medians
 
 KEYS = ["timing/step", "timing/gen_and_score", "timing/worker_generate", "timing/worker_wait_weights",
         "train/samples_generated", "train/num_gen_batches", "async/version_lag_mean", "async/stale_groups_dropped"]
@@ -53,31 +50,8 @@ REAL = {"data.train_batch_size": 4, "rollout.n": 4, "rollout.max_response_length
 def run(name: str, steps: int, real: bool) -> tuple[dict[str, float], float]:
     settings, threads = ROWS[name]
     config = REPO / "experiments" / ("smollm2-135m.yaml" if real else "tiny.yaml")
-    with tempfile.TemporaryDirectory(prefix="async-bench-") as tmp:
-        work = Path(tmp)
-        sets = {
-            "trainer.total_steps": steps, "trainer.test_freq": 0, "trainer.save_freq": 0, "trainer.log_samples_freq": 0,
-            "trainer.collapse_patience": 0, "data.val_files": "[]", "trainer.output_dir": work / "runs",
-            "tracking.tracking_uri": f"sqlite:///{work / 'mlflow.db'}", "tracking.experiment": "bench",
-            **(REAL if real else {}), **settings,
-        }
-        words = [sys.executable, "-m", "dapo_cli", "train", str(config)]
-        for key, value in sets.items():
-            words += ["--set", f"{key}={value}"]
-        t0 = time.perf_counter()
-        proc = subprocess.run(words, env=thread_env(threads), capture_output=True, text=True, cwd=work)
-        wall = time.perf_counter() - t0
-        if proc.returncode != 0:
-            sys.exit(f"dapo train ({name}) failed:\n{proc.stderr[-3000:]}")
-        from mlflow import MlflowClient
-
-        client = MlflowClient(f"sqlite:///{work / 'mlflow.db'}")
-        (mlrun,) = client.search_runs([client.get_experiment_by_name("bench").experiment_id])
-        out = {}
-        for key in KEYS:
-            values = [m.value for m in client.get_metric_history(mlrun.info.run_id, key) if m.step >= 2]
-            out[key] = median(values)
-        return out, wall
+    sets = {"trainer.total_steps": steps, **(REAL if real else {}), **settings}
+    return train_medians(config, sets, KEYS, threads=threads, first_step=2)
 
 
 def main() -> None:

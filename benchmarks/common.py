@@ -117,3 +117,36 @@ def run_dapo_in_process(words: Sequence[str]) -> None:
     except SystemExit as exc:
         if exc.code not in (0, None):
             raise
+
+
+def train_medians(
+    config: Path, sets: dict[str, object], keys: Sequence[str], *, threads: int, first_step: int, flags: Sequence[str] = (),
+) -> tuple[dict[str, float], float]:
+    """``dapo train CONFIG FLAGS --set k=v ...`` in a temporary folder (no validation, checkpoints or sample
+    tables; its own MLflow store) with ``threads`` OpenMP threads; the median of each of ``keys`` over steps
+    ``>= first_step`` (nan when never logged) and the run's wall time. A failing run ends the benchmark."""
+    import sys
+    import tempfile
+    import time
+
+    with tempfile.TemporaryDirectory(prefix="dapo-bench-") as tmp:
+        work = Path(tmp)
+        every = {
+            "trainer.test_freq": 0, "trainer.save_freq": 0, "trainer.log_samples_freq": 0, "trainer.collapse_patience": 0,
+            "data.val_files": "[]", "trainer.output_dir": work / "runs", "tracking.tracking_uri": f"sqlite:///{work / 'mlflow.db'}",
+            "tracking.experiment": "bench", **sets,
+        }
+        words = [sys.executable, "-m", "dapo_cli", "train", str(config), *flags]
+        for key, value in every.items():
+            words += ["--set", f"{key}={value}"]
+        t0 = time.perf_counter()
+        proc = subprocess.run(words, env=thread_env(threads), capture_output=True, text=True, cwd=work)
+        wall = time.perf_counter() - t0
+        if proc.returncode != 0:
+            sys.exit(f"dapo train failed:\n{proc.stderr[-3000:]}")
+        from mlflow import MlflowClient
+
+        client = MlflowClient(f"sqlite:///{work / 'mlflow.db'}")
+        (mlrun,) = client.search_runs([client.get_experiment_by_name("bench").experiment_id])
+        history = {key: client.get_metric_history(mlrun.info.run_id, key) for key in keys}
+        return {key: median([m.value for m in history[key] if m.step >= first_step]) for key in keys}, wall

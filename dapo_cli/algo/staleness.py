@@ -52,13 +52,6 @@ def version_lag(policy_version: int, versions: torch.Tensor) -> torch.Tensor:
     return lag
 
 
-def within_staleness(lag: torch.Tensor, max_staleness: int) -> torch.Tensor:
-    """BoolTensor ``[N]``: True where :math:`\\Delta_i \\le k` (the response may be trained on)."""
-    if max_staleness < 0:
-        raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
-    return lag <= max_staleness
-
-
 def decoupled_policy_loss(
     log_prob: torch.Tensor,
     prox_log_prob: torch.Tensor,

@@ -32,7 +32,7 @@ from dapo_cli.models import load_policy
 from dapo_cli.engine.dist import SingleProcess
 from dapo_cli.rounds import InlineRounds
 from dapo_cli.train import collect_batch, compute_advantages, step_metrics
-from dapo_cli.update import fill_old_log_probs, old_log_probs_from_update, rollout_mismatch, update_policy
+from dapo_cli.update import behaviour_correction, fill_old_log_probs, old_log_probs_from_update, rollout_mismatch, update_policy
 
 GROUPS, SAMPLES = 4, 4
 
@@ -71,9 +71,16 @@ def one_update(model_dir: Path, cfg, *, old_from_update: bool, dtype=torch.float
     compute_advantages(batch, cfg)
     if not old_from_update:
         fill_old_log_probs(engine, batch, cfg)
-    batch.rollout_log_probs = None
+    corrected = behaviour_correction(cfg)
+    if corrected:  # behaviour log-probs unrelated to the trainer's: weights min(pi_old / pi_behav, C) vary, some truncated
+        gen = torch.Generator().manual_seed(1)
+        behav = -2 - 6 * torch.rand(batch.response_ids.shape, generator=gen, dtype=torch.float64)  # pi_old is ~e^-4.6 here
+        batch.rollout_log_probs = (behav * batch.response_mask).to(dtype)
+    else:
+        batch.rollout_log_probs = None
     metrics = update_policy(engine, batch, cfg, step=1, old_from_update=old_from_update)
-    batch.rollout_log_probs = (batch.old_log_probs - 0.01 * batch.response_mask).to(batch.old_log_probs.dtype)
+    if not corrected:
+        batch.rollout_log_probs = (batch.old_log_probs - 0.01 * batch.response_mask).to(batch.old_log_probs.dtype)
 
     metrics.update(rollout_mismatch(batch, cfg, dist or SingleProcess()))
     metrics.update(step_metrics(collected, batch, cfg, dist))
@@ -107,12 +114,16 @@ def test_the_condition_is_one_optimizer_step_without_kl_or_truncated_is():
     ["algorithm.loss_agg_mode=seq-mean-token-mean"],
     ["algorithm.entropy_coeff=0.01"],
     ["algorithm.clip_ratio_c=3.0", "algorithm.loss_agg_mode=seq-mean-token-sum-norm"],
+    ["algorithm.rollout_is.enable=true", "algorithm.rollout_is.cap=1.5"],  # the weights from the update's own forward
+    ["rollout.max_staleness=1"],  # asynchronous rollouts: the decoupled objective, pi_prox from the update's forward
 ])
 @pytest.mark.slow
 def test_the_update_and_every_metric_equal_the_separate_pass_under_any_micro_batch(tiny_model_dir, extra):
     separate = one_update(tiny_model_dir, config(*extra), old_from_update=False)
     assert max(float(g.abs().max()) for g in separate["grads"][0]) > 1e-3  # a real gradient
     assert separate["metrics"]["actor/entropy"] > 0 and separate["metrics"]["rollout/logprob_diff_mean"] > 0
+    if behaviour_correction(config(*extra)):  # the weights really vary: some are truncated at the cap, some below 1
+        assert 0 < separate["metrics"]["rollout/is_truncated_frac"] < 1
     for micro in (16, 3, 1):
         assert_same(separate, one_update(tiny_model_dir, config(*extra, micro=micro), old_from_update=True), 1e-10)
 
