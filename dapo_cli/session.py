@@ -266,12 +266,16 @@ class TrainingSession:
             model_path = latest / "model" if latest is not None else base_path
             torch.manual_seed(cfg.trainer.seed)
             dtype = getattr(torch, cfg.model.dtype)
-            model, tokenizer = load_policy(model_path, device="cpu", dtype=dtype)
+            # LoRA trains adapters on the original base: a resumed run loads the base, its adapters come from the
+            # checkpoint's engine state (its model/ holds the merged weights, for the rollout engines and dapo eval)
+            lora = cfg.model.lora.rank > 0
+            model, tokenizer = load_policy(base_path if lora else model_path, device="cpu", dtype=dtype)
             t = cfg.trainer
             engine = components.build_training_engine(
                 cfg.engine, model, dist, lr=t.lr, weight_decay=t.weight_decay, warmup_steps=t.lr_warmup_steps,
                 grad_clip=t.grad_clip, bf16=cfg.model.dtype == "bfloat16",
                 load_reference=components.model_loader(base_path, dtype) if cfg.algorithm.use_kl_loss else None,
+                lora=cfg.model.lora,
             )
             rollout = components.build_train_rollout(
                 cfg.rollout, engine, tokenizer, components.model_loader(model_path, dtype), model_path,
@@ -311,6 +315,8 @@ class TrainingSession:
 
     def restore(self, state: dict[str, Any], checkpoint: Path) -> None:
         self.engine.load_checkpoint(checkpoint / ENGINE_DIR)
+        if self.cfg.model.lora.rank > 0:  # the rollout copy was synced from the base before the adapters came back
+            self.rollout.sync_weights(self.engine)
         self.stream.load_state_dict(state["stream"])
         set_rng_state(self.ckpt.rank_rng_state(checkpoint, self.dist.rank, default=state["rng"]))
         self.start_step = int(state["step"])
