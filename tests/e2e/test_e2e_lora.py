@@ -21,6 +21,20 @@ LORA = ["--no-dynamic-sampling", "--set", "model.lora.rank=4", "--set", "model.l
 KEYS = ["actor/pg_loss", "actor/entropy", "reward/score_mean", "response_length/mean", "actor/grad_norm"]
 
 
+@pytest.fixture(scope="module")
+def long_model_dir(tmp_path_factory) -> Path:
+    """tiny_model_dir's policy with 512 positions: room for dapo eval's DAPO prompt (~250 characters)."""
+    from dapo_cli.config.tiny import TinyModelConfig
+    from dapo_cli.models import build_char_tokenizer, save_policy
+    from dapo_cli.models.tiny import build_tiny_model_for
+
+    cfg = TinyModelConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, max_position_embeddings=512)
+    tokenizer = build_char_tokenizer()
+    out = tmp_path_factory.mktemp("tiny-model-512")
+    save_policy(build_tiny_model_for(cfg, tokenizer), tokenizer, out)
+    return out
+
+
 @pytest.fixture()
 def workdir(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -37,10 +51,10 @@ def without_validation(config: Path) -> Path:
 
 
 @pytest.mark.lora
-def test_lora_run_records_metrics_and_writes_a_plain_merged_checkpoint(workdir, tiny_model_dir):
+def test_lora_run_records_metrics_and_writes_a_plain_merged_checkpoint(workdir, long_model_dir):
     from transformers import AutoModelForCausalLM
 
-    config = write_config(workdir, tiny_model_dir, steps=2)
+    config = write_config(workdir, long_model_dir, steps=2)
     result = CliRunner().invoke(app, ["train", str(config), *LORA])
     assert result.exit_code == 0, result.output
     client, run = only_run(workdir)
@@ -52,7 +66,7 @@ def test_lora_run_records_metrics_and_writes_a_plain_merged_checkpoint(workdir, 
 
     checkpoint = workdir / "runs" / "e2e" / RUN / "checkpoints" / "step_000002"
     trained = AutoModelForCausalLM.from_pretrained(checkpoint / "model").state_dict()  # plain transformers, no PEFT
-    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
+    base = AutoModelForCausalLM.from_pretrained(long_model_dir).state_dict()
     assert trained.keys() == base.keys()
     for key, value in base.items():
         moved = not torch.equal(trained[key], value)
