@@ -117,3 +117,31 @@ def run_dapo_in_process(words: Sequence[str]) -> None:
     except SystemExit as exc:
         if exc.code not in (0, None):
             raise
+
+
+SMOLLM2_SMALL = {"data.train_batch_size": 4, "rollout.n": 4, "rollout.max_response_length": 32, "algorithm.overlong_buffer.len": 8,
+                 "trainer.ppo_mini_batch_size": 2, "trainer.ppo_micro_batch_size": 8}
+"""``--real`` step-time benchmarks: ``experiments/smollm2-135m.yaml`` (SmolLM2-135M) at a size where a step
+takes seconds, not minutes, on 2 cores."""
+
+WORKLOADS = {False: "tiny policy, 16 prompts x 8 samples, <= 64 tokens", True: "SmolLM2-135M, 4 prompts x 4 samples, <= 32 tokens"}
+"""The step-time benchmarks' workloads in words, by ``--real``: ``experiments/tiny.yaml`` or :data:`SMOLLM2_SMALL`."""
+
+
+def timed_run_settings(work: Path, steps: int) -> dict[str, object]:
+    """``--set`` values of a step-time run: ``steps`` steps with no validation, periodic checkpoint, sample table
+    or collapse stop, its runs and MLflow store (experiment ``bench``) under ``work``."""
+    return {
+        "trainer.total_steps": steps, "trainer.test_freq": 0, "trainer.save_freq": 0, "trainer.log_samples_freq": 0,
+        "trainer.collapse_patience": 0, "data.val_files": "[]", "trainer.output_dir": work / "runs",
+        "tracking.tracking_uri": f"sqlite:///{work / 'mlflow.db'}", "tracking.experiment": "bench",
+    }
+
+
+def step_medians(work: Path, keys: Sequence[str], first_step: int) -> dict[str, float]:
+    """Median over steps ``>= first_step`` of each metric in ``keys`` of the one run :func:`timed_run_settings` recorded."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{work / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("bench").experiment_id])
+    return {key: median([m.value for m in client.get_metric_history(run.info.run_id, key) if m.step >= first_step]) for key in keys}

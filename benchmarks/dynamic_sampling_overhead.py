@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import REPO, machine, median, table, thread_env
+from common import REPO, machine, median, step_medians, table, thread_env, timed_run_settings
 
 KEYS = ["timing/step", "timing/gen_and_score", "timing/old_log_prob", "train/num_gen_batches",
         "train/samples_generated", "train/batch_responses"]
@@ -37,12 +37,7 @@ SKIP = 2
 def run(dynamic: bool, steps: int, threads: int) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="ds-bench-") as tmp:
         work = Path(tmp)
-        sets = {
-            "trainer.total_steps": steps, "trainer.test_freq": 0, "trainer.save_freq": 0, "trainer.log_samples_freq": 0,
-            "trainer.collapse_patience": 0, "data.val_files": "[]", "engine.num_threads": threads,
-            "trainer.output_dir": work / "runs", "tracking.tracking_uri": f"sqlite:///{work / 'mlflow.db'}",
-            "tracking.experiment": "bench",
-        }
+        sets = {**timed_run_settings(work, steps), "engine.num_threads": threads}
         words = [sys.executable, "-m", "dapo_cli", "train", str(REPO / "experiments" / "tiny.yaml"),
                  "--dynamic-sampling" if dynamic else "--no-dynamic-sampling"]
         for key, value in sets.items():
@@ -50,15 +45,7 @@ def run(dynamic: bool, steps: int, threads: int) -> dict[str, float]:
         proc = subprocess.run(words, env=thread_env(threads), capture_output=True, text=True, cwd=work)
         if proc.returncode != 0:
             sys.exit(f"dapo train failed:\n{proc.stderr[-3000:]}")
-        from mlflow import MlflowClient
-
-        client = MlflowClient(f"sqlite:///{work / 'mlflow.db'}")
-        (mlrun,) = client.search_runs([client.get_experiment_by_name("bench").experiment_id])
-        out = {}
-        for key in KEYS:
-            values = [m.value for m in client.get_metric_history(mlrun.info.run_id, key) if m.step > SKIP]
-            out[key] = median(values)
-        return out
+        return step_medians(work, KEYS, SKIP + 1)
 
 
 def main() -> None:

@@ -33,16 +33,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import REPO, machine, median, table, thread_env
+from common import REPO, SMOLLM2_SMALL, WORKLOADS, machine, median, step_medians, table, thread_env, timed_run_settings
 
 KEYS = ["timing/step", "timing/gen_and_score", "train/samples_generated"]
 
 LORA = {"model.lora.rank": 16, "model.lora.alpha": 32}
 """The LoRA row's settings (target_modules: the default, all-linear); its lr is 10x the experiment's."""
-
-REAL = {"data.train_batch_size": 4, "rollout.n": 4, "rollout.max_response_length": 32, "algorithm.overlong_buffer.len": 8,
-        "trainer.ppo_mini_batch_size": 2, "trainer.ppo_micro_batch_size": 8}
-"""``--real``: SmolLM2-135M at a size where a step takes seconds, not minutes, on 2 cores."""
 
 EXPERIMENT_LR = {False: 1e-4, True: 1e-5}
 """trainer.lr of tiny.yaml / smollm2-135m.yaml (by ``--real``), which the full rows keep; LoRA rows take 10x."""
@@ -53,11 +49,8 @@ def run(lora: bool, steps: int, real: bool, threads: int) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="lora-bench-") as tmp:
         work = Path(tmp)
         sets = {
-            "trainer.total_steps": steps, "trainer.test_freq": 0, "trainer.save_freq": 0, "trainer.log_samples_freq": 0,
-            "trainer.collapse_patience": 0, "data.val_files": "[]", "engine.num_threads": threads,
-            "trainer.output_dir": work / "runs", "tracking.tracking_uri": f"sqlite:///{work / 'mlflow.db'}",
-            "tracking.experiment": "bench", "tracking.log_checkpoint": "none",
-            **(REAL if real else {}), **({**LORA, "trainer.lr": 10 * EXPERIMENT_LR[real]} if lora else {}),
+            **timed_run_settings(work, steps), "engine.num_threads": threads, "tracking.log_checkpoint": "none",
+            **(SMOLLM2_SMALL if real else {}), **({**LORA, "trainer.lr": 10 * EXPERIMENT_LR[real]} if lora else {}),
         }
         words = [sys.executable, "-m", "dapo_cli", "train", str(config)]
         for key, value in sets.items():
@@ -70,11 +63,7 @@ def run(lora: bool, steps: int, real: bool, threads: int) -> dict[str, float]:
         wall = time.perf_counter() - t0
         if proc.returncode != 0:
             sys.exit(f"dapo train ({'LoRA' if lora else 'full'}) failed:\n{(work / 'stderr').read_text()[-3000:]}")
-        from mlflow import MlflowClient
-
-        client = MlflowClient(f"sqlite:///{work / 'mlflow.db'}")
-        (mlrun,) = client.search_runs([client.get_experiment_by_name("bench").experiment_id])
-        result = {key: median([m.value for m in client.get_metric_history(mlrun.info.run_id, key) if m.step >= 2]) for key in KEYS}
+        result = step_medians(work, KEYS, 2)
         engine = next((work / "runs").rglob("checkpoints/step_*/engine"))
         adapter = sum(f.stat().st_size for f in (engine / "adapter").glob("*.safetensors")) if lora else 0
         result.update(peak_mib=usage.ru_maxrss / 1024, optimizer_mib=(engine / "optimizer.pt").stat().st_size / 2**20,
@@ -97,11 +86,9 @@ def main() -> None:
         for lora in (False, True) if r % 2 == 0 else (True, False):
             results[lora].append(run(lora, steps, args.real, args.threads))
             print(f"  ran {'LoRA' if lora else 'full'} ({r + 1}/{args.repeats})", file=sys.stderr, flush=True)
-    model = "SmolLM2-135M, 4 prompts x 4 samples, <= 32 tokens" if args.real else "tiny policy, 16 prompts x 8 samples, <= 64 tokens"
-    print(f"\nLoRA (rank 16, all-linear) vs full fine-tuning ({model}; medians of steps 2-{steps}, {args.repeats} run(s) "
-          f"per row, {args.threads} thread(s))")
-    for line in machine():
-        print(line)
+    print(f"\nLoRA (rank 16, all-linear) vs full fine-tuning ({WORKLOADS[args.real]}; medians of steps 2-{steps}, "
+          f"{args.repeats} run(s) per row, {args.threads} thread(s))")
+    print("\n".join(machine()))
     rows, m = [], {}
     for lora in (False, True):
         m[lora] = {k: median([r[k] for r in results[lora]]) for k in results[lora][0]}

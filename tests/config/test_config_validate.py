@@ -119,6 +119,7 @@ INVALID: list[tuple[dict[str, object], str]] = [
     ({"model__lora__rank": 4, "model__lora__target_modules": []}, "model.lora.target_modules is empty or has an empty name; use [all-linear]"),
     ({"model__lora__rank": 4, "model__lora__target_modules": ["all-linear", "q_proj"]}, "all-linear already takes every linear layer; give it alone"),
     ({"model__lora__rank": 4, "engine__name": "deepspeed"}, "model.lora.rank=4 trains adapters on the torch engine only; set engine.name=torch"),
+    ({"model__lora__rank": 4, "algo": "direct-advantage"}, "model.lora.rank=4 is supported by algo=dapo only; set model.lora.rank=0"),
 ]
 
 
