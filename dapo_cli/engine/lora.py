@@ -41,8 +41,9 @@ class LoraAdapters:
 
     ``module`` is ``model`` itself, its targeted layers now PEFT's; train its parameters that require
     grad (the adapters only). ``target_modules``: ``["all-linear"]`` or module names (``q_proj``, ...).
-    A model with gradient checkpointing on gets ``enable_input_require_grads`` (its checkpointed blocks
-    would otherwise see inputs without grad, the embeddings being frozen, and give the adapters none).
+    A model with gradient checkpointing on gets ``enable_input_require_grads`` (under reentrant checkpointing,
+    transformers 4.x's default, its blocks would otherwise see inputs without grad, the embeddings being
+    frozen, and give the adapters none; transformers 5 does it in ``gradient_checkpointing_enable`` too).
     """
 
     def __init__(self, model: torch.nn.Module, *, rank: int, alpha: float, target_modules: list[str], dropout: float) -> None:

@@ -266,3 +266,34 @@ def test_a_lora_engine_with_a_kl_term_loads_no_reference_copy(tiny_model_dir):
         grad_clip=1.0, bf16=False, load_reference=load_reference, lora=LoraConfig(rank=RANK, alpha=ALPHA),
     )
     assert engine.base_reference and engine.ref_model is None
+
+
+def test_gradient_checkpointing_still_gives_the_adapters_their_gradient(tiny_model_dir):
+    # the embeddings are frozen: under reentrant checkpointing (transformers 4.x's default) the blocks would
+    # see inputs without grad and give the adapters none unless input grads are enabled (LoraAdapters does;
+    # transformers 5's gradient_checkpointing_enable does it too). Same gradients as without checkpointing.
+    from dapo_cli.engine.lora import LoraAdapters
+    from dapo_cli.models import load_policy
+
+    rows = ragged_rows()
+    batch = batch_of((rows[0].clamp(max=30), rows[1], rows[2].clamp(max=30), rows[3]))  # within the char vocabulary
+    grads = {}
+    for mode in ("off", "default", "reentrant"):
+        model = load_policy(tiny_model_dir)[0]
+        if mode != "off":
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True} if mode == "reentrant" else None)
+        torch.manual_seed(0)  # the same adapter init
+        adapters = LoraAdapters(model, rank=RANK, alpha=ALPHA, target_modules=["all-linear"], dropout=0.0)
+        with torch.no_grad():  # B non-zero, so A gets a gradient too
+            for layer in adapters.layers().values():
+                layer.lora_B["default"].weight.normal_(0.0, 0.5, generator=torch.Generator().manual_seed(1))
+        engine = TorchEngine(model, lr=1e-2, weight_decay=0.0, warmup_steps=0, grad_clip=1.0, adapters=adapters,
+                             shared_prompt_forward=False)  # the model's own forward in every mode (checkpointing needs it)
+        engine.backward(engine_loss(engine, batch))
+        grads[mode] = {k: p.grad for k, p in model.named_parameters() if p.requires_grad}
+    assert len(grads["off"]) == 2 * 2 * len(PROJECTIONS)
+    for key, g in grads["off"].items():
+        assert float(g.norm()) > 0, key
+        for mode in ("default", "reentrant"):
+            assert grads[mode][key] is not None, (mode, key)
+            torch.testing.assert_close(grads[mode][key], g, rtol=1e-6, atol=1e-9, msg=f"{mode} {key}")
