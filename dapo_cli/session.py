@@ -373,6 +373,10 @@ class TrainingSession:
         from dapo_cli.eval.metrics import tracking_metrics
         from dapo_cli.eval.run import evaluate_problems
 
+        # with the rollout worker this engine samples nothing but validations: a private copy (LoRA's merged
+        # policy, ZeRO-3's gathered one) is synced here, on every rank (export_weights may be a collective)
+        if uses_worker(self.cfg.rollout):
+            self.rollout.sync_weights(self.engine)  # a no-op when it samples with the trainer's own module
         # rank 0 validates and the others wait at the next collective; an engine whose ranks generate in
         # lockstep (vLLM under torchrun) has every rank sample the same validation, and rank 0 alone records it
         if not self.val_problems or not (self.dist.is_main or self.rollout.lockstep):

@@ -127,3 +127,26 @@ def test_without_peft_lora_is_one_line_exit_2(workdir, tiny_model_dir, monkeypat
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "pip install 'dapo-cli[lora]'" in lines[0], result.stderr
     assert not (workdir / "runs").exists()  # nothing claimed
+
+
+@pytest.mark.lora
+@pytest.mark.slow
+def test_the_worker_process_samples_with_the_merged_lora_policy(tiny_model_dir, tmp_path_factory):
+    # the rollout worker copies export_weights() (merged, plain names) into its own plain model: at
+    # max_staleness 0 every metric and final weight equals the inline loop's, bit for bit
+    from test_e2e_async import final_weights, histories, train
+    from test_e2e_async import write_config as async_config
+
+    lora = ["--set", "model.lora.rank=4", "--set", "model.lora.alpha=8"]
+    inline, process = tmp_path_factory.mktemp("inline"), tmp_path_factory.mktemp("process")
+    train(async_config(inline, tiny_model_dir), *lora)
+    train(async_config(process, tiny_model_dir, worker="process"), *lora)
+    a, _ = histories(inline)
+    b, _ = histories(process)
+    compared = sorted(k for k in a if not k.startswith(("timing/", "perf/", "async/")))
+    assert "actor/pg_loss" in compared and "rollout/logprob_diff_max" in compared
+    for key in compared:
+        assert a[key] == b[key], key
+    assert max(v for _, v in a["rollout/logprob_diff_max"]) < 1e-4  # the sampler's policy is the trainer's
+    wa, wb = final_weights(inline), final_weights(process)
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
