@@ -266,10 +266,8 @@ class TrainingSession:
             model_path = latest / "model" if latest is not None else base_path
             torch.manual_seed(cfg.trainer.seed)
             dtype = getattr(torch, cfg.model.dtype)
-            # LoRA trains adapters on the original base: a resumed run loads the base, its adapters come from the
-            # checkpoint's engine state (its model/ holds the merged weights, for the rollout engines and dapo eval)
-            lora = cfg.model.lora.rank > 0
-            model, tokenizer = load_policy(base_path if lora else model_path, device="cpu", dtype=dtype)
+            # LoRA adapts the original base: a resume loads it too (model/ is merged), the adapters come from engine/
+            model, tokenizer = load_policy(base_path if cfg.model.lora.rank > 0 else model_path, device="cpu", dtype=dtype)
             t = cfg.trainer
             engine = components.build_training_engine(
                 cfg.engine, model, dist, lr=t.lr, weight_decay=t.weight_decay, warmup_steps=t.lr_warmup_steps,
@@ -373,9 +371,7 @@ class TrainingSession:
         from dapo_cli.eval.metrics import tracking_metrics
         from dapo_cli.eval.run import evaluate_problems
 
-        # with the rollout worker this engine samples nothing but validations: a private copy (LoRA's merged
-        # policy, ZeRO-3's gathered one) is synced here, on every rank (export_weights may be a collective)
-        if uses_worker(self.cfg.rollout):
+        if uses_worker(self.cfg.rollout):  # this engine only validates: a private copy (LoRA) is synced here, every rank
             self.rollout.sync_weights(self.engine)  # a no-op when it samples with the trainer's own module
         # rank 0 validates and the others wait at the next collective; an engine whose ranks generate in
         # lockstep (vLLM under torchrun) has every rank sample the same validation, and rank 0 alone records it

@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from dapo_cli.config.schema import LORA_ALL_LINEAR
+from dapo_cli.errors import UserError
 from dapo_cli.models.native import is_lora, linear_params
 
 ADAPTER_DIR = "adapter"
@@ -35,6 +36,7 @@ ADAPTER_DIR = "adapter"
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 """PEFT's file name for the adapter weights in a ``save_pretrained`` folder."""
+
 
 class LoraAdapters:
     """PEFT LoRA adapters injected into ``model`` (in place): the base frozen, the adapters trainable.
@@ -57,8 +59,6 @@ class LoraAdapters:
         try:
             self.peft_model = peft.get_peft_model(model, config)
         except ValueError as exc:  # e.g. a target module name the model does not have
-            from dapo_cli.errors import UserError
-
             raise UserError(f"model.lora.target_modules={list(target_modules)}: {str(exc).splitlines()[0]}") from None
         self.module: torch.nn.Module = self.peft_model.get_base_model()
         if getattr(self.module, "is_gradient_checkpointing", False):
