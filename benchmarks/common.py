@@ -119,34 +119,29 @@ def run_dapo_in_process(words: Sequence[str]) -> None:
             raise
 
 
-def train_medians(
-    config: Path, sets: dict[str, object], keys: Sequence[str], *, threads: int, first_step: int, flags: Sequence[str] = (),
-) -> tuple[dict[str, float], float]:
-    """``dapo train CONFIG FLAGS --set k=v ...`` in a temporary folder (no validation, checkpoints or sample
-    tables; its own MLflow store) with ``threads`` OpenMP threads; the median of each of ``keys`` over steps
-    ``>= first_step`` (nan when never logged) and the run's wall time. A failing run ends the benchmark."""
-    import sys
-    import tempfile
-    import time
+SMOLLM2_SMALL = {"data.train_batch_size": 4, "rollout.n": 4, "rollout.max_response_length": 32, "algorithm.overlong_buffer.len": 8,
+                 "trainer.ppo_mini_batch_size": 2, "trainer.ppo_micro_batch_size": 8}
+"""``--real`` step-time benchmarks: ``experiments/smollm2-135m.yaml`` (SmolLM2-135M) at a size where a step
+takes seconds, not minutes, on 2 cores."""
 
-    with tempfile.TemporaryDirectory(prefix="dapo-bench-") as tmp:
-        work = Path(tmp)
-        every = {
-            "trainer.test_freq": 0, "trainer.save_freq": 0, "trainer.log_samples_freq": 0, "trainer.collapse_patience": 0,
-            "data.val_files": "[]", "trainer.output_dir": work / "runs", "tracking.tracking_uri": f"sqlite:///{work / 'mlflow.db'}",
-            "tracking.experiment": "bench", **sets,
-        }
-        words = [sys.executable, "-m", "dapo_cli", "train", str(config), *flags]
-        for key, value in every.items():
-            words += ["--set", f"{key}={value}"]
-        t0 = time.perf_counter()
-        proc = subprocess.run(words, env=thread_env(threads), capture_output=True, text=True, cwd=work)
-        wall = time.perf_counter() - t0
-        if proc.returncode != 0:
-            sys.exit(f"dapo train failed:\n{proc.stderr[-3000:]}")
-        from mlflow import MlflowClient
+WORKLOADS = {False: "tiny policy, 16 prompts x 8 samples, <= 64 tokens", True: "SmolLM2-135M, 4 prompts x 4 samples, <= 32 tokens"}
+"""The step-time benchmarks' workloads in words, by ``--real``: ``experiments/tiny.yaml`` or :data:`SMOLLM2_SMALL`."""
 
-        client = MlflowClient(f"sqlite:///{work / 'mlflow.db'}")
-        (mlrun,) = client.search_runs([client.get_experiment_by_name("bench").experiment_id])
-        history = {key: client.get_metric_history(mlrun.info.run_id, key) for key in keys}
-        return {key: median([m.value for m in history[key] if m.step >= first_step]) for key in keys}, wall
+
+def timed_run_settings(work: Path, steps: int) -> dict[str, object]:
+    """``--set`` values of a step-time run: ``steps`` steps with no validation, periodic checkpoint, sample table
+    or collapse stop, its runs and MLflow store (experiment ``bench``) under ``work``."""
+    return {
+        "trainer.total_steps": steps, "trainer.test_freq": 0, "trainer.save_freq": 0, "trainer.log_samples_freq": 0,
+        "trainer.collapse_patience": 0, "data.val_files": "[]", "trainer.output_dir": work / "runs",
+        "tracking.tracking_uri": f"sqlite:///{work / 'mlflow.db'}", "tracking.experiment": "bench",
+    }
+
+
+def step_medians(work: Path, keys: Sequence[str], first_step: int) -> dict[str, float]:
+    """Median over steps ``>= first_step`` of each metric in ``keys`` of the one run :func:`timed_run_settings` recorded."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{work / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("bench").experiment_id])
+    return {key: median([m.value for m in client.get_metric_history(run.info.run_id, key) if m.step >= first_step]) for key in keys}

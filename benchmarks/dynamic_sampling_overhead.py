@@ -21,12 +21,13 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import REPO, machine, median, table, thread_env, train_medians
+from common import REPO, machine, median, step_medians, table, thread_env, timed_run_settings
 
 KEYS = ["timing/step", "timing/gen_and_score", "timing/old_log_prob", "train/num_gen_batches",
         "train/samples_generated", "train/batch_responses"]
@@ -34,9 +35,17 @@ SKIP = 2
 
 
 def run(dynamic: bool, steps: int, threads: int) -> dict[str, float]:
-    flag = "--dynamic-sampling" if dynamic else "--no-dynamic-sampling"
-    sets = {"trainer.total_steps": steps, "engine.num_threads": threads}
-    return train_medians(REPO / "experiments" / "tiny.yaml", sets, KEYS, threads=threads, first_step=SKIP + 1, flags=[flag])[0]
+    with tempfile.TemporaryDirectory(prefix="ds-bench-") as tmp:
+        work = Path(tmp)
+        sets = {**timed_run_settings(work, steps), "engine.num_threads": threads}
+        words = [sys.executable, "-m", "dapo_cli", "train", str(REPO / "experiments" / "tiny.yaml"),
+                 "--dynamic-sampling" if dynamic else "--no-dynamic-sampling"]
+        for key, value in sets.items():
+            words += ["--set", f"{key}={value}"]
+        proc = subprocess.run(words, env=thread_env(threads), capture_output=True, text=True, cwd=work)
+        if proc.returncode != 0:
+            sys.exit(f"dapo train failed:\n{proc.stderr[-3000:]}")
+        return step_medians(work, KEYS, SKIP + 1)
 
 
 def main() -> None:

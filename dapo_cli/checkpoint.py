@@ -8,8 +8,10 @@ Layout of one run (``trainer.output_dir`` / experiment / run name)::
             model/                     save_pretrained policy + tokenizer (loadable by `dapo eval` and plain transformers)
                 dapo_run.json          which training run and step the weights are from (MLflow run id, experiment,
                                        store): `dapo eval` links its run to that one
-            engine/                    the engine's training state: torch: optimizer.pt (optimizer + LR schedule);
-                                       deepspeed: its sharded checkpoint (module, optimizer partitions per rank, schedule)
+            engine/                    the engine's training state: torch: optimizer.pt (optimizer + LR schedule),
+                                       with LoRA also adapter/ (PEFT's adapter_config.json + adapter_model.safetensors;
+                                       model/ then holds the merged weights); deepspeed: its sharded checkpoint
+                                       (module, optimizer partitions per rank, schedule)
             rng/rank_00001.pt          RNG states of ranks other than 0
             trainer_state.pt           rank 0's RNG state, data position, step, MLflow run id, world size
         checkpoints/latest             name of the newest complete checkpoint (written atomically)

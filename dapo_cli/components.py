@@ -5,7 +5,7 @@ Every command (``train``, ``eval``, ``train --algo direct-advantage``, ``ablate`
 one (vLLM, a faster sampler, another algorithm's trainer) means one registry entry::
 
     dist    = build_collective(cfg.engine)                          # SingleProcess, or gloo/nccl under torchrun
-    engine  = build_training_engine(cfg.engine, model, dist, lr=...) # torch (+DDP) | deepspeed (ZeRO 0-3)
+    engine  = build_training_engine(cfg.engine, model, dist, lr=...) # torch (+DDP, + LoRA) | deepspeed (ZeRO 0-3)
     rollout = build_train_rollout(cfg.rollout, engine, ...)         # fast | hf | vllm, synced from engine.export_weights()
     rollout = build_policy_rollout("hf", model, tokenizer)          # fast | hf on a module in this process
     tracker = open_tracker(cfg.tracking, dist, ...)                 # MLflow on rank 0, NullTracker elsewhere
@@ -24,7 +24,9 @@ from typing import Any
 
 import torch
 
-from dapo_cli.config.schema import LOCAL_ROLLOUT_ENGINES, ROLLOUT_ENGINES, EngineConfig, RolloutConfig, TrackingConfig
+from dapo_cli.config.schema import (
+    LOCAL_ROLLOUT_ENGINES, ROLLOUT_ENGINES, EngineConfig, LoraConfig, RolloutConfig, TrackingConfig,
+)
 from dapo_cli.engine.base import TrainingEngine
 from dapo_cli.engine.dist import Collective, init_collective
 from dapo_cli.errors import UserError
@@ -53,12 +55,19 @@ def training_device(engine_cfg: EngineConfig, dist: Collective) -> torch.device:
 def build_training_engine(
     engine_cfg: EngineConfig, model: torch.nn.Module, dist: Collective, *, lr: float, weight_decay: float,
     warmup_steps: int, grad_clip: float, bf16: bool, load_reference: Callable[[], torch.nn.Module] | None,
+    lora: LoraConfig | None = None,
 ) -> TrainingEngine:
     """``engine.name`` → an engine on ``model`` with AdamW at ``lr``; ``load_reference`` (given when the
     loss has a KL term) builds a fresh frozen copy of the reference policy (never a deepcopy of possibly
-    sharded parameters). ``bf16``: DeepSpeed's bf16 mode (the policy is bfloat16)."""
+    sharded parameters). ``bf16``: DeepSpeed's bf16 mode (the policy is bfloat16). ``lora`` with a rank > 0:
+    the torch engine trains LoRA adapters on ``model`` (the base), and the KL reference is that base with
+    the adapters off (``load_reference`` is then not called)."""
     e = engine_cfg
-    ref = load_reference() if load_reference is not None else None
+    lora_rank = lora.rank if lora is not None else 0
+    if lora_rank > 0 and e.name != "torch":
+        raise UserError(f"model.lora.rank={lora_rank} trains adapters on the torch engine only; set engine.name=torch")
+    # with LoRA the reference is the base: the policy's forward with its adapters off, no copy loaded
+    ref = load_reference() if load_reference is not None and lora_rank == 0 else None
     common = dict(lr=lr, weight_decay=weight_decay, warmup_steps=warmup_steps, grad_clip=grad_clip, ref_model=ref)
     if e.gradient_checkpointing:
         model.gradient_checkpointing_enable()
@@ -75,8 +84,14 @@ def build_training_engine(
         )
     from dapo_cli.engine.torch import TorchEngine
 
+    adapters = None
+    if lora is not None and lora_rank > 0:
+        from dapo_cli.engine.lora import LoraAdapters
+
+        adapters = LoraAdapters(model, rank=lora.rank, alpha=lora.alpha, target_modules=lora.target_modules, dropout=lora.dropout)
     return TorchEngine(
-        model, device=e.device, dist=dist, shared_prompt_forward=e.shared_prompt_forward, autocast=e.autocast, **common
+        model, device=e.device, dist=dist, shared_prompt_forward=e.shared_prompt_forward, autocast=e.autocast,
+        adapters=adapters, base_reference=adapters is not None and load_reference is not None, **common,
     )
 
 

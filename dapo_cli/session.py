@@ -266,12 +266,14 @@ class TrainingSession:
             model_path = latest / "model" if latest is not None else base_path
             torch.manual_seed(cfg.trainer.seed)
             dtype = getattr(torch, cfg.model.dtype)
-            model, tokenizer = load_policy(model_path, device="cpu", dtype=dtype)
+            # LoRA adapts the original base: a resume loads it too (model/ is merged), the adapters come from engine/
+            model, tokenizer = load_policy(base_path if cfg.model.lora.rank > 0 else model_path, device="cpu", dtype=dtype)
             t = cfg.trainer
             engine = components.build_training_engine(
                 cfg.engine, model, dist, lr=t.lr, weight_decay=t.weight_decay, warmup_steps=t.lr_warmup_steps,
                 grad_clip=t.grad_clip, bf16=cfg.model.dtype == "bfloat16",
                 load_reference=components.model_loader(base_path, dtype) if cfg.algorithm.use_kl_loss else None,
+                lora=cfg.model.lora,
             )
             rollout = components.build_train_rollout(
                 cfg.rollout, engine, tokenizer, components.model_loader(model_path, dtype), model_path,
@@ -311,6 +313,8 @@ class TrainingSession:
 
     def restore(self, state: dict[str, Any], checkpoint: Path) -> None:
         self.engine.load_checkpoint(checkpoint / ENGINE_DIR)
+        if self.cfg.model.lora.rank > 0:  # the rollout copy was synced from the base before the adapters came back
+            self.rollout.sync_weights(self.engine)
         self.stream.load_state_dict(state["stream"])
         set_rng_state(self.ckpt.rank_rng_state(checkpoint, self.dist.rank, default=state["rng"]))
         self.start_step = int(state["step"])
@@ -367,6 +371,8 @@ class TrainingSession:
         from dapo_cli.eval.metrics import tracking_metrics
         from dapo_cli.eval.run import evaluate_problems
 
+        if uses_worker(self.cfg.rollout):  # this engine only validates: a private copy (LoRA) is synced here, every rank
+            self.rollout.sync_weights(self.engine)  # a no-op when it samples with the trainer's own module
         # rank 0 validates and the others wait at the next collective; an engine whose ranks generate in
         # lockstep (vLLM under torchrun) has every rank sample the same validation, and rank 0 alone records it
         if not self.val_problems or not (self.dist.is_main or self.rollout.lockstep):

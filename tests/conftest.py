@@ -78,8 +78,8 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # subprocesses started by the e2e tests
 
 
-NEEDS = {"vllm": ("vllm",), "gguf": ("gguf", "accelerate")}
-"""Marker → the packages its tests need (``make test`` runs both kinds in ``.venv-vllm``)."""
+NEEDS = {"vllm": ("vllm",), "gguf": ("gguf", "accelerate"), "lora": ("peft",)}
+"""Marker → the packages its tests need (``make test`` runs these kinds in ``.venv-vllm``)."""
 
 
 PATH_MARKERS = {"e2e": "e2e", "distributed": "distributed"}
@@ -89,8 +89,9 @@ PATH_MARKERS = {"e2e": "e2e", "distributed": "distributed"}
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests under ``tests/e2e/`` and ``tests/distributed/`` are marked ``e2e`` / ``distributed`` by path.
 
-    ``vllm``- and ``gguf``-marked tests need packages the main ``.venv`` lacks (vLLM's CPU build; the
-    ``[gguf]`` extra): there they are skipped with the reason; ``make test`` runs them in ``.venv-vllm``."""
+    ``vllm``-, ``gguf``- and ``lora``-marked tests need packages the main ``.venv`` lacks (vLLM's CPU build;
+    the ``[gguf]`` and ``[lora]`` extras): there they are skipped with the reason; ``make test`` runs them in
+    ``.venv-vllm``."""
     tests_dir = Path(__file__).resolve().parent
     for item in items:
         parts = Path(str(item.fspath)).resolve().relative_to(tests_dir).parts

@@ -33,12 +33,14 @@ def check_train(cfg: Config, *, resume: bool = False) -> None:
 
 def check_engines(cfg: Config) -> None:
     """The training and rollout engines can run here: their settings agree (``config.validate.check_engine``),
-    their packages are installed and their devices visible (before anything loads)."""
+    their packages (DeepSpeed, PEFT for LoRA, vLLM) are installed and their devices visible (before anything loads)."""
     from dapo_cli.config.validate import check_engine
 
     if cfg.engine.name == "deepspeed" and importlib.util.find_spec("deepspeed") is None:
         raise UserError("engine.name=deepspeed needs DeepSpeed: pip install 'dapo-cli[deepspeed]' (or use engine.name=torch)")
     check_engine(cfg.engine)
+    if cfg.model.lora.rank > 0 and importlib.util.find_spec("peft") is None:
+        raise UserError(f"model.lora.rank={cfg.model.lora.rank} needs PEFT: pip install 'dapo-cli[lora]' (or set model.lora.rank=0)")
     if cfg.engine.device == "cuda":
         import torch
 
@@ -96,10 +98,10 @@ def check_model(cfg: Config, *, resume: bool) -> None:
     """A local ``model.path`` is a complete ``save_pretrained`` folder (headers checked, no weights loaded).
 
     A resumed run loads its checkpoint's model (checked by the checkpoint manager) and needs
-    ``model.path`` only for the KL reference.
+    ``model.path`` only for the KL reference, or as the base its LoRA adapters sit on.
     """
     spec = cfg.model.path
-    if spec.startswith("builtin:") or (resume and not cfg.algorithm.use_kl_loss):
+    if spec.startswith("builtin:") or (resume and not cfg.algorithm.use_kl_loss and cfg.model.lora.rank == 0):
         return
     from dapo_cli.models.loading import check_model_dir, is_hub_id, resolve_model
 

@@ -47,11 +47,35 @@ class DataConfig:
     shuffle: bool = setting(True, "shuffle the training prompts every epoch")
 
 
+LORA_ALL_LINEAR = "all-linear"
+"""``model.lora.target_modules`` entry meaning every linear layer of the decoder blocks (PEFT's name; not ``lm_head``)."""
+
+
+@dataclass
+class LoraConfig:
+    """LoRA (Hu et al. 2021, arXiv:2106.09685) through PEFT: W = W0 + (alpha / rank) B A on the targeted layers."""
+
+    rank: int = setting(
+        0, "LoRA rank r (0: off, full fine-tuning). In RL a small rank matches full fine-tuning: TRL's 'LoRA without "
+        "regret' notes recommend rank <= 32 on all linear layers with ~10x the full fine-tuning trainer.lr",
+    )
+    alpha: float = setting(32.0, "LoRA alpha: the adapter's update is scaled by alpha / rank")
+    target_modules: list[str] = setting(
+        [LORA_ALL_LINEAR], "modules given adapters: all-linear (every linear layer of the blocks, as the LoRA-in-RL "
+        "results use), or module names (Llama/Qwen2: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)",
+    )
+    dropout: float = setting(
+        0.0, "dropout on the adapters' input in training (0: none; > 0 trains through the model's own forward, not "
+        "engine.shared_prompt_forward)",
+    )
+
+
 @dataclass
 class ModelConfig:
     path: str = setting("builtin:tiny", "policy: a save_pretrained directory, a hub id, builtin:tiny (built and cached on first use) or gguf:smollm2-135m-instruct (a registered GGUF, imported by make smollm2)")
     dtype: str = setting("float32", "parameter dtype for training", choices=("float32", "bfloat16", "float16"))
     tiny: TinyModelConfig = setting(TinyModelConfig(), "architecture and warm-start of builtin:tiny")
+    lora: LoraConfig = setting(LoraConfig(), "train low-rank adapters instead of every weight (torch engine; needs the [lora] extra)")
 
 
 @dataclass

@@ -8,6 +8,7 @@ from dapo_cli.config.schema import (  # noqa: F401 (ConfigError re-exported)
     ConfigError,
     DataConfig,
     EngineConfig,
+    LORA_ALL_LINEAR,
     require,
     uses_worker,
 )
@@ -65,6 +66,28 @@ def check_engine(engine: EngineConfig) -> None:
     """Raise the first of :func:`engine_problems`."""
     problems = engine_problems(engine)
     require(not problems, problems[0][1] if problems else "")
+
+
+def lora_problem(cfg: Config) -> str | None:
+    """What is wrong with ``model.lora`` for this run (None: nothing, or LoRA is off)."""
+    lora = cfg.model.lora
+    if lora.rank < 0:
+        return f"model.lora.rank={lora.rank} must be >= 0 (0: off; rank <= 32 on all linear layers is the usual RL choice)"
+    if lora.rank == 0:
+        return None
+    if not lora.alpha > 0:
+        return f"model.lora.alpha={lora.alpha} must be > 0 (the update is scaled by alpha / rank; 32 is common)"
+    if not 0.0 <= lora.dropout < 1.0:
+        return f"model.lora.dropout={lora.dropout} must be in [0, 1) (0: none)"
+    if not lora.target_modules or any(not str(m).strip() for m in lora.target_modules):
+        return "model.lora.target_modules is empty or has an empty name; use [all-linear] or names like q_proj, v_proj"
+    if LORA_ALL_LINEAR in lora.target_modules and len(lora.target_modules) > 1:
+        return f"model.lora.target_modules={lora.target_modules}: {LORA_ALL_LINEAR} already takes every linear layer; give it alone"
+    if cfg.engine.name != "torch":
+        return f"model.lora.rank={lora.rank} trains adapters on the torch engine only; set engine.name=torch or model.lora.rank=0"
+    if cfg.algo != "dapo":
+        return f"model.lora.rank={lora.rank} is supported by algo=dapo only; set model.lora.rank=0 for algo={cfg.algo}"
+    return None
 
 
 def check_world_size(data: DataConfig, world_size: int) -> None:
@@ -190,6 +213,8 @@ def validate(cfg: Config) -> None:
     require(0.0 <= tiny.sft_loop_continue < 1.0,
             f"model.tiny.sft_loop_continue={tiny.sft_loop_continue} must be in [0, 1) (1 would never end a loop)")
     require(tiny.sft_loop_max_chars >= 1, f"model.tiny.sft_loop_max_chars={tiny.sft_loop_max_chars} must be >= 1")
+    lora = lora_problem(cfg)
+    require(lora is None, lora or "")
     engine = cfg.engine
     require(
         engine.zero_stage in (0, 1, 2, 3),

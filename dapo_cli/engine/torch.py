@@ -6,6 +6,10 @@ prompt of a micro-batch is computed once and its rows' responses run against its
 ``[prompt ; response]`` with explicit position ids (left padding), only the last ``T + 1``
 positions' logits materialised (``logits_to_keep``). A ``[N, S+T, V]`` tensor never exists.
 
+LoRA (``adapters``, :mod:`dapo_cli.engine.lora`): the policy is the model with PEFT's LoRA layers in
+place, AdamW holds the adapters only (the base is frozen), and what leaves the engine is the plain
+model, merged (``export_weights``, ``save_model``); a checkpoint adds the adapters in PEFT's format.
+
 Data parallel (world size > 1): the policy is wrapped in
 ``DistributedDataParallel``, which averages gradients over ranks in the backward of
 the ``last`` micro-batch (``no_sync`` before it). The trainer's loss is a sum over
@@ -27,6 +31,7 @@ from dapo_cli.batch import RolloutBatch
 from dapo_cli.engine.base import no_context
 from dapo_cli.engine.dist import Collective, SingleProcess
 from dapo_cli.engine.forward import PolicyLogProbs, plain_log_probs
+from dapo_cli.engine.lora import ADAPTER_DIR, LoraAdapters
 
 OPTIMIZER_FILE = "optimizer.pt"
 
@@ -95,7 +100,10 @@ class TorchEngine:
     ``shared_prompt_forward``: compute each distinct prompt of a micro-batch once where the policy
     supports it (``forward.shared_prompt_log_probs``; the same log-probs and gradients), for the
     policy and the reference alike. ``autocast`` ("none" or "bfloat16"): the forwards' mixed
-    precision (``forward.PolicyLogProbs``); parameters, gradients and optimizer state keep their dtype."""
+    precision (``forward.PolicyLogProbs``); parameters, gradients and optimizer state keep their dtype.
+    ``adapters``: LoRA adapters injected into ``model`` (their ``module`` is ``model``); only its parameters
+    that require grad (the adapters) are trained. ``base_reference`` (with ``adapters``): the reference
+    policy is the base, computed by the policy's own forward with the adapters off (no ``ref_model``)."""
 
     def __init__(
         self,
@@ -110,7 +118,15 @@ class TorchEngine:
         ref_model: torch.nn.Module | None = None,
         shared_prompt_forward: bool = True,
         autocast: str = "none",
+        adapters: LoraAdapters | None = None,
+        base_reference: bool = False,
     ) -> None:
+        if adapters is not None and adapters.module is not model:
+            raise ValueError("adapters must be injected into the model the engine trains")
+        if base_reference and (adapters is None or ref_model is not None):
+            raise ValueError("base_reference is the LoRA policy's base: give adapters and no ref_model")
+        self.adapters = adapters
+        self.base_reference = base_reference
         self.dist = dist or SingleProcess()
         self.device = pick_device(device, self.dist.local_rank)
         self.module = model.to(self.device)
@@ -143,6 +159,9 @@ class TorchEngine:
         return policy_forward(model, batch, temperature=temperature, with_entropy=with_entropy, device=self.device)
 
     def ref_log_probs(self, batch: RolloutBatch, *, temperature: float) -> torch.Tensor:
+        if self.base_reference and self.adapters is not None:  # the reference is the base: the adapters off
+            with self.adapters.disabled():
+                return reference_log_probs(self.forward_module, batch, temperature=temperature, device=self.device)
         return reference_log_probs(self._ref_forward, batch, temperature=temperature, device=self.device)
 
     def accumulate(self, *, last: bool) -> contextlib.AbstractContextManager[None]:
@@ -171,11 +190,17 @@ class TorchEngine:
 
     # ------------------------------------------------------------ weights for rollouts and checks
 
-    def generation_model(self) -> torch.nn.Module:
-        return self.module
+    def generation_model(self) -> torch.nn.Module | None:
+        """The live module; None with LoRA adapters: a rollout engine samples with a plain copy synced
+        from the merged :meth:`export_weights` (the fast sampler would read the base weights)."""
+        return None if self.adapters is not None else self.module
 
     def export_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        yield from self.module.state_dict().items()
+        """The module's state dict; with LoRA the plain model's, adapters merged (``LoraAdapters.merged_weights``)."""
+        if self.adapters is not None:
+            yield from self.adapters.merged_weights()
+        else:
+            yield from self.module.state_dict().items()
 
     def params_finite(self) -> bool:
         bad = any(not bool(torch.isfinite(p).all()) for p in self.module.parameters())
@@ -185,19 +210,26 @@ class TorchEngine:
 
     def save_checkpoint(self, directory: Path) -> None:
         """Optimizer and schedule (rank 0; replicas are identical). The weights are the
-        checkpoint's ``model/`` export, which the engine is built from on resume."""
+        checkpoint's ``model/`` export, which the engine is built from on resume; with LoRA the
+        engine is built from the base model again and the adapters are saved here (``adapter/``)."""
         if self.dist.is_main:
             directory.mkdir(parents=True, exist_ok=True)
             state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
             torch.save(state, directory / OPTIMIZER_FILE)
+            if self.adapters is not None:
+                self.adapters.save(directory / ADAPTER_DIR)
 
     def load_checkpoint(self, directory: Path) -> None:
+        if self.adapters is not None:
+            self.adapters.load(directory / ADAPTER_DIR)
         state = torch.load(directory / OPTIMIZER_FILE, map_location=self.device, weights_only=False)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
 
     def save_model(self, directory: Path, tokenizer: Any) -> None:
+        """The plain policy (with LoRA: merged, under the plain model's names)."""
         if self.dist.is_main:
             from dapo_cli.models import save_policy
 
-            save_policy(self.module, tokenizer, directory)
+            merged = dict(self.adapters.merged_weights()) if self.adapters is not None else None
+            save_policy(self.module, tokenizer, directory, state_dict=merged)

@@ -7,7 +7,9 @@ the same arithmetic, so the sampler's log-probs and the trainer's agree:
 
 - q/k/v (and gate/up) projections fused into one matmul each; the fused weights are
   ``torch.cat`` of the module's parameters, built per forward (``layers``), so gradients
-  flow back to the separate ``q_proj``/``k_proj``/... parameters;
+  flow back to the separate ``q_proj``/``k_proj``/... parameters; a projection PEFT gave LoRA
+  adapters contributes ``W0 + (alpha / r) B A`` (:func:`linear_params`), so gradients reach ``A``
+  and ``B`` and the adapters are never silently left out;
 - RoPE on queries and keys at once, with the sign of ``rotate_half`` folded into ``sin``;
 - attention as two batched matmuls with an additive 0 / -inf bias (grouped-query heads
   without repeating keys).
@@ -15,7 +17,8 @@ the same arithmetic, so the sampler's log-probs and the trainer's agree:
 :meth:`NativeLlama.supports` says when these blocks reproduce the model's own forward:
 ``model_type`` llama or qwen2, every layer full attention (no sliding window), the standard
 submodules, a RoPE whose frequencies do not depend on the sequence length (not ``dynamic``
-or ``longrope``), and no attention dropout in training mode.
+or ``longrope``), no attention dropout in training mode, and LoRA layers only of the plain kind
+without active adapter dropout (:func:`lora_fusable`).
 """
 
 from __future__ import annotations
@@ -50,20 +53,52 @@ class Layer:
     act: Any
 
 
+def is_lora(module: Any) -> bool:
+    """True for a linear layer PEFT gave LoRA adapters (``lora.Linear``: ``base_layer``, ``lora_A``, ``lora_B``)."""
+    return hasattr(module, "base_layer") and hasattr(module, "lora_A") and hasattr(module, "lora_B")
+
+
+def lora_fusable(module: Any) -> bool:
+    """A PEFT LoRA layer whose forward is ``x (W0 + s B A)ᵀ + b``: plain LoRA (no DoRA or other variant, no
+    bias on B, no transposed base weight) and no adapter dropout active (dropout is identity, or eval mode)."""
+    names = [n for n in module.active_adapters if n in module.lora_A]
+    return (
+        not getattr(module, "fan_in_fan_out", False)
+        and not any(getattr(module, "use_dora", {}).get(n, False) for n in names)
+        and not any(getattr(module, "lora_bias", {}).get(n, False) for n in names)
+        and not getattr(module, "lora_variant", {})
+        and (not module.training or all(isinstance(module.lora_dropout[n], torch.nn.Identity) for n in names))
+    )
+
+
+def linear_params(module: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The weight and bias a linear layer applies: an ``nn.Linear``'s own, or for a LoRA layer
+    ``W0 + Σ_a (alpha_a / r_a) B_a A_a`` over its active adapters (none when they are disabled or already
+    merged into W0), built from the parameters so gradients reach ``A`` and ``B`` (W0 is frozen)."""
+    if not is_lora(module):
+        return module.weight, module.bias
+    base = module.base_layer
+    weight = base.weight
+    if not module.disable_adapters and not module.merged:
+        for name in module.active_adapters:
+            if name in module.lora_A:
+                delta = module.lora_B[name].weight @ module.lora_A[name].weight
+                weight = weight + module.scaling[name] * delta.to(weight.dtype)
+    return weight, base.bias
+
+
 def fuse_layer(layer: Any) -> Layer:
-    """The fused weights of one Llama / Qwen2 decoder layer (``torch.cat``: differentiable)."""
-    a, m = layer.self_attn, layer.mlp
-    projections = (a.q_proj, a.k_proj, a.v_proj)
-    qkv_w = torch.cat([p.weight for p in projections])
+    """The fused weights of one Llama / Qwen2 decoder layer (``torch.cat``: differentiable), LoRA
+    adapters merged in (:func:`linear_params`)."""
+    q, k, v, o, gate, up, down = (linear_params(p) for p in _projections(layer))
+    qkv_w = torch.cat([q[0], k[0], v[0]])
     qkv_b = None
-    if any(p.bias is not None for p in projections):
-        qkv_b = torch.cat([
-            p.bias if p.bias is not None else qkv_w.new_zeros(p.weight.shape[0]) for p in projections
-        ])
-    gate_up_b = None if m.gate_proj.bias is None else torch.cat([m.gate_proj.bias, m.up_proj.bias])
+    if any(p[1] is not None for p in (q, k, v)):
+        qkv_b = torch.cat([b if b is not None else w.new_zeros(w.shape[0]) for w, b in (q, k, v)])
+    gate_up_b = None if gate[1] is None else torch.cat([gate[1], up[1]])
     return Layer(
-        layer.input_layernorm, qkv_w, qkv_b, a.o_proj.weight, a.o_proj.bias, layer.post_attention_layernorm,
-        torch.cat([m.gate_proj.weight, m.up_proj.weight]), gate_up_b, m.down_proj.weight, m.down_proj.bias, m.act_fn,
+        layer.input_layernorm, qkv_w, qkv_b, o[0], o[1], layer.post_attention_layernorm,
+        torch.cat([gate[0], up[0]]), gate_up_b, down[0], down[1], layer.mlp.act_fn,
     )
 
 
@@ -83,7 +118,7 @@ class NativeLlama:
         self.head_dim = first.head_dim
         self.scaling = first.scaling
         self.layers = [fuse_layer(layer) for layer in inner.layers]
-        self.inter = inner.layers[0].mlp.gate_proj.weight.shape[0]
+        self.inter = self.layers[0].gate_up_w.shape[0] // 2
         self.dtype = self.layers[0].qkv_w.dtype
         # RoPE: a cos/sin table may be built once and looked up (the frequencies do not depend on length)
         self.static_rope = not any(k in str(getattr(self.rotary, "rope_type", "default")) for k in LENGTH_DEPENDENT_ROPE)
@@ -109,6 +144,7 @@ class NativeLlama:
         return all(
             all(hasattr(layer.self_attn, p) for p in ("q_proj", "k_proj", "v_proj", "o_proj", "head_dim", "scaling"))
             and all(hasattr(layer.mlp, p) for p in ("gate_proj", "up_proj", "down_proj", "act_fn"))
+            and all(lora_fusable(p) for p in _projections(layer) if is_lora(p))
             for layer in inner.layers
         )
 
@@ -215,3 +251,8 @@ def _softmax(scores: torch.Tensor) -> torch.Tensor:
     if scores.dtype in (torch.float32, torch.float64):
         return torch.softmax(scores, dim=-1)
     return torch.softmax(scores.float(), dim=-1).to(scores.dtype)
+
+
+def _projections(layer: Any) -> tuple[Any, ...]:
+    a, m = layer.self_attn, layer.mlp
+    return (a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj)

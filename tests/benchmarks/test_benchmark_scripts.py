@@ -20,7 +20,7 @@ import common
 import rl_step_vs_trl
 
 SCRIPTS = ["rl_step_vs_trl.py", "rollout_vs_generate.py", "update_throughput.py", "dynamic_sampling_overhead.py",
-           "tracking_overhead.py", "prepare_data_speed.py", "async_rollout.py"]
+           "tracking_overhead.py", "prepare_data_speed.py", "async_rollout.py", "lora_vs_full.py"]
 
 
 @pytest.fixture(scope="module")

@@ -112,6 +112,14 @@ INVALID: list[tuple[dict[str, object], str]] = [
     ({"rollout__max_staleness": 1, "rollout__worker": "inline"}, "rollout.max_staleness=1 needs the rollout worker process; set rollout.worker=process"),
     ({"rollout__max_staleness": 2, "rollout__engine": "vllm"}, "the rollout worker process runs the fast or hf engine, not vllm"),
     ({"rollout__worker": "process", "rollout__engine": "vllm"}, "the rollout worker process runs the fast or hf engine, not vllm"),
+    ({"model__lora__rank": -1}, "model.lora.rank=-1 must be >= 0 (0: off"),
+    ({"model__lora__rank": 4, "model__lora__alpha": 0.0}, "model.lora.alpha=0.0 must be > 0"),
+    ({"model__lora__rank": 4, "model__lora__dropout": 1.0}, "model.lora.dropout=1.0 must be in [0, 1)"),
+    ({"model__lora__rank": 4, "model__lora__dropout": -0.1}, "model.lora.dropout=-0.1 must be in [0, 1)"),
+    ({"model__lora__rank": 4, "model__lora__target_modules": []}, "model.lora.target_modules is empty or has an empty name; use [all-linear]"),
+    ({"model__lora__rank": 4, "model__lora__target_modules": ["all-linear", "q_proj"]}, "all-linear already takes every linear layer; give it alone"),
+    ({"model__lora__rank": 4, "engine__name": "deepspeed"}, "model.lora.rank=4 trains adapters on the torch engine only; set engine.name=torch"),
+    ({"model__lora__rank": 4, "algo": "direct-advantage"}, "model.lora.rank=4 is supported by algo=dapo only; set model.lora.rank=0"),
 ]
 
 
@@ -144,6 +152,9 @@ VALID_BOUNDARIES: list[dict[str, object]] = [
     {"rollout__max_staleness": 0, "rollout__worker": "inline", "rollout__engine": "vllm"},  # synchronous vLLM
     {"rollout__max_staleness": 0, "rollout__worker": "process"},  # the synchronous loop in the worker process
     {"rollout__max_staleness": 3, "rollout__engine": "hf", "rollout__worker_threads": 1},
+    {"model__lora__rank": 0, "model__lora__alpha": -1.0, "model__lora__target_modules": []},  # unchecked when off
+    {"model__lora__rank": 4, "model__lora__dropout": 0.0, "algorithm__use_kl_loss": True},  # the reference is the base
+    {"model__lora__rank": 32, "model__lora__dropout": 0.999, "model__lora__target_modules": ["q_proj", "v_proj"]},
 ]
 
 
