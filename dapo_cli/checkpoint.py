@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from dapo_cli.config.schema import PLANNING_SECTIONS
 from dapo_cli.engine.dist import Collective
 from dapo_cli.errors import UserError, failed_write
 from dapo_cli.fileio import safetensors_problem, write_json_atomic, write_text_atomic
@@ -309,3 +310,33 @@ def checkpoint_problem(path: Path) -> str | None:
         if problem:
             return f"model/{file.name} {problem}"
     return None
+
+
+# ---------------------------------------------------------------- what a resume may change
+
+
+def config_differences(saved: dict[str, Any], current: dict[str, Any], prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two nested config dicts."""
+    keys = sorted(set(saved) | set(current))
+    diffs: list[str] = []
+    for k in keys:
+        a, b = saved.get(k), current.get(k)
+        dotted = f"{prefix}.{k}" if prefix else k
+        if isinstance(a, dict) and isinstance(b, dict):
+            diffs.extend(config_differences(a, b, dotted))
+        elif a != b:
+            diffs.append(dotted)
+    return diffs
+
+
+RESUMABLE_CHANGES = {"trainer.total_steps"}
+"""Config keys a resumed run may change (extend a finished run)."""
+
+
+def resume_blockers(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """The settings that differ from a run's saved config and forbid resuming it: all but the
+    :data:`RESUMABLE_CHANGES` and the planning-only sections (``cluster``, which older runs lack)."""
+    return [
+        d for d in config_differences(saved, current)
+        if d not in RESUMABLE_CHANGES and d.split(".")[0] not in PLANNING_SECTIONS
+    ]

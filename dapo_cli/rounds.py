@@ -28,14 +28,14 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from dapo_cli.config import Config
-from dapo_cli.config.schema import uses_worker
+from dapo_cli.config.schema import thread_split, uses_worker
 from dapo_cli.data.loader import Prompt, PromptStream
 from dapo_cli.engine.base import TrainingEngine
 from dapo_cli.engine.dist import Collective, SingleProcess
 from dapo_cli.errors import EnvironmentFailure
 from dapo_cli.rollout.base import RolloutEngine, Rollouts, SamplingParams
 from dapo_cli.rollout_worker import POLL_S, WorkerSpec, worker_main
-from dapo_cli.session import derive_seed, thread_split
+from dapo_cli.session import derive_seed
 
 START_TIMEOUT_S = 600.0
 """Longest the trainer waits for a worker to load its policy (a 32B folder from a slow disk takes minutes)."""
@@ -285,7 +285,7 @@ def open_rounds(
     ``engine``'s current weights (after any resume) are the worker's first version, ``version``."""
     if not uses_worker(cfg.rollout):
         return InlineRounds(rollout, stream, cfg, dist, version=version)
-    _, worker_threads = thread_split(cfg.rollout, cfg.engine.num_threads)
+    _, worker_threads = thread_split(cfg.rollout, cfg.engine.num_threads, os.cpu_count() or 1)
     return WorkerRounds(
         cfg, stream, dist, engine, model_path=model_path, version=version, threads=worker_threads,
         seeds_per_prompt=rollout.seeds_per_prompt,

@@ -22,6 +22,7 @@ import torch
 import yaml
 
 from dapo_cli.checkpoint import (
+    resume_blockers,
     ENGINE_DIR,
     LOCK_FILE,
     CheckpointManager,
@@ -32,7 +33,7 @@ from dapo_cli.checkpoint import (
     set_rng_state,
 )
 from dapo_cli.config import Config, dump_yaml, flatten, technique_state, to_dict
-from dapo_cli.config.schema import PLANNING_SECTIONS, DataConfig, RolloutConfig, uses_worker
+from dapo_cli.config.schema import DataConfig, thread_split, uses_worker
 from dapo_cli.config.techniques import variant_name
 from dapo_cli.config.validate import check_world_size
 from dapo_cli.data.loader import Prompt, PromptStream, build_prompts, dataset_manifest, dropped_note, keep_fitting, load_rows
@@ -54,15 +55,6 @@ def derive_seed(seed: int, *parts: Any) -> int:
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "big") & 0x7FFFFFFF
 
 
-def thread_split(rollout: RolloutConfig, num_threads: int) -> tuple[int, int]:
-    """(trainer, worker) torch threads: ``rollout.worker_threads`` (0: half the cores, at least 1) for the worker,
-    ``engine.num_threads`` (``num_threads``; 0: the cores left, at least 1) for the trainer."""
-    cores = os.cpu_count() or 1
-    worker = rollout.worker_threads or max(1, cores // 2)
-    trainer = num_threads or max(1, cores - worker)
-    return trainer, worker
-
-
 def git_commit() -> str:
     """The commit of the ``dapo`` code that runs: HEAD of the checkout the package is imported from
     (``+dirty`` when it has uncommitted changes), else of the working directory, else ``unknown``."""
@@ -78,33 +70,6 @@ def git_commit() -> str:
             return "unknown"
         return head.stdout.strip() + ("+dirty" if status.stdout.strip() else "")
     return "unknown"
-
-
-def config_differences(saved: dict[str, Any], current: dict[str, Any], prefix: str = "") -> list[str]:
-    """Dotted keys whose values differ between two nested config dicts."""
-    keys = sorted(set(saved) | set(current))
-    diffs: list[str] = []
-    for k in keys:
-        a, b = saved.get(k), current.get(k)
-        dotted = f"{prefix}.{k}" if prefix else k
-        if isinstance(a, dict) and isinstance(b, dict):
-            diffs.extend(config_differences(a, b, dotted))
-        elif a != b:
-            diffs.append(dotted)
-    return diffs
-
-
-RESUMABLE_CHANGES = {"trainer.total_steps"}
-"""Config keys a resumed run may change (extend a finished run)."""
-
-
-def resume_blockers(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """The settings that differ from a run's saved config and forbid resuming it: all but the
-    :data:`RESUMABLE_CHANGES` and the planning-only sections (``cluster``, which older runs lack)."""
-    return [
-        d for d in config_differences(saved, current)
-        if d not in RESUMABLE_CHANGES and d.split(".")[0] not in PLANNING_SECTIONS
-    ]
 
 
 T = TypeVar("T")
@@ -244,7 +209,7 @@ class TrainingSession:
         from dapo_cli.warmstart import ensure_model
 
         if uses_worker(cfg.rollout):  # the rollout worker process takes its share of the cores
-            torch.set_num_threads(thread_split(cfg.rollout, cfg.engine.num_threads)[0])
+            torch.set_num_threads(thread_split(cfg.rollout, cfg.engine.num_threads, os.cpu_count() or 1)[0])
         elif cfg.engine.num_threads > 0:
             torch.set_num_threads(cfg.engine.num_threads)
         dist = components.build_collective(cfg.engine)

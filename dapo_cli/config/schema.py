@@ -120,6 +120,14 @@ def uses_worker(rollout: RolloutConfig) -> bool:
     return rollout.worker == "process" or (rollout.worker == "auto" and rollout.max_staleness > 0)
 
 
+def thread_split(rollout: RolloutConfig, num_threads: int, cores: int) -> tuple[int, int]:
+    """(trainer, worker) torch threads on ``cores`` cores: ``rollout.worker_threads`` (0: half the cores, at least 1)
+    for the rollout worker process, ``engine.num_threads`` (``num_threads``; 0: the cores left, at least 1) for the trainer."""
+    worker = rollout.worker_threads or max(1, cores // 2)
+    trainer = num_threads or max(1, cores - worker)
+    return trainer, worker
+
+
 @dataclass
 class OverlongBufferConfig:
     enable: bool = setting(True, "soft overlong punishment (DAPO Eq. 13), toggle --overlong-shaping")

@@ -9,7 +9,7 @@ import pytest
 
 from dapo_cli.ablate.variants import config_hash
 from dapo_cli.config import ConfigError, load_config, to_dict
-from dapo_cli.session import resume_blockers
+from dapo_cli.checkpoint import resume_blockers
 
 
 def test_the_default_plans_for_the_environment_or_one_rank_of_an_80_gib_node_of_8():

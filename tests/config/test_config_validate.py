@@ -176,3 +176,14 @@ def test_errors_are_one_line(tweak: Callable[[Config], None], fragment: str) -> 
     with pytest.raises(ConfigError) as info:
         validate(cfg)
     assert fragment in str(info.value) and "\n" not in str(info.value)
+
+
+def test_the_rollout_worker_and_the_trainer_split_the_cores() -> None:
+    from dapo_cli.config.schema import RolloutConfig, thread_split
+
+    # 0 means: the worker half the cores (at least one), the trainer the rest (at least one)
+    assert thread_split(RolloutConfig(), 0, cores=2) == (1, 1)
+    assert thread_split(RolloutConfig(), 0, cores=16) == (8, 8)
+    assert thread_split(RolloutConfig(), 0, cores=1) == (1, 1)  # oversubscribed rather than none
+    assert thread_split(RolloutConfig(worker_threads=3), 0, cores=8) == (5, 3)
+    assert thread_split(RolloutConfig(worker_threads=1), 4, cores=2) == (4, 1)  # explicit settings win
