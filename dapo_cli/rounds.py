@@ -49,8 +49,6 @@ class Round:
     rollouts: Rollouts
     version: int
     """Weight version of the policy that sampled every response of the round."""
-    seconds: float
-    """Generation time of the round (in the worker process for :class:`WorkerRounds`)."""
 
 
 class RoundSource(Protocol):
@@ -122,9 +120,8 @@ class InlineRounds:
 
     def next_round(self, step: int) -> Round:
         prompts, params = self.planner.plan(step)
-        t0 = time.perf_counter()
         out = self.rollout.generate([p.text for p in prompts], self.planner.cfg.rollout.n, params)
-        return Round(prompts, out, self.version, time.perf_counter() - t0)
+        return Round(prompts, out, self.version)
 
     def before_update(self, step: int, rounds_used: int) -> None:
         self.rollout.sleep()  # a colocated engine hands its GPU memory to the update
@@ -162,7 +159,7 @@ class WorkerRounds:
         self, cfg: Config, stream: PromptStream, dist: Collective, engine: TrainingEngine, *, model_path: str,
         version: int, threads: int, seeds_per_prompt: bool,
     ) -> None:
-        self.stream, self.n, self.dist = stream, cfg.rollout.n, dist
+        self.stream, self.n = stream, cfg.rollout.n
         self.max_staleness = cfg.rollout.max_staleness
         self.planner = RoundPlanner(stream, cfg, dist, seeds_per_prompt=seeds_per_prompt)
         self.pending: deque[Pending] = deque()
@@ -200,7 +197,7 @@ class WorkerRounds:
         self.totals["generate"] += generate_s
         self.totals["idle"] += idle_s
         self.totals["sync"] += sync_s
-        return Round(head.prompts, out, int(version), generate_s)
+        return Round(head.prompts, out, int(version))
 
     def before_update(self, step: int, rounds_used: int) -> None:
         """Queue ``max_staleness`` steps' worth of rounds (as many per step as step ``step`` examined), so the
