@@ -1,6 +1,6 @@
 """``dapo eval``'s tokens/s against the fast rollout engine's own ``generate``, on the same prompts.
 
-    .venv-vllm/bin/python benchmarks/eval_speed.py [--problems 16] [--avg 4] [--max-tokens 48] [--threads 2]
+    .venv-vllm/bin/python benchmarks/eval_speed.py [--problems 16] [--avg 4] [--max-tokens 48] [--old-problems 4] [--threads 2]
     .venv-vllm/bin/python benchmarks/eval_speed.py --real [--hf]
 
 Model: the random-init Qwen2 directory of the RL benchmark (~1.06 M parameters, character vocabulary,
@@ -12,13 +12,14 @@ in the DAPO instruction template (~180 SmolLM2 tokens each, as ``dapo prepare-da
 Rows, one after another in this process:
 
 - ``engine.generate``: a ``FastRolloutEngine`` on the loaded policy, one ``generate`` call on every
-  prompt × K (after a small warm-up call); start-up is the model load.
+  prompt × K (after a 4-token warm-up call of the same shape); start-up is the model load.
 - ``dapo eval``: :func:`~dapo_cli.eval.run.run_eval` with the defaults (``--engine fast``,
   ``--batch-size 0``: whole problems up to 64 sequences per call), no tracking. Its generation time is
   the seconds inside ``generate`` (``eval/gen_seconds``); wall includes loading the model, scoring and
   writing the files. With at most 64 sequences in all it draws exactly the engine row's samples.
 - ``dapo eval --batch-size K``: one problem's K per generate call, what ``--batch-size 0`` meant
-  before; ``--hf`` adds the old defaults, ``--engine hf`` one problem per call.
+  before, on the first ``--old-problems`` problems (a call per problem: its rate does not depend on
+  how many); ``--hf`` adds the old defaults, ``--engine hf`` one problem per call, on the same problems.
 
 tokens/s counts the new tokens of every sample (EOS included) over generation seconds; samples/s likewise.
 """
@@ -63,18 +64,19 @@ def engine_row(model_dir: Path, data: Path, k: int, params: SamplingParams) -> d
     engine = FastRolloutEngine(model, tokenizer)
     start_up = time.perf_counter() - t0
     prompts = [format_prompt(tokenizer, p.messages) for p in group_problems(load_dataset_rows(str(data)).rows)]
-    engine.generate(prompts[:1], 2, SamplingParams(temperature=1.0, max_tokens=4, seed=99))  # warm-up
+    engine.generate(prompts, k, SamplingParams(temperature=1.0, max_tokens=4, seed=99))  # warm-up at the same shapes
     t0 = time.perf_counter()
     out = engine.generate(prompts, k, params)
     seconds = time.perf_counter() - t0
     return {"samples": float(len(out.texts)), "tokens": float(out.lengths.sum()), "seconds": seconds, "wall": start_up + seconds}
 
 
-def eval_row(model_dir: Path, data: Path, k: int, max_tokens: int, *, engine: str, batch_size: int) -> dict[str, float]:
+def eval_row(model_dir: Path, data: Path, k: int, max_tokens: int, *, engine: str, batch_size: int,
+             limit: int | None = None) -> dict[str, float]:
     """``dapo eval`` in this process (no tracking, files in a temporary folder)."""
     opts = EvalOptions(checkpoint=str(model_dir), dataset=str(data), k=k, pass_k=(), temperature=1.0, top_p=0.7,
                        max_tokens=max_tokens, verifier="math_dapo", engine=engine, batch_size=batch_size, seed=0,
-                       tracking_backend="null")
+                       limit=limit, tracking_backend="null")
     t0 = time.perf_counter()
     speed = run_eval(opts).speed
     wall = time.perf_counter() - t0
@@ -87,6 +89,7 @@ def main() -> None:
     parser.add_argument("--problems", type=int, default=16)
     parser.add_argument("--avg", type=int, default=4, help="samples per problem (K)")
     parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--old-problems", type=int, default=4, help="problems of the one-problem-per-call rows")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--hf", action="store_true", help="also the old defaults: --engine hf, one problem per call")
     args = parser.parse_args()
@@ -101,12 +104,18 @@ def main() -> None:
             model_dir, name = build_policy_dir(Path(tmp) / "policy", max_positions=1024), "1.06 M-param Qwen2"
         data = write_problems(Path(tmp) / "sums.parquet", args.problems)
         params = SamplingParams(temperature=1.0, top_p=0.7, max_tokens=args.max_tokens, seed=0)
-        k, mt = args.avg, args.max_tokens
-        rows = {"engine.generate (one call)": engine_row(model_dir, data, k, params),
-                "dapo eval (defaults: fast, auto batch)": eval_row(model_dir, data, k, mt, engine="fast", batch_size=0),
-                f"dapo eval --batch-size {k} (fast)": eval_row(model_dir, data, k, mt, engine="fast", batch_size=k)}
+        k, mt, old = args.avg, args.max_tokens, min(args.old_problems, args.problems)
+        runs = {
+            "engine.generate (one call)": lambda: engine_row(model_dir, data, k, params),
+            "dapo eval (defaults: fast, auto batch)": lambda: eval_row(model_dir, data, k, mt, engine="fast", batch_size=0),
+            f"dapo eval --batch-size {k} (fast)": lambda: eval_row(model_dir, data, k, mt, engine="fast", batch_size=k, limit=old),
+        }
         if args.hf:
-            rows[f"dapo eval --engine hf --batch-size {k}"] = eval_row(model_dir, data, k, mt, engine="hf", batch_size=k)
+            runs[f"dapo eval --engine hf --batch-size {k}"] = lambda: eval_row(model_dir, data, k, mt, engine="hf", batch_size=k, limit=old)
+        rows = {}
+        for label, run in runs.items():
+            rows[label] = run()
+            print(f"{label}: {rows[label]['wall']:.1f} s", file=sys.stderr, flush=True)
     print(f"## dapo eval vs the fast engine's generate ({name}, {args.problems} problems x {k} samples, <= {mt} tokens, float32)")
     for line in machine():
         print(line)
