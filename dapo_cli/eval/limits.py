@@ -11,9 +11,10 @@ from dapo_cli.errors import UserError
 
 AUTO_SEQUENCES_PER_CALL = 64
 """``--batch-size 0`` (auto): whole problems per generate call up to this many sequences (``64 // K``
-problems; one problem when K is more). Measured with the fast engine on SmolLM2-135M (1 thread, 48 new
-tokens, 182-token prompts): 8 tokens/s at 4 rows, 14-18 at 16, 17-19 at 32, 17-22 at 64, 18-24 at 128:
-per-step overhead is spent by 32-64 rows, and more rows only add key/value cache."""
+problems; one problem when K is more). Measured with the fast engine on SmolLM2-135M (1 thread of a
+shared 2-core AVX2 machine, <= 48 new tokens, 182-token prompts, two runs): 8 tokens/s at 4 rows, 14-18
+at 16, 18-19 at 32, 17-22 at 64, 18.5 at 128: per-step overhead is spent by 32-64 rows, and more rows
+only add key/value cache (and coarser progress and resume batches)."""
 
 MAX_SEQUENCES_PER_CALL = 256
 """Most sequences one generate call holds when ``--batch-size`` is 0 (K samples beyond it come in chunks)."""
