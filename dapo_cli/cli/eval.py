@@ -69,8 +69,14 @@ def eval_command(
     top_p: Annotated[float, typer.Option(help="Nucleus sampling.", rich_help_panel=Panel.SAMPLING)] = DEFAULTS.top_p,
     max_tokens: Annotated[int, typer.Option(help="Maximum new tokens per response.", rich_help_panel=Panel.SAMPLING)] = DEFAULTS.max_tokens,
     seed: Annotated[int, typer.Option(help="Sampling seed.", rich_help_panel=Panel.SAMPLING)] = DEFAULTS.seed,
-    engine: Annotated[Engine, typer.Option(help="Rollout engine (fast: the CPU sampler; vllm: CUDA or vLLM's CPU build).", rich_help_panel=Panel.RUN)] = Engine(DEFAULTS.engine),
-    batch_size: Annotated[int, typer.Option(help="Sequences per generate call (0: one problem's K).", rich_help_panel=Panel.RUN)] = DEFAULTS.batch_size,
+    engine: Annotated[
+        Engine, typer.Option(help="Rollout engine (fast: own decode loop; hf: transformers generate; vllm: CUDA or vLLM's CPU build).",
+                             rich_help_panel=Panel.RUN),
+    ] = Engine(DEFAULTS.engine),
+    batch_size: Annotated[
+        int, typer.Option(help="Sequences per generate call, whole problems (0: auto, up to 64; one problem's K when more).",
+                          rich_help_panel=Panel.RUN),
+    ] = DEFAULTS.batch_size,
     output: Annotated[
         Path | None,
         typer.Option(help="Write generations.parquet + summary.json here; reruns resume.", rich_help_panel=Panel.OUTPUT,
@@ -142,15 +148,20 @@ def eval_command(
     if as_json:
         typer.echo(json.dumps(report_json(report), sort_keys=True, default=str))
     else:
-        print_report(report, opts.k)
+        print_report(report, opts.k, show_speed=level >= 0)
 
 
 def report_json(report: EvalReport) -> dict[str, Any]:
-    """``--json``: the metrics, the settings, where the files went and the MLflow run, as one object
-    (a non-finite metric is null)."""
-    metrics = {k: (v if math.isfinite(v) else None) for k, v in report.result.metrics.items()}
+    """``--json``: the metrics, the settings, where the files went, the MLflow run and ``speed`` (what
+    this invocation generated and how fast, keyed as in MLflow: ``eval/samples_per_s``, ...), as one
+    object (a non-finite value is null)."""
+
+    def finite(values: dict[str, float]) -> dict[str, float | None]:
+        return {k: (v if math.isfinite(v) else None) for k, v in values.items()}
+
     return {
-        "metrics": metrics,
+        "metrics": finite(report.result.metrics),
+        "speed": finite(report.speed),
         "settings": report.settings,
         "layout": report.layout,
         "resumed_problems": report.resumed_problems,
@@ -216,8 +227,11 @@ def _fmt(value: float) -> str:
     return "n/a" if not math.isfinite(value) else f"{value:.4f}"
 
 
-def print_report(report: EvalReport, k: int) -> None:
-    """The metrics and per-problem tables, and where the results went."""
+def print_report(report: EvalReport, k: int, *, show_speed: bool = True) -> None:
+    """The metrics and per-problem tables, the generation speed (``show_speed``; not with --quiet),
+    and where the results went."""
+    from dapo_cli.eval.speed import speed_line
+
     console.print(report.layout, highlight=False, markup=False)
     if report.resumed_problems:
         console.print(f"resumed: {report.resumed_problems} problems were already done", highlight=False, markup=False)
@@ -244,6 +258,9 @@ def print_report(report: EvalReport, k: int) -> None:
         cells = (row["problem_id"], f"{row['correct']}/{k}", f"{mark} {row['majority']}", row["ground_truth"], text)
         table.add_row(*(Text(c) for c in cells))
     console.print(table)
+    line = speed_line(report.speed) if show_speed and report.speed else None
+    if line:
+        console.print(line, highlight=False, markup=False, soft_wrap=True)
     for name, path in report.outputs.items():
         console.print(f"{name}: {path}", highlight=False, markup=False)
     if report.run_id:

@@ -262,8 +262,11 @@ class EvalConfig:
     top_p: float = setting(0.7, "nucleus sampling (DAPO paper: 0.7)")
     max_tokens: int = setting(20480, "maximum new tokens per response (DAPO paper: 20480)")
     verifier: str = setting("math_dapo", "answer checker", choices=("math_dapo", "strict_box", "math_equiv"))
-    engine: str = setting("hf", "rollout engine (fast: the CPU sampler, hf: transformers generate, vllm: CUDA or vLLM's CPU build)", choices=ROLLOUT_ENGINES)
-    batch_size: int = setting(0, "sequences per generate call (0: all of one problem batch)")
+    engine: str = setting(
+        "fast", "rollout engine (fast: own decode loop, the training default too; hf: transformers generate; vllm: CUDA or "
+        "vLLM's CPU build)", choices=ROLLOUT_ENGINES,
+    )
+    batch_size: int = setting(0, "sequences per generate call, whole problems (0: auto, 64 // avg_k problems per call; one problem's K when more)")
     seed: int = setting(0, "sampling seed")
     table_rows: int = setting(1000, "most samples in the MLflow generations table of dapo eval (0: none; AIME24 avg@32 is 960)")
 

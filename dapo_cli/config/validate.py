@@ -46,7 +46,7 @@ def eval_problem(*, k: int, batch_size: int, names: tuple[str, str]) -> str | No
     if k > MAX_AVG_K:
         return f"{k_name}={k} is more than {MAX_AVG_K} samples per problem; pass at most {MAX_AVG_K} (the DAPO protocol uses 32)"
     if batch_size < 0:
-        return f"{b_name}={batch_size} must be >= 0 (0: all samples of one problem per generate call)"
+        return f"{b_name}={batch_size} must be >= 0 (0: auto, whole problems up to 64 sequences per generate call)"
     return None
 
 

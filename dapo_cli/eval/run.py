@@ -13,33 +13,49 @@ Problems are generated in fixed batches of ``batch_problems`` problems (batch ``
 always holds the same problems), and batch ``b`` samples with seed ``seed + b``, so a
 resumed run produces exactly the samples an uninterrupted run would have.
 
+A batch is as many whole problems as one generate call holds: ``--batch-size // K``, or
+with ``--batch-size 0`` (auto, the default) up to 64 sequences per call, where per-step
+overhead is spent (:func:`~dapo_cli.eval.limits.sequences_per_call`).
+
 Memory is bounded whatever ``--avg`` is: no generate call holds more than
-:func:`sequences_per_call` sequences (``--batch-size``, or
-:data:`MAX_SEQUENCES_PER_CALL` when it is 0), so K samples of one problem beyond that
+:func:`sequences_per_call` sequences (``--batch-size``; auto: 64, or one problem's K up to
+:data:`~dapo_cli.eval.limits.MAX_SEQUENCES_PER_CALL`), so K samples of one problem beyond that
 are drawn in chunks (chunk ``c > 0`` of batch ``b`` with seed ``seed + b + c·B``, B the
 number of batches); and :func:`check_memory` refuses, with one line naming the setting
 to lower, a run whose samples could not be held in this machine's memory.
+
+Speed: the seconds inside ``engine.generate`` are timed (:mod:`dapo_cli.eval.speed`), and
+``eval/samples_per_s`` / ``eval/gen_tokens_per_s`` of the samples this invocation generated
+are logged and reported.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import json
 import math
-import os
 import tempfile
+import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from dapo_cli.config.schema import EvalConfig
 from dapo_cli.errors import UserError
 from dapo_cli.eval import metrics as M
-from dapo_cli.eval.generations import CHECKPOINT_FILE, GENERATIONS_FILE, SUMMARY_FILE, SampleRecord, write_generations
-from dapo_cli.eval.limits import check_memory, sequences_per_call
+from dapo_cli.eval.generations import (
+    CHECKPOINT_FILE,
+    GENERATIONS_FILE,
+    SUMMARY_FILE,
+    GenerationCheckpoint,
+    SampleRecord,
+    write_generations,
+)
+from dapo_cli.eval.limits import check_memory, problems_per_call, sequences_per_call
 from dapo_cli.eval.problems import Problem
-from dapo_cli.fileio import atomic_path, write_json_atomic
+from dapo_cli.eval.speed import Stopwatch, throughput
+from dapo_cli.fileio import write_json_atomic
 from dapo_cli.rollout.base import RolloutEngine, SamplingParams
 
 @dataclass
@@ -121,12 +137,14 @@ def generate_batch(
     verifier: str,
     max_sequences: int | None = None,
     seed_stride: int = 1,
+    stopwatch: Stopwatch | None = None,
 ) -> list[SampleRecord]:
     """Sample ``k`` responses for each of ``problems`` (templated ``prompts``) and score them.
 
     At most ``max_sequences`` sequences per ``engine.generate`` call (None: one call for
     the batch); call ``c`` (see :func:`generate_calls`) samples with seed
     ``params.seed + c * seed_stride``, so call 0 is the single call of an unchunked batch.
+    ``stopwatch`` (if given) times each ``engine.generate`` call.
     """
     from dapo_cli.rewards import score_batch
 
@@ -136,7 +154,8 @@ def generate_batch(
         call_params = params
         if call and params.seed is not None:
             call_params = dataclasses.replace(params, seed=params.seed + call * seed_stride)
-        rollouts = engine.generate([prompts[i] for i in positions], n, call_params)
+        with stopwatch if stopwatch is not None else contextlib.nullcontext():
+            rollouts = engine.generate([prompts[i] for i in positions], n, call_params)
         owners = [problems[positions[int(i)]] for i in rollouts.prompt_index.tolist()]
         scores, accs, preds = score_batch(verifier, rollouts.texts, [p.ground_truth for p in owners])
         lengths = rollouts.lengths.tolist()
@@ -165,11 +184,13 @@ def generate_records(
     skip_batches: frozenset[int] = frozenset(),
     on_batch: Callable[[int, list[SampleRecord]], None] | None = None,
     max_sequences: int | None = None,
+    stopwatch: Stopwatch | None = None,
 ) -> list[SampleRecord]:
     """Records of every batch not in ``skip_batches``; ``on_batch(b, records)`` after each.
 
     ``max_sequences``: most sequences per generate call (None: one call per batch); see
     :func:`generate_batch` (chunk ``c`` of batch ``b`` samples with seed ``seed + b + c·B``).
+    ``stopwatch`` (if given) sums the seconds spent in ``engine.generate``.
     """
     if len(prompts) != len(problems):
         raise ValueError(f"{len(problems)} problems but {len(prompts)} prompts")
@@ -187,6 +208,7 @@ def generate_records(
             verifier=verifier,
             max_sequences=max_sequences,
             seed_stride=len(batches),
+            stopwatch=stopwatch,
         )
         if on_batch is not None:
             on_batch(b, records)
@@ -273,71 +295,6 @@ def evaluate_problems(
         max_sequences=max_sequences,
     )
     return summarize(problems, records, k=k, pass_k=pass_k)
-
-
-# --------------------------------------------------------------------------- resume checkpoint
-
-
-class GenerationCheckpoint:
-    """Finished batches, kept in memory and (with a directory) in ``DIR/generations.partial.jsonl``.
-
-    The file is append-only JSONL: line 1 is ``{"settings": {...}}``, every later line
-    ``{"batch": b, "records": [...]}``, flushed and fsynced when batch ``b`` finishes. A
-    torn last line (killed mid-write) is dropped; other settings are a :class:`UserError`.
-    Without a directory nothing is written (a null checkpoint).
-    """
-
-    def __init__(self, directory: Path | None, settings: Mapping[str, Any]) -> None:
-        self.path = None if directory is None else directory / CHECKPOINT_FILE
-        self.settings = json.loads(json.dumps(dict(settings)))
-        self.done: dict[int, list[SampleRecord]] = {}
-        if self.path is not None and self.path.exists():
-            self._load(self.path)
-        elif self.path is not None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._write_line({"settings": self.settings}, mode="w")
-
-    def _load(self, path: Path) -> None:
-        lines = path.read_text(encoding="utf-8").splitlines()
-        entries = []
-        for number, line in enumerate(lines):
-            try:
-                entries.append(json.loads(line))
-            except json.JSONDecodeError:
-                if number == len(lines) - 1:
-                    break  # torn final write: that batch is simply redone
-                raise UserError(f"{path} is corrupt at line {number + 1}; delete it or use another --output DIR") from None
-        if not entries or "settings" not in entries[0]:
-            raise UserError(f"{path} has no settings header; delete it or use another --output DIR")
-        old = entries[0]["settings"]
-        if old != self.settings:
-            diff = sorted(key for key in set(old) | set(self.settings) if old.get(key) != self.settings.get(key))
-            detail = "; ".join(f"{key}: {old.get(key)!r} then, {self.settings.get(key)!r} now" for key in diff)
-            raise UserError(
-                f"{path.parent} holds generations made with other settings ({detail}); use another --output DIR"
-            )
-        for entry in entries[1:]:
-            self.done[int(entry["batch"])] = [SampleRecord(**r) for r in entry["records"]]
-        if len(lines) > len(entries):  # drop the torn line so appends start on a clean line
-            with atomic_path(path) as tmp:
-                tmp.write_text("".join(json.dumps(e) + "\n" for e in entries), encoding="utf-8")
-
-    def _write_line(self, obj: Mapping[str, Any], mode: str = "a") -> None:
-        if self.path is None:
-            return
-        with self.path.open(mode, encoding="utf-8") as handle:
-            handle.write(json.dumps(obj) + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-
-    def append(self, batch: int, records: Sequence[SampleRecord]) -> None:
-        """Record a finished batch."""
-        self._write_line({"batch": batch, "records": [asdict(r) for r in records]})
-        self.done[batch] = list(records)
-
-    def records(self) -> list[SampleRecord]:
-        """Every record of the finished batches."""
-        return [r for b in sorted(self.done) for r in self.done[b]]
 
 
 # --------------------------------------------------------------------------- outputs
@@ -441,11 +398,8 @@ class EvalReport:
     resumed_problems: int
     run_id: str
     outputs: dict[str, Path]
-
-
-def batch_problems_for(k: int, batch_size: int) -> int:
-    """Problems per generate call and per checkpoint line: ``batch_size // k`` (at least 1; 0 → 1)."""
-    return max(1, batch_size // k) if batch_size > 0 else 1
+    speed: dict[str, float] = dataclasses.field(default_factory=dict)
+    """What this invocation generated and how fast (keys :data:`~dapo_cli.eval.speed.SPEED_KEYS`)."""
 
 
 def eval_settings(opts: EvalOptions, model: str, source: Path, num_problems: int) -> dict[str, Any]:
@@ -470,7 +424,7 @@ def eval_settings(opts: EvalOptions, model: str, source: Path, num_problems: int
         "verifier": opts.verifier,
         "engine": opts.engine,
         "batch_size": opts.batch_size,
-        "batch_problems": batch_problems_for(opts.k, opts.batch_size),
+        "batch_problems": problems_per_call(opts.k, opts.batch_size),
         "seed": opts.seed,
         "limit": opts.limit,
         **({"sequences_per_call": sequences_per_call(opts.k, opts.batch_size)} if chunked else {}),
@@ -490,8 +444,10 @@ def run_eval(
     *,
     progress: ProgressSink | None = None,
     log: Callable[[str], None] = lambda _message: None,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> EvalReport:
-    """Evaluate ``opts.checkpoint`` on ``opts.dataset`` (see the module docstring)."""
+    """Evaluate ``opts.checkpoint`` on ``opts.dataset`` (see the module docstring); ``clock`` times
+    generation (a test injects a fake one)."""
     from dapo_cli.config.schema import TrackingConfig
     from dapo_cli.data.registry import load_dataset_rows
     from dapo_cli.eval.links import link_runs, read_source, resolve_tracking, source_label, source_tags
@@ -542,6 +498,7 @@ def run_eval(
         with start_run(tracking, name, tags=tags) as tracker:
             tracker.log_params(settings)
             new: list[SampleRecord] = []
+            stopwatch = Stopwatch(clock)
             if todo:
 
                 def on_batch(b: int, records: list[SampleRecord]) -> None:
@@ -553,10 +510,11 @@ def run_eval(
                     engine, problems, prompts, k=opts.k, params=params,
                     verifier=opts.verifier, batch_problems=settings["batch_problems"],
                     skip_batches=frozenset(checkpoint.done), on_batch=on_batch,
-                    max_sequences=sequences_per_call(opts.k, opts.batch_size),
+                    max_sequences=sequences_per_call(opts.k, opts.batch_size), stopwatch=stopwatch,
                 )
             result = summarize(problems, previous + new, k=opts.k, pass_k=opts.pass_k)
-            tracker.log_metrics(M.tracking_metrics(result.metrics))
+            speed = throughput(new, stopwatch.seconds)
+            tracker.log_metrics({**M.tracking_metrics(result.metrics), **speed})  # NaN rates (nothing new) are skipped
             tracker.log_table(result.per_problem, "per_problem.json")
             log_generations_table(tracker, result.records, {p.problem_id: p.raw_problem for p in problems}, max_rows=opts.table_rows)
             link_runs(tracker, source, f"{Path(opts.dataset).name} avg@{opts.k} = {result.metrics[f'avg@{opts.k}']:.4f}", name)
@@ -574,4 +532,5 @@ def run_eval(
         resumed_problems=resumed,
         run_id=tracker.run_id,
         outputs=outputs if opts.output is not None else {},
+        speed=speed,
     )

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
+import itertools
 import json
 from pathlib import Path
 
@@ -107,7 +109,9 @@ def test_eval_tiny_model_on_aime_records_mlflow(model_dir: Path, tmp_path: Path)
 @pytest.mark.slow
 def test_eval_resumes_only_the_missing_problems(model_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    args = ["eval", str(model_dir), "--dataset", str(AIME), "--avg", "2", "--max-tokens", "8", "--limit", "2", "--no-track"]
+    # --batch-size 2 = one problem (K=2) per batch; resume with the default batch size: tests/eval/test_eval_speed.py
+    args = ["eval", str(model_dir), "--dataset", str(AIME), "--avg", "2", "--max-tokens", "8", "--limit", "2", "--batch-size", "2",
+            "--no-track"]
     first = runner.invoke(app, [*args, "--output", str(out)])
     assert first.exit_code == 0, first.output
     complete = pq.read_table(out / "generations.parquet").to_pylist()
@@ -128,6 +132,68 @@ def test_eval_resumes_only_the_missing_problems(model_dir: Path, tmp_path: Path)
 
     other = runner.invoke(app, [*args, "--output", str(out), "--seed", "1"])
     assert "holds generations made with other settings (seed: 0 then, 1 now)" in error_line(other)
+
+
+def ticking(step: float):
+    """A clock that moves ``step`` seconds at every reading: each timed generate call lasts exactly ``step``."""
+    counter = itertools.count()
+    return lambda: step * next(counter)
+
+
+@pytest.fixture()
+def short_set(tmp_path: Path) -> Path:
+    """5 problems whose prompts fit the tiny model's 128 positions."""
+    path = tmp_path / "short.parquet"
+    write_dapo_parquet([make_row(f"{i}+1=", str(i + 1), index=i, template="{problem}") for i in range(5)], path)
+    return path
+
+
+@pytest.mark.slow
+def test_eval_prints_and_logs_its_generation_speed(tiny_model_dir: Path, short_set: Path, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from mlflow import MlflowClient
+
+    import dapo_cli.eval.run as run_module
+
+    monkeypatch.setattr(run_module, "run_eval", functools.partial(run_module.run_eval, clock=ticking(0.5)))
+    uri, out = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "out"
+    args = ["eval", str(tiny_model_dir), "--dataset", str(short_set), "--avg", "2", "--max-tokens", "6", "--batch-size", "4"]
+    result = runner.invoke(app, [*args, "--output", str(out), "--tracking-uri", uri, "--experiment", "speed"])
+    assert result.exit_code == 0, result.output
+    tokens = sum(r["length"] for r in pq.read_table(out / "generations.parquet").to_pylist())
+    # 2 problems (4 sequences) per call: 3 calls of 0.5 s = 1.5 s for 10 samples and their tokens
+    line = f"generation: 10 samples, {tokens} tokens in 1.5 s: 6.67 samples/s, {tokens / 1.5:.1f} tokens/s"
+    assert line in result.stdout.splitlines()
+    client = MlflowClient(tracking_uri=uri)
+    [run] = client.search_runs([client.get_experiment_by_name("speed").experiment_id])
+    speed = {k: v for k, v in run.data.metrics.items() if k.startswith("eval/")}
+    assert speed == {"eval/gen_samples": 10, "eval/gen_tokens": tokens, "eval/gen_seconds": 1.5,
+                     "eval/samples_per_s": 10 / 1.5, "eval/gen_tokens_per_s": tokens / 1.5}
+
+    # --json carries the same numbers; --quiet prints the results without the speed line
+    monkeypatch.setattr(run_module, "run_eval", functools.partial(run_module.run_eval.func, clock=ticking(0.5)))
+    data = json.loads(runner.invoke(app, [*args, "--no-track", "--json"]).stdout)
+    assert data["speed"] == {**speed, "eval/gen_tokens": data["speed"]["eval/gen_tokens"],
+                             "eval/gen_tokens_per_s": data["speed"]["eval/gen_tokens"] / 1.5}
+    quiet = runner.invoke(app, [*args, "--no-track", "--quiet"])
+    assert quiet.exit_code == 0 and "avg@2" in quiet.stdout and "generation:" not in quiet.stdout
+
+
+def test_an_output_dir_of_the_old_defaults_exits_2_with_one_line(tiny_model_dir: Path, short_set: Path, tmp_path: Path) -> None:
+    from dapo_cli.eval.run import EvalOptions, GenerationCheckpoint, eval_settings, resolve_checkpoint
+
+    # what the old defaults (--engine hf, --batch-size 0 = one problem per call) wrote for --avg 4 on 5 problems
+    opts = EvalOptions(checkpoint=str(tiny_model_dir), dataset=str(short_set), k=4, pass_k=(1,), temperature=1.0,
+                       top_p=0.7, max_tokens=20480, verifier="math_dapo", engine="fast", batch_size=0, seed=0)
+    settings = {**eval_settings(opts, resolve_checkpoint(str(tiny_model_dir)), short_set, 5), "engine": "hf", "batch_problems": 1}
+    GenerationCheckpoint(tmp_path / "out", settings)
+    result = runner.invoke(app, ["eval", str(tiny_model_dir), "--dataset", str(short_set), "--avg", "4", "--output",
+                                 str(tmp_path / "out"), "--no-track"])
+    assert error_line(result) == (
+        f"error: {tmp_path / 'out'} holds generations made with other settings (batch_problems: 1 then, 16 now; "
+        "engine: 'hf' then, 'fast' now); use another --output DIR"
+    )
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [CHECKPOINT_FILE]
 
 
 def test_compare_prints_the_paired_difference(tmp_path: Path) -> None:

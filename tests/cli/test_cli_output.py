@@ -189,7 +189,8 @@ def eval_args(model: Path, data: Path) -> list[str]:
 
 @pytest.mark.slow
 def test_eval_json_on_stdout_plain_progress_lines_on_stderr(tiny_model_dir: Path, eval_data: Path) -> None:
-    result = CliRunner().invoke(app, [*eval_args(tiny_model_dir, eval_data), "--json"])
+    # --batch-size 2: one problem (K=2) per generate call, so progress advances 4 times (the default: once)
+    result = CliRunner().invoke(app, [*eval_args(tiny_model_dir, eval_data), "--json", "--batch-size", "2"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert data["metrics"]["num_problems"] == 4 and data["metrics"]["num_samples"] == 8
@@ -204,7 +205,7 @@ def test_eval_json_on_stdout_plain_progress_lines_on_stderr(tiny_model_dir: Path
 
 @pytest.mark.slow
 def test_eval_quiet_prints_only_the_results(tiny_model_dir: Path, eval_data: Path) -> None:
-    result = CliRunner().invoke(app, [*eval_args(tiny_model_dir, eval_data), "--quiet", "--engine", "fast"])
+    result = CliRunner().invoke(app, [*eval_args(tiny_model_dir, eval_data), "--quiet", "--engine", "hf"])
     assert result.exit_code == 0, result.output
     assert result.stderr == ""
     assert "avg@2" in result.stdout and "per problem" in result.stdout

@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import json
-import random
-from collections.abc import Sequence
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-import torch
 
 from dapo_cli.data.schema import make_row
 from dapo_cli.errors import UserError
@@ -30,43 +27,7 @@ from dapo_cli.eval.run import (
     summarize,
     write_outputs,
 )
-from dapo_cli.rollout.base import Rollouts, SamplingParams
-
-
-class ScriptedEngine:
-    """Returns ``script[prompt][j]`` as the j-th response (or a seeded random answer when no script)."""
-
-    def __init__(self, script: dict[str, list[str]] | None = None) -> None:
-        self.script = script or {}
-        self.calls: list[tuple[list[str], int, int | None]] = []
-
-    def sync_weights(self, source: object) -> None:
-        pass
-
-    def generate(self, prompts: Sequence[str], n: int, params: SamplingParams) -> Rollouts:
-        self.calls.append((list(prompts), n, params.seed))
-        texts = []
-        for prompt in prompts:
-            if prompt in self.script:
-                texts.extend(self.script[prompt][:n])
-            else:
-                rng = random.Random(f"{prompt}|{params.seed}")
-                texts.extend(f"Answer: {rng.randint(1, 3)}" for _ in range(n))
-        lengths = torch.tensor([min(len(t), params.max_tokens) for t in texts])
-        big = len(texts)
-        return Rollouts(
-            prompt_ids=torch.zeros(big, 1, dtype=torch.long),
-            prompt_mask=torch.ones(big, 1, dtype=torch.bool),
-            response_ids=torch.zeros(big, 1, dtype=torch.long),
-            response_mask=torch.ones(big, 1, dtype=torch.bool),
-            lengths=lengths,
-            truncated=torch.tensor([len(t) >= params.max_tokens for t in texts]),
-            texts=texts,
-            prompt_index=torch.arange(len(prompts)).repeat_interleave(n),
-        )
-
-
-PARAMS = SamplingParams(temperature=1.0, top_p=0.7, max_tokens=10, seed=5)
+from fixtures.scripted_engine import PARAMS, ScriptedEngine
 
 
 def two_problems():
@@ -287,3 +248,71 @@ def test_chunking_is_part_of_the_settings_only_when_it_splits_k(tmp_path: Path) 
     assert "sequences_per_call" not in eval_settings(_options(k=32, batch_size=64), "m", source, 30)
     assert eval_settings(_options(k=600), "m", source, 1)["sequences_per_call"] == MAX_SEQUENCES_PER_CALL
     assert eval_settings(_options(k=600, batch_size=100), "m", source, 1)["sequences_per_call"] == 100
+
+
+# --------------------------------------------------------------------------- automatic batch size (--batch-size 0)
+
+
+def test_auto_batch_size_packs_whole_problems_up_to_64_sequences() -> None:
+    from dapo_cli.config.schema import EvalConfig
+    from dapo_cli.eval.limits import AUTO_SEQUENCES_PER_CALL, problems_per_call
+
+    assert EvalConfig().batch_size == 0 and EvalConfig().engine == "fast"  # the defaults: auto, the fast engine
+    assert AUTO_SEQUENCES_PER_CALL == 64
+    # (K, sequences per call, problems per call): 64 // K problems; one problem when K > 64; chunks of 256 beyond
+    for k, sequences, problems in [(1, 64, 64), (4, 64, 16), (32, 64, 2), (40, 64, 1), (64, 64, 1), (100, 100, 1),
+                                   (256, 256, 1), (600, 256, 1)]:
+        assert (sequences_per_call(k, 0), problems_per_call(k, 0)) == (sequences, problems), k
+    # an explicit --batch-size keeps its meaning: that many sequences, batch_size // K whole problems
+    assert (sequences_per_call(4, 32), problems_per_call(4, 32)) == (32, 8)
+    assert (sequences_per_call(32, 16), problems_per_call(32, 16)) == (16, 1)  # K chunked in 16s
+
+
+def test_auto_batches_hold_several_problems_per_generate_call() -> None:
+    from dapo_cli.eval.limits import problems_per_call
+
+    rows = [make_row(f"q{i}", "1", index=i) for i in range(20)]
+    problems = group_problems(rows)
+    engine = ScriptedEngine()
+    generate_records(engine, problems, [f"p{i}" for i in range(20)], k=4, params=PARAMS, verifier="math_dapo",
+                     batch_problems=problems_per_call(4, 0), max_sequences=sequences_per_call(4, 0))
+    # 16 problems × 4 = 64 sequences, then the other 4 problems: 2 calls, not 20, seeded 5 + b
+    assert [(len(prompts), n, seed) for prompts, n, seed in engine.calls] == [(16, 4, 5), (4, 4, 6)]
+
+
+def test_settings_record_the_auto_batches(tmp_path: Path) -> None:
+    source = tmp_path / "d.parquet"
+    source.write_bytes(b"x")
+    settings = eval_settings(_options(k=4, engine="fast"), "m", source, 20)
+    assert (settings["batch_size"], settings["batch_problems"], settings["engine"]) == (0, 16, "fast")
+    assert "sequences_per_call" not in settings  # K=4 is never split
+
+
+def test_an_output_dir_of_the_old_defaults_is_refused_with_one_line(tmp_path: Path) -> None:
+    # before: --engine hf and --batch-size 0 = one problem's K per call, i.e. batch_problems 1
+    source = tmp_path / "d.parquet"
+    source.write_bytes(b"x")
+    old = {**eval_settings(_options(k=4, engine="fast"), "m", source, 20), "engine": "hf", "batch_problems": 1}
+    ckpt = GenerationCheckpoint(tmp_path / "out", old)
+    ckpt.append(0, [SampleRecord("0", j, "r", "1", True, 1.0, "1", 3, False) for j in range(4)])
+    before = (tmp_path / "out" / CHECKPOINT_FILE).read_text()
+    with pytest.raises(UserError) as info:
+        GenerationCheckpoint(tmp_path / "out", eval_settings(_options(k=4, engine="fast"), "m", source, 20))
+    assert str(info.value) == (
+        f"{tmp_path / 'out'} holds generations made with other settings (batch_problems: 1 then, 16 now; "
+        "engine: 'hf' then, 'fast' now); use another --output DIR"
+    )
+    assert (tmp_path / "out" / CHECKPOINT_FILE).read_text() == before  # nothing rewritten
+
+
+def test_memory_check_counts_the_auto_call() -> None:
+    from dapo_cli.eval.limits import memory_needed
+
+    # auto with K=4 on 1,000 problems: 64 sequences per call (not 256, not one problem's 4)
+    # held = 1000·4·(2·4·1000 + 400) = 33,600,000; per call = 64·((100 + 1000)·9 + 1000·8) = 64·17,900 = 1,145,600
+    assert memory_needed(4, 1_000, 1_000, 100, 0) == (33_600_000, 1_145_600)
+    # one problem of K=4: the call holds its 4 sequences only
+    assert memory_needed(4, 1, 1_000, 100, 0)[1] == 4 * 17_900
+    # a call-sized refusal names the 64 sequences of the auto call
+    with pytest.raises(UserError, match=r"^one generate call of 64 sequences × \(100000 prompt \+ 1000 new tokens\)"):
+        check_memory(_options(k=4, max_tokens=1_000, memory_limit_bytes=50_000_000), 16, 100_000)
