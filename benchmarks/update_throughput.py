@@ -57,14 +57,6 @@ def matmul_flops(dtype: torch.dtype, size: int = 4096, repeats: int = 4) -> floa
     return 2 * size**3 / min(times)
 
 
-def has_bf16() -> bool:
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
 def make_batch(tokenizer, length: int, *, seed: int = 0, ragged: bool = False):
     """64 rows (8 prompts x 8) with ``length`` response tokens each, or with ``ragged`` a quarter of
     the rows at ``length`` and the rest at uniform lengths in [length / 2, length) (right-padded)."""
@@ -166,7 +158,9 @@ def main() -> None:
     header = machine()
     started = time.perf_counter()
     peak32 = matmul_flops(torch.float32)
-    peak16 = matmul_flops(torch.bfloat16) if has_bf16() else None
+    from dapo_cli.hardware import cpu_bf16
+
+    peak16 = matmul_flops(torch.bfloat16) if cpu_bf16().native else None
     measured = []
     with tempfile.TemporaryDirectory(prefix="update-bench-") as tmp:
         for name, shape in (("1M", SMALL), ("8M", LARGE)):
