@@ -424,8 +424,8 @@ def autocast_needs_float32(cfg: Config) -> list[Finding]:
     return []
 
 
-BF16_SAMPLER_GAP = ("measured on SmolLM2-135M: |w - 1| 2.7e-2 on average, up to 0.21, beyond 1e-3 on 89% of the tokens; "
-                    "docs/performance.md, bf16 autocast: log-prob gap")
+BF16_SAMPLER_GAP = ("measured on SmolLM2-135M: |w - 1| 2.7e-2 on average (float32: 1.6e-5), up to 0.21, beyond 1e-3 on 89% "
+                    "of the tokens; docs/performance.md, bf16 autocast: log-prob gap")
 """|π_old / π_rollout − 1| with a bf16-autocast trainer and the float32 fast sampler, 4 x 4 responses of <= 32 tokens
 (``benchmarks/bf16_logprob_gap.py --real``; on the ~1 M random model 1.2e-3 on average, up to 4e-3)."""
 
@@ -438,7 +438,7 @@ update group rows differently (``benchmarks/bf16_logprob_gap.py --real``; float3
 @rule("autocast-ratio")
 def autocast_ratio(cfg: Config) -> list[Finding]:
     """``engine.autocast: bfloat16`` (torch engine, float32 parameters) where it moves an importance ratio beyond
-    the 1e-5 float32 trainer and sampler agree within (:data:`~dapo_cli.algo.importance.SAMPLER_LOGPROB_TOL`).
+    the 1e-5 the float32 sampler is tested to match the trainer within (:data:`~dapo_cli.algo.importance.SAMPLER_LOGPROB_TOL`).
     Warning, one per ratio:
 
     * the loss weights tokens by min(π_old / π_rollout, C) (``algorithm.rollout_is``, or the decoupled objective of
@@ -459,7 +459,8 @@ def autocast_ratio(cfg: Config) -> list[Finding]:
     out = []
     if behaviour_correction(cfg):
         if cfg.rollout.max_staleness > 0:
-            what = f"asynchronous rollouts (rollout.max_staleness={cfg.rollout.max_staleness}) weight each token by min(pi_prox / pi_behav, C)"
+            what = (f"asynchronous rollouts (rollout.max_staleness={cfg.rollout.max_staleness}) weight each token by "
+                    "min(pi_prox / pi_behav, C)")
             fix = "set engine.autocast=none (the weights then measure staleness alone)"
         else:
             what = "algorithm.rollout_is weights each token by min(pi_old / pi_rollout, C)"
@@ -468,8 +469,8 @@ def autocast_ratio(cfg: Config) -> list[Finding]:
         out.append(Finding(
             WARN, "engine.autocast",
             f"{what}, pi_old from the trainer's bf16 forward and pi_rollout from the {cfg.rollout.engine} sampler in "
-            f"float32: the weights carry bf16 rounding, beyond the {SAMPLER_LOGPROB_TOL:g} float32 trainer and sampler "
-            f"agree within ({BF16_SAMPLER_GAP})", fix,
+            f"float32: the weights carry bf16 rounding, far beyond the {SAMPLER_LOGPROB_TOL:g} the float32 sampler is "
+            f"tested to match the trainer within ({BF16_SAMPLER_GAP})", fix,
         ))
     one_prompt_per_forward = cfg.rollout.n % cfg.trainer.ppo_micro_batch_size == 0  # in both passes: same log-probs
     if e.shared_prompt_forward and not old_log_probs_from_update(cfg) and not one_prompt_per_forward:
@@ -483,8 +484,9 @@ def autocast_ratio(cfg: Config) -> list[Finding]:
     return out
 
 
-BF16_EMULATED_SLOWDOWN = ("measured: SmolLM2-135M's bf16-autocast forward 3.7x slower than its float32 one on an AVX2-only "
-                          "EPYC, where a CPU with avx512_bf16 ran the bf16 update 1.5-1.7x faster; docs/performance.md")
+BF16_EMULATED_SLOWDOWN = ("measured on an AVX2-only EPYC: the bf16-autocast forward 1.8x (SmolLM2-135M) and 4.2x (the 1 M "
+                          "model) slower than float32, where a CPU with avx512_bf16 ran the bf16 update 1.5-1.7x faster; "
+                          "docs/performance.md")
 """bf16 autocast on CPUs without and with native bf16 matmuls (``benchmarks/bf16_logprob_gap.py --real``,
 ``benchmarks/update_throughput.py``)."""
 
@@ -493,7 +495,7 @@ BF16_EMULATED_SLOWDOWN = ("measured: SmolLM2-135M's bf16-autocast forward 3.7x s
 def bf16_emulated_cpu(cfg: Config, cpu: CpuBf16 | None) -> list[Finding]:
     """The torch engine on ``engine.device: cpu`` with bf16 matmuls (``engine.autocast: bfloat16`` or a
     ``model.dtype: bfloat16`` policy) while *the machine running lint* has no native bf16 matmuls
-    (no ``avx512_bf16`` / ``amx_bf16``, :mod:`dapo_cli.hardware`): torch emulates them there, many times slower
+    (no ``avx512_bf16`` / ``amx_bf16``, :mod:`dapo_cli.hardware`): torch emulates them there, several times slower
     than float32 (:data:`BF16_EMULATED_SLOWDOWN`). Not a property of the config: the same file lints clean on
     a CPU with them, and when the CPU cannot be read (another OS or architecture) nothing is said. ``device:
     auto`` is not judged (lint does not probe for CUDA). Warning."""
@@ -508,7 +510,7 @@ def bf16_emulated_cpu(cfg: Config, cpu: CpuBf16 | None) -> list[Finding]:
     return [Finding(
         WARN, key,
         f"this machine's CPU (the one running dapo lint: {cpu.detail}) emulates bf16 matmuls, so {what} on "
-        f"engine.device=cpu is much slower than float32 here ({BF16_EMULATED_SLOWDOWN})",
+        f"engine.device=cpu is slower than float32 here ({BF16_EMULATED_SLOWDOWN})",
         f"{fix} to train on this machine; keep bf16 for a CPU with avx512_bf16 or amx_bf16",
     )]
 
