@@ -115,14 +115,3 @@ def matmul_rate(dtype: object = None, size: int = 4096, repeats: int = 4) -> flo
         torch.matmul(a, b)
         best = min(best, time.perf_counter() - t0)
     return 2 * size**3 / best
-
-
-def native_bf16(cpuinfo: str | None = None) -> bool:
-    """Whether the CPU has bf16 matmul instructions (``avx512_bf16`` or ``amx_bf16`` among the flags)."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            return False
-    flags = set(cpuinfo.split())
-    return "avx512_bf16" in flags or "amx_bf16" in flags

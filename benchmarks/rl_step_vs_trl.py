@@ -292,9 +292,11 @@ def bf16_skip_note(threads: int) -> str | None:
     """None when the CPU has bf16 matmul instructions; else the measured reason the bf16 runs are skipped."""
     import torch
 
-    from flops import matmul_rate, native_bf16
+    from flops import matmul_rate
 
-    if native_bf16():
+    from dapo_cli.hardware import cpu_bf16
+
+    if cpu_bf16().native:
         return None
     torch.set_num_threads(threads)
     fp32, bf16 = matmul_rate(torch.float32, 1024), matmul_rate(torch.bfloat16, 512, repeats=2)

@@ -43,7 +43,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import LARGE, SMALL, build_policy_dir, machine, median, table
-from flops import matmul_rate, native_bf16
+from flops import matmul_rate
+
+from dapo_cli.hardware import cpu_bf16
 
 
 def make_batch(tokenizer, length: int, *, seed: int = 0, ragged: bool = False):
@@ -147,7 +149,7 @@ def main() -> None:
     header = machine()
     started = time.perf_counter()
     peak32 = matmul_rate(torch.float32)
-    peak16 = matmul_rate(torch.bfloat16) if native_bf16() else None
+    peak16 = matmul_rate(torch.bfloat16) if cpu_bf16().native else None
     measured = []
     with tempfile.TemporaryDirectory(prefix="update-bench-") as tmp:
         for name, shape in (("1M", SMALL), ("8M", LARGE)):

@@ -45,7 +45,7 @@ from dapo_cli.algo.staleness import version_lag
 from dapo_cli.batch import RolloutBatch
 from dapo_cli.components import open_tracker
 from dapo_cli.config import Config
-from dapo_cli.config.schema import uses_worker
+from dapo_cli.config.schema import old_log_probs_from_update, uses_worker
 from dapo_cli.diagnostics import contains_answer, group_length_spread, loops, on_correct_path
 from dapo_cli.engine.dist import Collective, SingleProcess, gather_cat, reduce_sums
 from dapo_cli.errors import UserError
@@ -55,7 +55,6 @@ from dapo_cli.session import TrainingSession
 from dapo_cli.signals import sigint_deferred
 from dapo_cli.update import (
     fill_old_log_probs,
-    old_log_probs_from_update,
     rollout_mismatch,
     update_policy,
 )

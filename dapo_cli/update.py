@@ -2,12 +2,12 @@
 
 :func:`dapo_cli.train.run_train` calls them in this order, after the batch has its advantages::
 
-    old_log_probs_from_update(cfg)   one optimizer step? then the update's own forward is π_old's
+    old_log_probs_from_update(cfg)   one optimizer step? then the update's own forward is π_old's (config.schema)
     fill_old_log_probs               else: log π_old (+ entropy, + log π_ref for KL) without grad
     update_policy                    schedule_minibatches → micro_loss per micro-batch → engine.step per mini-batch
     rollout_mismatch                 |log π_old − log π_rollout| and the IS correction's effect (metrics)
 
-With :func:`behaviour_correction` (``algorithm.rollout_is`` or asynchronous rollouts) each token's loss is
+With :func:`~dapo_cli.config.schema.behaviour_correction` (``algorithm.rollout_is`` or asynchronous rollouts) each token's loss is
 weighted by min(π_old / π_rollout, C): the decoupled objective of :mod:`dapo_cli.algo.staleness`, π_old
 being the proximal policy (the weights being updated) and π_rollout the behaviour policy that sampled.
 
@@ -26,32 +26,10 @@ from dapo_cli.algo.losses import LOG_RATIO_CLAMP, aggregate_loss, global_counts,
 from dapo_cli.algo.staleness import decoupled_policy_loss
 from dapo_cli.batch import RolloutBatch
 from dapo_cli.config import Config
+from dapo_cli.config.schema import behaviour_correction
 from dapo_cli.engine.base import TrainingEngine
 from dapo_cli.engine.dist import Collective, reduce_sums
 from dapo_cli.session import derive_seed
-
-
-def behaviour_correction(cfg: Config) -> bool:
-    """True when the loss weights each token by min(π_old / π_rollout, C) (``algorithm.rollout_is.cap``):
-    with ``algorithm.rollout_is.enable``, and always with asynchronous rollouts (``rollout.max_staleness > 0``),
-    whose stale samples need the decoupled objective (:mod:`dapo_cli.algo.staleness`)."""
-    return cfg.algorithm.rollout_is.enable or cfg.rollout.max_staleness > 0
-
-
-def old_log_probs_from_update(cfg: Config) -> bool:
-    """True when the update's own forwards can give log π_old and its entropy (no separate no-grad pass).
-
-    With one epoch and one mini-batch per step (every trained group fits ``ppo_mini_batch_size``)
-    the optimizer steps only after every micro-batch has run its forward, so each forward is
-    π_old itself: its log-probs, detached, ARE the old log-probs (the ratio is exactly 1) and its
-    entropy is the old policy's; with :func:`behaviour_correction` the same detached log-probs are
-    π_prox of the decoupled objective, so its weights come from that forward too. Not with the KL
-    term (its reference forward stays in :func:`fill_old_log_probs`). Decided from the config alone,
-    so every rank agrees.
-    """
-    t = cfg.trainer
-    most_groups = max(cfg.data.train_batch_size, cfg.data.gen_batch_size)  # trained groups in a step, at most
-    return t.ppo_epochs == 1 and most_groups <= t.ppo_mini_batch_size and not cfg.algorithm.use_kl_loss
 
 
 @torch.no_grad()

@@ -19,7 +19,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "dapo_cli"
 BOTTOM_LAYERS = ("config", "algo", "data", "models", "rewards")
 """Packages that may import only each other and the leaf utilities below."""
 
-LEAF_UTILITIES = ("dapo_cli", "dapo_cli.errors", "dapo_cli.fileio")
+LEAF_UTILITIES = ("dapo_cli", "dapo_cli.errors", "dapo_cli.fileio", "dapo_cli.hardware")
 """Modules the bottom layers may import besides each other: each imports no dapo_cli module
 (asserted below). ``dapo_cli`` itself is the package's ``__init__`` (the version string only)."""
 

@@ -20,6 +20,12 @@ import torch
 
 from dapo_cli.algo.losses import LOG_RATIO_CLAMP
 
+SAMPLER_LOGPROB_TOL = 1e-5
+"""Largest |log π_trainer − log π_rollout| per token the float32 ``fast`` and ``hf`` rollout engines are held to
+against the trainer's float32 forward of the same weights on the tiny test policy
+(``tests/rollout/test_rollout_conformance.py``; vLLM's other kernels: 1e-4; SmolLM2-135M measured 1.6e-5 on average,
+docs/performance.md). Within it a token's truncated-IS weight min(π_old / π_rollout, C) is 1 ± 1e-5."""
+
 
 def truncated_is_weights(
     old_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor, mask: torch.Tensor, *, cap: float

@@ -3,7 +3,9 @@
 Validation (:mod:`dapo_cli.config.validate`) rejects configs that cannot run; lint reads a
 *valid* config and reports what is legal but not DAPO, or legal but likely a mistake.
 Every rule is a small pure function ``(cfg) -> list[Finding]`` registered in :data:`RULES`
-under a stable id (the id is stamped on its findings, so scripts can filter on it).
+under a stable id (the id is stamped on its findings, so scripts can filter on it). One rule also
+reads the machine ``dapo lint`` runs on (``reads_machine``: whether its CPU has native bf16
+matmuls, :mod:`dapo_cli.hardware`); its check takes ``cpu=`` so tests give it a machine.
 
 Severities:
 
@@ -28,8 +30,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dapo_cli.config.schema import Config
+from dapo_cli.algo.importance import SAMPLER_LOGPROB_TOL
+from dapo_cli.config.schema import Config, behaviour_correction, old_log_probs_from_update
 from dapo_cli.config.techniques import PAPER_CLIP_RATIO_HIGH, technique_state
+from dapo_cli.hardware import CpuBf16, cpu_bf16
 
 ERROR = "error"
 WARN = "warn"
@@ -64,22 +68,25 @@ class Finding:
         return {"id": self.id, "severity": self.severity, "key": self.key, "message": self.message, "fix": self.fix}
 
 
-Rule = Callable[[Config], list[Finding]]
+Rule = Callable[..., list[Finding]]
+"""``fn(cfg)``, or ``fn(cfg, cpu)`` for a rule that reads the machine (``cpu``: None = read it when needed)."""
 
-RULES: dict[str, Rule] = {}
-"""Every lint rule by id, in the order they are checked."""
+RULES: dict[str, Callable[..., list[Finding]]] = {}
+"""Every lint rule's check ``(cfg, *, cpu=None) -> list[Finding]`` by id, in the order they are checked."""
 
 
-def rule(rule_id: str) -> Callable[[Rule], Rule]:
-    """Register ``fn`` as rule ``rule_id``; its findings carry that id."""
+def rule(rule_id: str, *, reads_machine: bool = False) -> Callable[[Rule], Callable[..., list[Finding]]]:
+    """Register ``fn`` as rule ``rule_id``; its findings carry that id. ``reads_machine``: ``fn`` also gets
+    the check's ``cpu`` (a :class:`~dapo_cli.hardware.CpuBf16`; None: this machine's, read by the rule)."""
 
-    def register(fn: Rule) -> Rule:
+    def register(fn: Rule) -> Callable[..., list[Finding]]:
         if rule_id in RULES:
             raise ValueError(f"lint rule {rule_id!r} is registered twice")
 
         @functools.wraps(fn)
-        def checked(cfg: Config) -> list[Finding]:
-            return [dataclasses.replace(f, id=rule_id) for f in fn(cfg)]
+        def checked(cfg: Config, *, cpu: CpuBf16 | None = None) -> list[Finding]:
+            found = fn(cfg, cpu) if reads_machine else fn(cfg)
+            return [dataclasses.replace(f, id=rule_id) for f in found]
 
         RULES[rule_id] = checked
         return checked
@@ -87,15 +94,16 @@ def rule(rule_id: str) -> Callable[[Rule], Rule]:
     return register
 
 
-def lint(cfg: Config) -> list[Finding]:
+def lint(cfg: Config, *, cpu: CpuBf16 | None = None) -> list[Finding]:
     """All findings of every rule: errors first, then warnings, each in rule order.
 
     The rules compare a config with the decoupled-clip DAPO paper; with ``algo: direct-advantage``
     (the other DAPO, which has its own section and none of these techniques) there is nothing to compare.
+    ``cpu``: the machine the rules that read one judge (None: this one, :func:`dapo_cli.hardware.cpu_bf16`).
     """
     if cfg.algo != "dapo":
         return []
-    found = [f for check in RULES.values() for f in check(cfg)]
+    found = [f for check in RULES.values() for f in check(cfg, cpu=cpu)]
     return sorted(found, key=lambda f: f.severity != ERROR)
 
 
@@ -414,6 +422,97 @@ def autocast_needs_float32(cfg: Config) -> list[Finding]:
             "use model.dtype=float32 with engine.autocast=bfloat16 (float32 weights and AdamW, bf16 matmuls)",
         )]
     return []
+
+
+BF16_SAMPLER_GAP = ("measured on SmolLM2-135M: |w - 1| 2.7e-2 on average (float32: 1.6e-5), up to 0.21, beyond 1e-3 on 89% "
+                    "of the tokens; docs/performance.md, bf16 autocast: log-prob gap")
+"""|π_old / π_rollout − 1| with a bf16-autocast trainer and the float32 fast sampler, 4 x 4 responses of <= 32 tokens
+(``benchmarks/bf16_logprob_gap.py --real``; on the ~1 M random model 1.2e-3 on average, up to 4e-3)."""
+
+BF16_SPLIT_GAP = ("measured on SmolLM2-135M, the same rows in one forward or in two: |r - 1| 1.4e-2 on average, up to 0.36, "
+                  "0.4% of the tokens beyond the clip; docs/performance.md, bf16 autocast: log-prob gap")
+"""|π_θ / π_old − 1| at θ = θ_old with bf16 autocast and the shared-prompt forward when the old-log-prob pass and the
+update group rows differently (``benchmarks/bf16_logprob_gap.py --real``; float32: exactly 0; the ~1 M random model: 0)."""
+
+
+@rule("autocast-ratio")
+def autocast_ratio(cfg: Config) -> list[Finding]:
+    """``engine.autocast: bfloat16`` (torch engine, float32 parameters) where it moves an importance ratio beyond
+    the 1e-5 the float32 sampler is tested to match the trainer within (:data:`~dapo_cli.algo.importance.SAMPLER_LOGPROB_TOL`).
+    Warning, one per ratio:
+
+    * the loss weights tokens by min(π_old / π_rollout, C) (``algorithm.rollout_is``, or the decoupled objective of
+      ``rollout.max_staleness > 0``: ``schema.behaviour_correction``): π_old is the trainer's bf16 forward, π_rollout
+      the sampler's float32 one, so the weights carry bf16 rounding (:data:`BF16_SAMPLER_GAP`);
+    * the old log-probs come from a separate no-grad pass (``schema.old_log_probs_from_update`` false: several
+      optimizer steps per batch, or the KL term) with the shared-prompt forward: under bf16 its log-probs depend on
+      which prompts share a forward, and that pass groups rows unlike the update's micro-batches, so the PPO ratio
+      π_θ / π_old is not 1 at θ = θ_old (:data:`BF16_SPLIT_GAP`). Not when ``ppo_micro_batch_size`` divides
+      ``rollout.n`` (every forward of both passes holds one prompt's rows), nor with the plain forward (its bf16
+      log-probs measured the same in any grouping).
+
+    Not flagged: one optimizer step per batch without the correction (π_old is the update's own forward: the
+    ratio is exactly 1; the sampler's log-probs only feed ``rollout/logprob_diff_*``, which then read the bf16 gap)."""
+    e = cfg.engine
+    if e.name != "torch" or e.autocast != "bfloat16" or cfg.model.dtype != "float32":
+        return []
+    out = []
+    if behaviour_correction(cfg):
+        if cfg.rollout.max_staleness > 0:
+            what = (f"asynchronous rollouts (rollout.max_staleness={cfg.rollout.max_staleness}) weight each token by "
+                    "min(pi_prox / pi_behav, C)")
+            fix = "set engine.autocast=none (the weights then measure staleness alone)"
+        else:
+            what = "algorithm.rollout_is weights each token by min(pi_old / pi_rollout, C)"
+            fix = ("set engine.autocast=none, or algorithm.rollout_is.enable=false (under autocast it corrects the trainer's "
+                   "own rounding, not the sampler)")
+        out.append(Finding(
+            WARN, "engine.autocast",
+            f"{what}, pi_old from the trainer's bf16 forward and pi_rollout from the {cfg.rollout.engine} sampler in "
+            f"float32: the weights carry bf16 rounding, far beyond the {SAMPLER_LOGPROB_TOL:g} the float32 sampler is "
+            f"tested to match the trainer within ({BF16_SAMPLER_GAP})", fix,
+        ))
+    one_prompt_per_forward = cfg.rollout.n % cfg.trainer.ppo_micro_batch_size == 0  # in both passes: same log-probs
+    if e.shared_prompt_forward and not old_log_probs_from_update(cfg) and not one_prompt_per_forward:
+        out.append(Finding(
+            WARN, "engine.autocast",
+            "the old log-probs come from a separate pass that groups rows into forwards unlike the update, and under bf16 "
+            "the shared-prompt forward's log-probs depend on which prompts share a forward: the PPO ratio pi_theta / "
+            f"pi_old is not 1 at theta = theta_old ({BF16_SPLIT_GAP})",
+            "set engine.autocast=none, or engine.shared_prompt_forward=false (its bf16 log-probs did not depend on the grouping)",
+        ))
+    return out
+
+
+BF16_EMULATED_SLOWDOWN = ("measured on an AVX2-only EPYC: the bf16-autocast forward 1.8x (SmolLM2-135M) and 4.2x (the 1 M "
+                          "model) slower than float32, where a CPU with avx512_bf16 ran the bf16 update 1.5-1.7x faster; "
+                          "docs/performance.md")
+"""bf16 autocast on CPUs without and with native bf16 matmuls (``benchmarks/bf16_logprob_gap.py --real``,
+``benchmarks/update_throughput.py``)."""
+
+
+@rule("bf16-emulated-cpu", reads_machine=True)
+def bf16_emulated_cpu(cfg: Config, cpu: CpuBf16 | None) -> list[Finding]:
+    """The torch engine on ``engine.device: cpu`` with bf16 matmuls (``engine.autocast: bfloat16`` or a
+    ``model.dtype: bfloat16`` policy) while *the machine running lint* has no native bf16 matmuls
+    (no ``avx512_bf16`` / ``amx_bf16``, :mod:`dapo_cli.hardware`): torch emulates them there, several times slower
+    than float32 (:data:`BF16_EMULATED_SLOWDOWN`). Not a property of the config: the same file lints clean on
+    a CPU with them, and when the CPU cannot be read (another OS or architecture) nothing is said. ``device:
+    auto`` is not judged (lint does not probe for CUDA). Warning."""
+    e = cfg.engine
+    if e.name != "torch" or e.device != "cpu" or "bfloat16" not in (e.autocast, cfg.model.dtype):
+        return []
+    cpu = cpu or cpu_bf16()
+    if cpu.native is not False:
+        return []
+    key, what, fix = ("engine.autocast", "engine.autocast=bfloat16", "set engine.autocast=none") if e.autocast == "bfloat16" \
+        else ("model.dtype", "model.dtype=bfloat16", "set model.dtype=float32")
+    return [Finding(
+        WARN, key,
+        f"this machine's CPU (the one running dapo lint: {cpu.detail}) emulates bf16 matmuls, so {what} on "
+        f"engine.device=cpu is slower than float32 here ({BF16_EMULATED_SLOWDOWN})",
+        f"{fix} to train on this machine; keep bf16 for a CPU with avx512_bf16 or amx_bf16",
+    )]
 
 
 TINY_LR_UNSTABLE = 3e-4

@@ -223,7 +223,8 @@ class EngineConfig:
     autocast: str = setting(
         "none", "torch engine: run the trainer's forwards (and so their backward) under torch.autocast in this dtype, "
         "parameters, gradients and AdamW staying float32 (mixed precision; TRL's default is bf16 autocast). Log-probs "
-        "are then bfloat16 matmuls' (~1e-3 from float32); old log-probs and the update use the same arithmetic",
+        "are then bfloat16 matmuls' (measured 1e-3 from float32 on the 1 M model, 3e-2 on SmolLM2-135M: dapo lint says "
+        "where that moves an importance ratio); slow on a CPU without avx512_bf16/amx_bf16",
         choices=("none", "bfloat16"),
     )
 
@@ -357,6 +358,29 @@ class Config:
 PLANNING_SECTIONS: tuple[str, ...] = ("cluster",)
 """Sections that change no run's results (only what ``--dry-run`` plans for): left out of ablation ids, free to
 change on ``--resume``, and absent from configs saved before they existed."""
+
+
+def behaviour_correction(cfg: Config) -> bool:
+    """True when the loss weights each token by min(π_old / π_rollout, C) (``algorithm.rollout_is.cap``):
+    with ``algorithm.rollout_is.enable``, and always with asynchronous rollouts (``rollout.max_staleness > 0``),
+    whose stale samples need the decoupled objective (:mod:`dapo_cli.algo.staleness`)."""
+    return cfg.algorithm.rollout_is.enable or cfg.rollout.max_staleness > 0
+
+
+def old_log_probs_from_update(cfg: Config) -> bool:
+    """True when the update's own forwards can give log π_old and its entropy (no separate no-grad pass).
+
+    With one epoch and one mini-batch per step (every trained group fits ``ppo_mini_batch_size``)
+    the optimizer steps only after every micro-batch has run its forward, so each forward is
+    π_old itself: its log-probs, detached, ARE the old log-probs (the ratio is exactly 1) and its
+    entropy is the old policy's; with :func:`behaviour_correction` the same detached log-probs are
+    π_prox of the decoupled objective, so its weights come from that forward too. Not with the KL
+    term (its reference forward stays in :func:`dapo_cli.update.fill_old_log_probs`). Decided from the config alone,
+    so every rank agrees.
+    """
+    t = cfg.trainer
+    most_groups = max(cfg.data.train_batch_size, cfg.data.gen_batch_size)  # trained groups in a step, at most
+    return t.ppo_epochs == 1 and most_groups <= t.ppo_mini_batch_size and not cfg.algorithm.use_kl_loss
 
 
 class ConfigError(UserError):

@@ -44,12 +44,6 @@ def test_the_update_is_three_forwards_of_the_prompt_once_and_the_fed_response_to
     assert flops.update_flops(TINY, [2], [1]) == 3 * (2 * n * 2 + pf * 3)  # a one-token response feeds nothing
 
 
-def test_native_bf16_reads_the_cpu_flags():
-    assert flops.native_bf16("flags : fpu avx2 avx512f avx512_bf16 sse")
-    assert flops.native_bf16("flags : fpu amx_bf16 amx_tile")
-    assert not flops.native_bf16("flags : fpu avx2 avx512f avx512_vnni")
-
-
 def test_the_real_model_window_is_steps_two_to_the_last():
     ends = [float(i * i) for i in range(1, 5)]  # 4 steps: step k lasts 2k - 1 (k >= 2)
     assert rl_step_vs_trl.steady(ends, skip=1, last=4) == 5.0  # median of steps 2, 3, 4: 3, 5, 7

@@ -7,11 +7,13 @@ engine, the step windows are the steps the docs name, and every script starts.
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCH))
@@ -20,7 +22,7 @@ import common
 import rl_step_vs_trl
 
 SCRIPTS = ["rl_step_vs_trl.py", "rollout_vs_generate.py", "update_throughput.py", "dynamic_sampling_overhead.py",
-           "tracking_overhead.py", "prepare_data_speed.py", "async_rollout.py", "lora_vs_full.py"]
+           "tracking_overhead.py", "prepare_data_speed.py", "async_rollout.py", "lora_vs_full.py", "bf16_logprob_gap.py"]
 
 
 @pytest.fixture(scope="module")
@@ -118,6 +120,23 @@ def test_a_ragged_update_batch_is_right_padded_and_the_shared_forward_feeds_only
 
 
 @pytest.mark.slow
+def test_the_bf16_gap_splits_whole_groups_and_reads_the_ratio_as_exp_of_the_difference(policy_dir):
+    import bf16_logprob_gap
+    from dapo_cli.models import load_policy
+
+    model, tokenizer = load_policy(policy_dir)
+    batch = bf16_logprob_gap.sample(model, tokenizer, 3, 2, 4)
+    first, rest = bf16_logprob_gap.two_micro_batches(batch)
+    assert first.tolist() == [0, 1] and rest.tolist() == [2, 3, 4, 5]  # group 0, then groups 1 and 2
+    assert batch.rollout_log_probs.shape == batch.response_ids.shape
+    # one token at r = 1.5 (beyond the clip and 1e-3), one at r = exp(2e-5) (beyond 1e-5 only), one masked out
+    a = torch.tensor([[math.log(1.5), 2e-5, 7.0]])
+    mask = torch.tensor([[True, True, False]])
+    row = bf16_logprob_gap.gap_row("x", a, torch.zeros(1, 3), mask, 1e-5)
+    assert row[2] == "4.05e-01" and row[4] == "5.00e-01"  # max |Δ| = log 1.5, max |r - 1| = 0.5
+    assert row[5:] == ["50.00%", "50.0%", "100.0%"]
+
+
 def test_the_prepare_data_input_has_the_documented_answer_mix(tmp_path):
     import prepare_data_speed
 

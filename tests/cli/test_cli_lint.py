@@ -76,6 +76,20 @@ def test_an_error_exits_1() -> None:
     assert out[-1] == "1 finding (1 error, 0 warnings)"
 
 
+@pytest.mark.parametrize(("cpuinfo", "machine_line"), [("flags\t: fpu avx2", True), ("flags\t: fpu avx2 avx512_bf16", False)])
+def test_bf16_autocast_on_cpu_is_judged_on_the_machine_running_lint(monkeypatch, cpuinfo: str, machine_line: bool) -> None:
+    import dapo_cli.config.lint as lint_module
+    from dapo_cli.hardware import parse_cpu_bf16
+
+    monkeypatch.setattr(lint_module, "cpu_bf16", lambda: parse_cpu_bf16(cpuinfo))  # the only read of the machine
+    out = lines(invoke(TINY, "--set", "engine.autocast=bfloat16"))
+    ids = [line.rsplit("[", 1)[1].rstrip("]") for line in out[:-1]]
+    # tiny.yaml: 2 optimizer steps per batch, 64-row micro-batches of 8-row groups: the PPO ratio finding either way
+    assert ids == ["overlong-filter-with-shaping", "eval-tied-to-rollout", "autocast-ratio"] + (["bf16-emulated-cpu"] if machine_line else [])
+    if machine_line:
+        assert out[-2].startswith("WARN engine.autocast: this machine's CPU (the one running dapo lint: no avx512_bf16")
+
+
 @pytest.mark.slow
 def test_technique_toggles_are_applied_before_linting(tmp_path: Path) -> None:
     off = invoke(PAPER, "--no-dynamic-sampling")

@@ -14,6 +14,7 @@ import pytest
 
 from dapo_cli.config import apply_techniques, load_config
 from dapo_cli.config.load import build_config
+from dapo_cli.hardware import CpuBf16, parse_cpu_bf16
 from dapo_cli.config.lint import (
     ERROR,
     RULES,
@@ -45,11 +46,21 @@ def tiny(*overrides: str):
     return load_config(REPO / "experiments" / "tiny.yaml", overrides)
 
 
-def run(rule_id: str, cfg) -> list[Finding]:
-    found = RULES[rule_id](cfg)
+EMULATED_BF16 = parse_cpu_bf16("processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma\n")
+NATIVE_BF16 = parse_cpu_bf16("processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma avx512f avx512_bf16 amx_bf16\n")
+"""Fake machines for the rule that reads one (``bf16-emulated-cpu``): an AVX2-only CPU and one with bf16."""
+
+
+def run(rule_id: str, cfg, cpu: CpuBf16 = EMULATED_BF16) -> list[Finding]:
+    found = RULES[rule_id](cfg, cpu=cpu)
     assert all(f.id == rule_id for f in found)
     return found
 
+
+AUTOCAST = ["engine.name=torch", "model.dtype=float32", "engine.autocast=bfloat16"]
+"""The torch engine's bf16 mixed precision over float32 parameters."""
+ONE_STEP = ["data.gen_batch_size=0", "trainer.ppo_mini_batch_size=512"]
+"""One optimizer step per batch (one mini-batch of every trained group): old log-probs from the update's own forward."""
 
 # (rule id, overrides that trigger it, expected (severity, key) of each finding)
 TRIGGERS = [
@@ -83,6 +94,16 @@ TRIGGERS = [
     ("autocast-needs-float32", ["engine.autocast=bfloat16"], [(ERROR, "engine.autocast")]),
     ("autocast-needs-float32", ["engine.name=torch", "engine.autocast=bfloat16"], [(WARN, "engine.autocast")]),
     ("vllm-sleep-on-cpu", ["rollout.engine=vllm", "engine.device=cpu"], [(WARN, "rollout.sleep_level")]),
+    # the truncated-IS / decoupled weights against the float32 sampler, with one optimizer step per batch
+    ("autocast-ratio", [*AUTOCAST, *ONE_STEP, "algorithm.rollout_is.enable=true"], [(WARN, "engine.autocast")]),
+    ("autocast-ratio", [*AUTOCAST, *ONE_STEP, "rollout.engine=fast", "rollout.max_staleness=1"], [(WARN, "engine.autocast")]),
+    # a separate old-log-prob pass grouping several prompts per forward: the PPO ratio at theta_old
+    ("autocast-ratio", [*AUTOCAST, "trainer.ppo_micro_batch_size=32"], [(WARN, "engine.autocast")]),
+    ("autocast-ratio", [*AUTOCAST, "trainer.ppo_micro_batch_size=24", *ONE_STEP, "algorithm.use_kl_loss=true"], [(WARN, "engine.autocast")]),
+    ("autocast-ratio", [*AUTOCAST, "trainer.ppo_micro_batch_size=32", "algorithm.rollout_is.enable=true"],
+     [(WARN, "engine.autocast"), (WARN, "engine.autocast")]),
+    ("bf16-emulated-cpu", [*AUTOCAST, "engine.device=cpu"], [(WARN, "engine.autocast")]),
+    ("bf16-emulated-cpu", ["engine.name=torch", "engine.device=cpu"], [(WARN, "model.dtype")]),  # the preset's bf16 policy
     ("lr-range", ["trainer.lr=1e-4"], [(WARN, "trainer.lr")]),
     ("lr-range", ["trainer.lr=5e-8"], [(WARN, "trainer.lr")]),
 ]
@@ -112,6 +133,18 @@ NON_TRIGGERS = [
     ("autocast-needs-float32", ["engine.name=torch", "model.dtype=float32", "engine.autocast=bfloat16"]),
     ("vllm-sleep-on-cpu", ["rollout.engine=vllm", "engine.device=cpu", "rollout.sleep_level=0"]),
     ("vllm-sleep-on-cpu", ["rollout.engine=vllm", "engine.device=cuda"]),
+    # the ratio unaffected: old log-probs from the update's own forward and no correction (ratio exactly 1) ...
+    ("autocast-ratio", [*AUTOCAST, *ONE_STEP, "trainer.ppo_micro_batch_size=32"]),
+    # ... a separate pass whose forwards each hold one prompt's rows (the paper's micro-batch of 1), or the plain forward
+    ("autocast-ratio", AUTOCAST),
+    ("autocast-ratio", [*AUTOCAST, "trainer.ppo_micro_batch_size=8"]),
+    ("autocast-ratio", [*AUTOCAST, "trainer.ppo_micro_batch_size=32", "engine.shared_prompt_forward=false"]),
+    # ... float32 forwards, whatever the ratio
+    ("autocast-ratio", ["engine.name=torch", "model.dtype=float32", "trainer.ppo_micro_batch_size=32", "algorithm.rollout_is.enable=true"]),
+    ("autocast-ratio", ["engine.name=torch", "model.dtype=float32", "rollout.engine=fast", "rollout.max_staleness=1"]),
+    ("bf16-emulated-cpu", [*AUTOCAST, "engine.device=cuda"]),
+    ("bf16-emulated-cpu", [*AUTOCAST, "engine.device=auto"]),  # lint does not probe for CUDA
+    ("bf16-emulated-cpu", ["engine.name=torch", "model.dtype=float32", "engine.device=cpu"]),
     ("lr-range", ["trainer.lr=1e-5"]),
     ("lr-range", ["trainer.lr=1e-7"]),
 ]
@@ -190,6 +223,38 @@ def test_truncated_rollout_mentions_rollout_is_when_it_is_on() -> None:
     (with_is,) = run("rollout-truncated-sampling", paper("rollout.top_p=0.9", "algorithm.rollout_is.enable=true"))
     assert "rollout_is" not in plain.message
     assert "rollout_is" in with_is.message
+
+
+def test_autocast_ratio_says_which_ratio_and_cites_the_measurement() -> None:
+    (rollout_is,) = run("autocast-ratio", paper(*AUTOCAST, *ONE_STEP, "algorithm.rollout_is.enable=true"))
+    assert "algorithm.rollout_is weights" in rollout_is.message and "vllm sampler in float32" in rollout_is.message
+    assert "algorithm.rollout_is.enable=false" in rollout_is.fix
+    (stale,) = run("autocast-ratio", paper(*AUTOCAST, *ONE_STEP, "rollout.engine=fast", "rollout.max_staleness=2"))
+    assert "rollout.max_staleness=2" in stale.message and "fast sampler" in stale.message
+    assert stale.fix == "set engine.autocast=none (the weights then measure staleness alone)"
+    (split,) = run("autocast-ratio", paper(*AUTOCAST, "trainer.ppo_micro_batch_size=32"))
+    assert "not 1 at theta = theta_old" in split.message and "engine.shared_prompt_forward=false" in split.fix
+    for found in (rollout_is, stale, split):
+        assert "1e-05" in found.message or "theta_old" in found.message
+        assert "docs/performance.md" in found.message and "SmolLM2-135M" in found.message
+
+
+def test_bf16_emulated_cpu_judges_the_machine_it_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = paper(*AUTOCAST, "engine.device=cpu")
+    (found,) = run("bf16-emulated-cpu", cfg, cpu=EMULATED_BF16)
+    assert found.message.startswith("this machine's CPU (the one running dapo lint: no avx512_bf16 or amx_bf16")
+    assert found.fix.startswith("set engine.autocast=none")
+    assert run("bf16-emulated-cpu", cfg, cpu=NATIVE_BF16) == []
+    assert run("bf16-emulated-cpu", cfg, cpu=parse_cpu_bf16("")) == []  # unknown: nothing said
+    # lint() hands its machine to the rule; without one the rule reads this machine (here a fake, patched in)
+    assert "bf16-emulated-cpu" in [f.id for f in lint(cfg, cpu=EMULATED_BF16)]
+    assert "bf16-emulated-cpu" not in [f.id for f in lint(cfg, cpu=NATIVE_BF16)]
+    import dapo_cli.config.lint as lint_module
+
+    monkeypatch.setattr(lint_module, "cpu_bf16", lambda: EMULATED_BF16)
+    assert [f.id for f in RULES["bf16-emulated-cpu"](cfg)] == ["bf16-emulated-cpu"]
+    monkeypatch.setattr(lint_module, "cpu_bf16", lambda: NATIVE_BF16)
+    assert RULES["bf16-emulated-cpu"](cfg) == []
 
 
 def test_lr_range_depends_on_the_model(tmp_path: Path) -> None:

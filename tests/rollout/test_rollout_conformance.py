@@ -11,13 +11,14 @@ from __future__ import annotations
 import pytest
 import torch
 
+from dapo_cli.algo.importance import SAMPLER_LOGPROB_TOL
 from dapo_cli.batch import RolloutBatch
 from dapo_cli.engine.torch import policy_forward
 from dapo_cli.models import load_policy
 from dapo_cli.rollout.base import SamplingParams
 
 PROMPTS = ["What is 12+7?\n", "Q", "Add 3 and 4, then say the answer.\n"]
-LOGPROB_TOL = {"hf": 1e-5, "fast": 1e-5, "vllm": 1e-4}  # vLLM: other kernels (float32 weights; measured 5e-7)
+LOGPROB_TOL = {"hf": SAMPLER_LOGPROB_TOL, "fast": SAMPLER_LOGPROB_TOL, "vllm": 1e-4}  # vLLM: other kernels (float32 weights; measured 5e-7)
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Old log-probs and entropy from the update's own forward (``update.old_log_probs_from_update``).
+"""Old log-probs and entropy from the update's own forward (``config.schema.old_log_probs_from_update``).
 
 With one epoch and one mini-batch per step, the separate no-grad pass (``fill_old_log_probs``) is
 replaced by the update's forwards. These tests check it changes nothing a run computes: the
@@ -32,7 +32,8 @@ from dapo_cli.models import load_policy
 from dapo_cli.engine.dist import SingleProcess
 from dapo_cli.rounds import InlineRounds
 from dapo_cli.train import collect_batch, compute_advantages, step_metrics
-from dapo_cli.update import behaviour_correction, fill_old_log_probs, old_log_probs_from_update, rollout_mismatch, update_policy
+from dapo_cli.config.schema import behaviour_correction, old_log_probs_from_update
+from dapo_cli.update import fill_old_log_probs, rollout_mismatch, update_policy
 
 GROUPS, SAMPLES = 4, 4
 
