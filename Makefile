@@ -93,8 +93,11 @@ bench: $(STAMP) $(VLLM_STAMP) smollm2
 	$(PY) benchmarks/rollout_vs_generate.py
 	$(VLLM)/bin/python benchmarks/rollout_engines.py
 	$(VLLM)/bin/python benchmarks/rollout_engines.py --real --repeats 3
+	$(VLLM)/bin/python benchmarks/eval_speed.py --real
 	$(PY) benchmarks/update_throughput.py
 	$(PY) benchmarks/update_throughput.py --ragged
+	$(PY) benchmarks/bf16_logprob_gap.py
+	$(PY) benchmarks/bf16_logprob_gap.py --real
 	$(PY) benchmarks/rl_step_vs_trl.py --pairs 3 --bf16
 	$(PY) benchmarks/rl_step_vs_trl.py --real --pairs 2 --bf16
 	$(PY) benchmarks/dynamic_sampling_overhead.py

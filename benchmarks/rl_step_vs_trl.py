@@ -203,7 +203,9 @@ def run_trl(python: Path, model: Path, prompts: Path, length: int, steps: int, t
         proc = subprocess.run([str(python), str(Path(__file__).with_name("_trl_worker.py")), json.dumps(spec)],
                               env=thread_env(threads), capture_output=True, text=True, cwd=tmp)
         if proc.returncode != 0:
-            sys.exit(f"TRL run failed:\n{proc.stderr[-3000:]}")
+            killed = " (killed by SIGKILL: out of memory? see dmesg)" if proc.returncode in (-9, 137) else ""
+            lines = [ln for ln in proc.stderr.splitlines() if ln.strip() and "it/s]" not in ln and "s/it]" not in ln]
+            sys.exit(f"TRL run failed at L={length}{killed}:\n" + "\n".join(lines[-30:]))
         return json.loads((Path(tmp) / "out.json").read_text())
 
 
@@ -419,6 +421,8 @@ def measure(setup: Setup, python: Path, prompts: Path, runs: list[Variant], leng
                     results.splits.setdefault((length, v.name), []).append(split(out, setup.skip, setup.last))
                     mean_len = median(out["timing"]["response_length/mean"][setup.skip : setup.last])
                 results.lengths.setdefault((length, v.name), []).append(mean_len)
+                print(f"  L={length} {v.name}: {results.seconds[length, v.name][-1]:.3f} s per step, mean length {mean_len:.1f}",
+                      file=sys.stderr, flush=True)
     return results
 
 
