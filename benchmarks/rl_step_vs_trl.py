@@ -196,14 +196,19 @@ def mlflow_timing(work: Path) -> dict[str, list[float]]:
     return out
 
 
-def run_trl(python: Path, model: Path, prompts: Path, length: int, steps: int, threads: int, bf16: bool = False) -> dict:
+def run_trl(python: Path, model: Path, prompts: Path, length: int, steps: int, threads: int, bf16: bool = False) -> dict | None:
+    """TRL's step ends, vocabulary and metrics; None when the kernel killed it (SIGKILL: out of memory, as at
+    L=128 on SmolLM2-135M with 24 GB); any other failure exits with TRL's last lines."""
     with tempfile.TemporaryDirectory(prefix="trl-rl-bench-") as tmp:
         spec = {"model": str(model), "prompts": str(prompts), "length": length, "steps": steps, "threads": threads,
                 "seed": 0, "bf16": bf16, "out": str(Path(tmp) / "out.json")}
         proc = subprocess.run([str(python), str(Path(__file__).with_name("_trl_worker.py")), json.dumps(spec)],
                               env=thread_env(threads), capture_output=True, text=True, cwd=tmp)
+        if proc.returncode in (-9, 137):
+            print(f"  L={length} TRL: killed by SIGKILL (out of memory? see dmesg)", file=sys.stderr, flush=True)
+            return None
         if proc.returncode != 0:
-            killed = " (killed by SIGKILL: out of memory? see dmesg)" if proc.returncode in (-9, 137) else ""
+            killed = ""
             lines = [ln for ln in proc.stderr.splitlines() if ln.strip() and "it/s]" not in ln and "s/it]" not in ln]
             sys.exit(f"TRL run failed at L={length}{killed}:\n" + "\n".join(lines[-30:]))
         return json.loads((Path(tmp) / "out.json").read_text())
@@ -246,7 +251,7 @@ class Variant:
     bf16: bool = False  # TRL: bf16=True (accelerate's bf16 autocast); dapo: engine.autocast=bfloat16
     shared: bool = True  # dapo: engine.shared_prompt_forward
 
-    def run(self, python: Path, model: Path, prompts: Path, length: int, steps: int, threads: int) -> dict:
+    def run(self, python: Path, model: Path, prompts: Path, length: int, steps: int, threads: int) -> dict | None:
         if self.trl:
             return run_trl(python, model, prompts, length, steps, threads, bf16=self.bf16)
         return run_dapo(model, length, steps, threads, shared=self.shared, autocast="bfloat16" if self.bf16 else "none")
@@ -370,6 +375,9 @@ def main() -> None:
     for label, t, d in compare:
         for length in lengths:
             ratios = [a / b for a, b in zip(results.seconds[length, t], results.seconds[length, d])]
+            if any(r != r for r in ratios):
+                print(f"TRL step ratio ({setup.name}, L={length}, {label}): not measured (a run was killed: out of memory)")
+                continue
             print(f"TRL step ratio ({setup.name}, L={length}, {label}): {median(ratios):.2f}x  (pairs: "
                   + ", ".join(f"{r:.2f}x" for r in ratios) + ")")
 
@@ -413,6 +421,10 @@ def measure(setup: Setup, python: Path, prompts: Path, runs: list[Variant], leng
         for _pair in range(pairs):
             for v in runs:
                 out = v.run(python, setup.model, prompts, length, steps, threads)
+                if out is None:  # killed: a NaN cell, and "killed" in the ratio line
+                    results.seconds.setdefault((length, v.name), []).append(float("nan"))
+                    results.lengths.setdefault((length, v.name), []).append(float("nan"))
+                    continue
                 results.seconds.setdefault((length, v.name), []).append(steady(out["step_ends"], setup.skip, setup.last))
                 if v.trl:
                     results.vocab = results.vocab or check_vocabulary(setup.model, out)
