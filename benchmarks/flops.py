@@ -82,13 +82,11 @@ def response_pairs(prompt_len: float, length: int) -> float:
 def generation_flops(shape: Shape, prompt_lens: Sequence[float], lengths: Sequence[int]) -> float:
     """Prefill of each distinct prompt (``prompt_lens``) once, then one decode forward per generated token
     but the last of every row (``lengths``: one per row; rows are spread evenly over the prompts)."""
-    rows_per_prompt = len(lengths) / len(prompt_lens)
     mean_prompt = sum(prompt_lens) / len(prompt_lens)
     prefill = sum(2 * shape.matmul_params * p + shape.pair_flops * prompt_pairs(p) for p in prompt_lens)
     decoded = sum(max(n - 1, 0) for n in lengths)
     decode = 2 * shape.matmul_params * decoded + shape.pair_flops * sum(
         response_pairs(mean_prompt, max(n - 1, 0)) for n in lengths)
-    assert rows_per_prompt >= 1
     return prefill + decode
 
 

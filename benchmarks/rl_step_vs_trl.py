@@ -52,7 +52,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from flops import Shape
+from flops import Shape, generation_flops, matmul_rate, update_flops
 
 from common import (
     REPO,
@@ -299,8 +299,6 @@ def bf16_skip_note(threads: int) -> str | None:
     """None when the CPU has bf16 matmul instructions; else the measured reason the bf16 runs are skipped."""
     import torch
 
-    from flops import matmul_rate
-
     from dapo_cli.hardware import cpu_bf16
 
     if cpu_bf16().native:
@@ -352,8 +350,6 @@ def main() -> None:
         prompt_lens = write_prompts(prompts, setup.model)
         results = measure(setup, python, prompts, runs, lengths, pairs, steps, args.threads)
         shape = Shape.read(setup.model)
-    from flops import matmul_rate
-
     import torch
 
     torch.set_num_threads(args.threads)
@@ -413,8 +409,6 @@ def measure(setup: Setup, python: Path, prompts: Path, runs: list[Variant], leng
     """Every run of every pair at every length, in order; the float32 matmul rate before the first."""
     import torch
 
-    from flops import matmul_rate
-
     torch.set_num_threads(threads)
     results = Results(rate=matmul_rate(torch.float32))
     for length in lengths:
@@ -440,8 +434,6 @@ def measure(setup: Setup, python: Path, prompts: Path, runs: list[Variant], leng
 
 def print_floor(shape: Shape, results: Results, runs: list[Variant], lengths: list[int], prompt_lens: list[int], rate: float) -> None:
     """Each float32 dapo phase beside its FLOP floor (benchmarks/flops.py) at ``rate``."""
-    from flops import generation_flops, update_flops
-
     prompt = sum(prompt_lens[:64]) / len(prompt_lens[:64])  # the first steps' prompts
     print(f"phase floors: counted FLOPs / the float32 matmul rate of this run ({rate / 1e9:.1f} GFLOP/s, 4096^3); "
           f"N = {shape.matmul_params:,} matmul parameters, prompts {prompt:.1f} tokens (mean), 8 distinct x 8 rows, "
