@@ -124,7 +124,8 @@ def load_policy_rollout(
 
 def build_train_rollout(
     rollout_cfg: RolloutConfig, engine: TrainingEngine, tokenizer: Any, load_copy: Callable[[], torch.nn.Module],
-    model_path: str | Path, *, max_model_len: int, dtype: str, seed: int, note: Callable[[str], None] | None = None,
+    model_path: str | Path, *, max_model_len: int, max_sequences: int, dtype: str, seed: int,
+    note: Callable[[str], None] | None = None,
 ) -> RolloutEngine:
     """The rollout engine of a training run.
 
@@ -132,7 +133,8 @@ def build_train_rollout(
     ``generate``): sample with the trainer's live module when it is unsharded, else with a private
     copy (``load_copy()``) that ``sync_weights(engine)`` refreshes after each update. ``vllm``: a
     colocated engine on ``model_path`` (the policy the trainer starts from; ``max_model_len`` tokens of
-    prompt + response, weights in ``dtype``, sampling seeded by ``seed``), synced the same way, on
+    prompt + response, ``max_sequences`` of them in one generate call (what its KV cache is sized for on
+    CPU), weights in ``dtype``, sampling seeded by ``seed``), synced the same way, on
     whichever platform vLLM finds (CUDA, or its CPU build). ``note`` hears what the user should know
     about how the engine runs here (once each).
     """
@@ -142,7 +144,8 @@ def build_train_rollout(
 
         return VLLMRolloutEngine(
             model_path, tokenizer, gpu_memory_utilization=r.gpu_memory_utilization, tensor_parallel_size=r.tensor_parallel_size,
-            sleep_level=r.sleep_level, max_model_len=max_model_len, dtype=dtype, seed=seed, dist=engine.dist, note=note,
+            sleep_level=r.sleep_level, max_model_len=max_model_len, kv_cache_gib=r.kv_cache_gib, max_sequences=max_sequences,
+            dtype=dtype, seed=seed, dist=engine.dist, note=note,
         )
     live = engine.generation_model()
     if live is not None:
@@ -153,9 +156,14 @@ def build_train_rollout(
     return rollout
 
 
-def build_eval_rollout(name: str, model: str, batch_size: int, log: Callable[[str], None]) -> tuple[RolloutEngine, PromptFormatter]:
+def build_eval_rollout(
+    name: str, model: str, batch_size: int, log: Callable[[str], None], *,
+    messages: Sequence[Any] = (), max_tokens: int = 0, max_sequences: int = 0,
+) -> tuple[RolloutEngine, PromptFormatter]:
     """``dapo eval``'s engine on a checkpoint or hub id, with the prompt formatter of its tokenizer
-    (``--engine vllm`` is checked by the command's preflight)."""
+    (``--engine vllm`` is checked by the command's preflight). vLLM's is sized for the evaluation: its
+    context for the longest of ``messages`` plus ``max_tokens``, its KV cache on CPU for ``max_sequences``
+    sequences in one generate call."""
     from dapo_cli.models.tokenizer import format_prompt
 
     if name in LOCAL_ROLLOUT_ENGINES:
@@ -167,7 +175,8 @@ def build_eval_rollout(name: str, model: str, batch_size: int, log: Callable[[st
         from dapo_cli.rollout import vllm as vllm_rollout
 
         log(f"loading {model} with vLLM")
-        engine, tokenizer = vllm_rollout.load_vllm_engine(model, note=log)
+        sizing: dict[str, Any] = {"max_sequences": max_sequences} if max_sequences else {}
+        engine, tokenizer = vllm_rollout.load_vllm_engine(model, messages=messages, max_tokens=max_tokens, note=log, **sizing)
         return engine, lambda m: format_prompt(tokenizer, m)
     raise UserError(f"unknown engine '{name}'; valid names: {', '.join(ROLLOUT_ENGINES)}")
 

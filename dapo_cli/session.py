@@ -33,7 +33,7 @@ from dapo_cli.checkpoint import (
     set_rng_state,
 )
 from dapo_cli.config import Config, dump_yaml, flatten, technique_state, to_dict
-from dapo_cli.config.schema import DataConfig, thread_split, uses_worker
+from dapo_cli.config.schema import DataConfig, round_sequences, thread_split, uses_worker
 from dapo_cli.config.techniques import variant_name
 from dapo_cli.config.validate import check_world_size
 from dapo_cli.data.loader import Prompt, PromptStream, build_prompts, dataset_manifest, dropped_note, keep_fitting, load_rows
@@ -242,8 +242,8 @@ class TrainingSession:
             )
             rollout = components.build_train_rollout(
                 cfg.rollout, engine, tokenizer, components.model_loader(model_path, dtype), model_path,
-                max_model_len=cfg.data.max_prompt_length + cfg.rollout.max_response_length, dtype=cfg.model.dtype,
-                seed=t.seed, note=engine_notes.append,
+                max_model_len=cfg.data.max_prompt_length + cfg.rollout.max_response_length,
+                max_sequences=round_sequences(cfg.data, cfg.rollout, dist.world_size), dtype=cfg.model.dtype, seed=t.seed, note=engine_notes.append,
             )
             stream, val_problems, val_prompts, manifest = load_run_data(cfg, tokenizer, dist.world_size)
         except BaseException:  # the claim is released (an empty new run dir removed) whatever failed

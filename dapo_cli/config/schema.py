@@ -46,6 +46,11 @@ class DataConfig:
     max_prompt_length: int = setting(2048, "prompts longer than this many tokens are dropped with a warning")
     shuffle: bool = setting(True, "shuffle the training prompts every epoch")
 
+    @property
+    def prompts_per_round(self) -> int:
+        """Prompts one generation round samples, over all ranks: ``gen_batch_size``, or ``train_batch_size`` when 0."""
+        return self.gen_batch_size or self.train_batch_size
+
 
 LORA_ALL_LINEAR = "all-linear"
 """``model.lora.target_modules`` entry meaning every linear layer of the decoder blocks (PEFT's name; not ``lm_head``)."""
@@ -91,8 +96,13 @@ class RolloutConfig:
     max_response_length: int = setting(20480, "maximum generated tokens per response (L_max)")
     batch_size: int = setting(0, "sequences per generate call (0 = all at once)")
     gpu_memory_utilization: float = setting(
-        0.5, "vLLM only: fraction of each GPU's memory vLLM may take (weights + KV cache), colocated with training; "
-        "on vLLM's CPU build, the fraction of the NUMA node's CPU memory it reserves (0.1-0.2 leaves room for the trainer)",
+        0.5, "vLLM on GPUs: fraction of each GPU's memory vLLM may take (weights + KV cache), colocated with training "
+        "(on vLLM's CPU build the KV cache is sized by rollout.kv_cache_gib instead)",
+    )
+    kv_cache_gib: float | None = setting(
+        None, "vLLM's KV cache in GiB (null: on vLLM's CPU build, sized from the round: sequences per generate call x "
+        "(max_prompt_length + max_response_length) x the model's KV bytes a token, x1.25, at most 80% of what the NUMA "
+        "node has available; on GPUs, gpu_memory_utilization decides)",
     )
     tensor_parallel_size: int = setting(1, "vLLM only: GPUs one vLLM engine spans (tensor parallelism); must divide the world size")
     sleep_level: int = setting(
@@ -118,6 +128,12 @@ class RolloutConfig:
 def uses_worker(rollout: RolloutConfig) -> bool:
     """True when training rollouts come from the worker process (``rollout.worker``, auto: when ``max_staleness > 0``)."""
     return rollout.worker == "process" or (rollout.worker == "auto" and rollout.max_staleness > 0)
+
+
+def round_sequences(data: DataConfig, rollout: RolloutConfig, world_size: int) -> int:
+    """Sequences one rollout engine receives in a training round's generate call: this rank's share of the
+    round's prompts × ``rollout.n``, times the ranks of a tensor-parallel group (they submit together)."""
+    return max(1, data.prompts_per_round // max(1, world_size)) * rollout.n * max(1, rollout.tensor_parallel_size)
 
 
 def thread_split(rollout: RolloutConfig, num_threads: int, cores: int) -> tuple[int, int]:

@@ -129,6 +129,7 @@ def validate(cfg: Config) -> None:
     require(rollout.top_k >= 0, "rollout.top_k must be >= 0 (0 = off)")
     require(rollout.batch_size >= 0, "rollout.batch_size must be >= 0 (0 = all at once)")
     require(0.0 < rollout.gpu_memory_utilization <= 1.0, f"rollout.gpu_memory_utilization={rollout.gpu_memory_utilization} must be in (0, 1]; colocated with training, 0.4-0.6 is typical")
+    require(rollout.kv_cache_gib is None or rollout.kv_cache_gib > 0, f"rollout.kv_cache_gib={rollout.kv_cache_gib} must be > 0 (GiB) or null to size it from the round")
     require(rollout.tensor_parallel_size >= 1, f"rollout.tensor_parallel_size={rollout.tensor_parallel_size} must be >= 1")
     require(rollout.sleep_level in (0, 1, 2), f"rollout.sleep_level={rollout.sleep_level} must be 0 (awake), 1 or 2")
     require(rollout.max_staleness >= 0, f"rollout.max_staleness={rollout.max_staleness} must be >= 0 (0: synchronous)")

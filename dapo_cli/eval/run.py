@@ -488,7 +488,10 @@ def run_eval(
     tracking = TrackingConfig(backend=opts.tracking_backend, tracking_uri=uri, experiment=experiment)
     todo = len(checkpoint.done) < len(batches)
     # the model loads before the run opens: a checkpoint that fails to load leaves no MLflow run behind
-    engine, format_prompt = build_eval_rollout(opts.engine, model, opts.batch_size, log) if todo else (None, None)
+    engine, format_prompt = build_eval_rollout(
+        opts.engine, model, opts.batch_size, log, messages=[p.messages for p in problems], max_tokens=opts.max_tokens,
+        max_sequences=sequences_per_call(opts.k, opts.batch_size),
+    ) if todo else (None, None)
     try:
         prompts = [format_prompt(p.messages) for p in problems] if todo else []
         if engine is not None:  # a prompt over the context fails here, with no run opened

@@ -1,8 +1,11 @@
 """Rollouts on vLLM, on any platform vLLM runs on: CUDA GPUs or vLLM's CPU build (the only module that imports vllm).
 
 The engine is colocated with training: it runs in the training processes, taking
-``rollout.gpu_memory_utilization`` of each GPU's memory (on vLLM's CPU platform: of the CPU memory
-of the NUMA node it runs on, where the KV cache lives). Between generation phases it sleeps
+``rollout.gpu_memory_utilization`` of each GPU's memory. On vLLM's CPU platform the KV cache lives in
+the memory of the NUMA node the process runs on, and dapo gives it an explicit size
+(:func:`cpu_kv_cache_bytes`: the round's sequences × ``max_model_len`` × the model's KV bytes a token,
+capped by what the node has available; ``rollout.kv_cache_gib`` overrides it), because vLLM's own
+rule there subtracts the whole process's resident memory, the trainer's included. Between generation phases it sleeps
 (``rollout.sleep_level`` 1: weights offloaded and KV cache dropped; 2: both dropped) so the update has
 the memory, and wakes before the next sync and generate. Where the platform has no sleep mode
 (vLLM's CPU build), it stays awake and says so once.
@@ -43,6 +46,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
+import math
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -54,6 +58,23 @@ from dapo_cli.rollout.base import Rollouts, SamplingParams, WeightSource
 
 if TYPE_CHECKING:
     from dapo_cli.engine.dist import Collective
+
+CPU_BLOCK_TOKENS = 128
+"""Tokens per KV-cache block on vLLM's CPU platform (its default for the standard attention backend)."""
+
+CPU_MAX_NUM_SEQS = 256
+"""Sequences vLLM's CPU platform runs at once by default (``max_num_seqs`` of the ``LLM`` class)."""
+
+KV_MARGIN = 1.25
+"""Head-room on the computed KV-cache size (prefix-cache blocks kept across rounds, rounding)."""
+
+KV_SHARE_OF_AVAILABLE = 0.8
+"""The automatic KV-cache size never takes more than this share of the node's available memory: the
+trainer beside it still allocates activations and gradients after the engine has started."""
+
+GIB = 2**30
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 CPU_MIN_BATCHED_TOKENS = 16384
 """Token budget of one scheduler step on the CPU platform (or ``max_model_len`` if longer): with
@@ -91,6 +112,89 @@ def platform_info() -> dict[str, Any]:
     }
 
 
+def kv_cache_need(bytes_per_token: int, sequences: int, max_model_len: int, *, margin: float = KV_MARGIN) -> int:
+    """Bytes of KV cache for ``sequences`` requests of ``max_model_len`` tokens at once on vLLM's CPU platform.
+
+    .. math:: \\text{need} = \\lceil m \\cdot S \\cdot \\lceil L / B \\rceil B \\cdot b \\rceil
+
+    with ``S`` = ``min(sequences, CPU_MAX_NUM_SEQS)`` (vLLM runs no more at once), ``L`` = ``max_model_len``,
+    ``B`` = :data:`CPU_BLOCK_TOKENS`, ``b`` = ``bytes_per_token`` (2 × layers × KV heads × head_dim × dtype
+    bytes, :func:`dapo_cli.plan.shape.kv_bytes_per_token`) and ``m`` = ``margin``. One sequence
+    (``sequences=1``, ``margin=1``) is the least vLLM starts with."""
+    seqs = max(1, min(sequences, CPU_MAX_NUM_SEQS))
+    tokens = seqs * math.ceil(max_model_len / CPU_BLOCK_TOKENS) * CPU_BLOCK_TOKENS
+    return math.ceil(tokens * bytes_per_token * margin)
+
+
+def _model_config(model_path: str | Path) -> dict[str, Any] | None:
+    """The parsed ``config.json`` of a model folder, or of a hub id in the local Hugging Face cache; None if neither."""
+    import json
+
+    from dapo_cli.plan.shape import cached_config
+
+    local = Path(model_path) / "config.json"
+    found = local if local.is_file() else cached_config(str(model_path))
+    if found is None:
+        return None
+    try:
+        data = json.loads(Path(found).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def cpu_kv_cache_bytes(
+    model_path: str | Path, *, dtype: str, sequences: int, max_model_len: int | None, kv_cache_gib: float | None,
+    memory: Any, note: Callable[[str], None] | None = None,
+) -> int | None:
+    """The KV-cache size (bytes) dapo gives vLLM on its CPU platform, so it never depends on what else the
+    process holds (vLLM's own rule: ``gpu_memory_utilization`` × node memory *minus the process's resident
+    memory*, which a trainer in the same process can drive below zero).
+
+    ``kv_cache_gib`` set: that size. Otherwise :func:`kv_cache_need` of the model (its ``config.json``),
+    ``sequences`` (the most one generate call submits) and ``max_model_len`` (None: the model's
+    ``max_position_embeddings``), capped at :data:`KV_SHARE_OF_AVAILABLE` of ``memory.available``
+    (:class:`dapo_cli.hardware.NodeMemory`); ``note`` hears when the cap leaves fewer sequences at once.
+    None where the model's shape cannot be read (vLLM then sizes the cache itself).
+    Raises :class:`UserError` when the node cannot hold the size asked for, or one full-length sequence."""
+    from dapo_cli.errors import UserError
+    from dapo_cli.plan.shape import kv_bytes_per_token, shape_from_config
+
+    free = f"{memory.where()} has {memory.available / GIB:.2f} GiB available (of {memory.total / GIB:.2f} GiB)"
+    if kv_cache_gib is not None:
+        want = int(kv_cache_gib * GIB)
+        if want > memory.available:
+            raise UserError(f"rollout.kv_cache_gib={kv_cache_gib:g} is more than vLLM can have: {free}; lower it "
+                            "or free memory on the node")
+        return want
+    data = _model_config(model_path)
+    if data is None:
+        return None
+    try:
+        shape = shape_from_config(data, str(model_path))
+    except UserError:
+        return None
+    length = max_model_len or int(data.get("max_position_embeddings") or 0)
+    if length <= 0:
+        return None
+    per_token = kv_bytes_per_token(shape, DTYPE_BYTES.get(dtype, 4))
+    need = kv_cache_need(per_token, sequences, length)
+    least = kv_cache_need(per_token, 1, length, margin=1.0)
+    cap = int(memory.available * KV_SHARE_OF_AVAILABLE)
+    if least > cap:
+        raise UserError(
+            f"vLLM needs {least / GIB:.2f} GiB of KV cache for one {length}-token sequence "
+            f"({per_token / 1024:g} KiB a token) and {free}, of which it may take {KV_SHARE_OF_AVAILABLE:.0%}; shorten "
+            "data.max_prompt_length + rollout.max_response_length, or free memory on the node"
+        )
+    if need > cap and note is not None:
+        at_once = max(1, cap // max(1, kv_cache_need(per_token, 1, length)))
+        note(f"vLLM's KV cache is capped at {cap / GIB:.2f} GiB ({KV_SHARE_OF_AVAILABLE:.0%} of what {memory.where()} has "
+             f"available): about {at_once} of {min(sequences, CPU_MAX_NUM_SEQS)} sequences of {length} tokens run at once "
+             f"(the rest wait); rollout.kv_cache_gib sets the size")
+    return min(need, cap)
+
+
 class VLLMRolloutEngine:
     """:class:`~dapo_cli.rollout.base.RolloutEngine` on ``vllm.LLM``.
 
@@ -107,6 +211,8 @@ class VLLMRolloutEngine:
         sleep_level: int = 1,
         max_model_len: int | None = None,
         dtype: str = "auto",
+        kv_cache_gib: float | None = None,
+        max_sequences: int = CPU_MAX_NUM_SEQS,
         seed: int = 0,
         dist: Collective | None = None,
         note: Callable[[str], None] | None = None,
@@ -139,10 +245,21 @@ class VLLMRolloutEngine:
         if self.world_size > 1:
             extra["data_parallel_size"] = self.world_size // self.tp  # vLLM's world = TP x DP = torchrun's
         if self.platform["cpu"]:
+            from dapo_cli.hardware import node_memory
+
             extra.update(
                 enforce_eager=True, enable_chunked_prefill=False,
                 max_num_batched_tokens=max(CPU_MIN_BATCHED_TOKENS, max_model_len or 0),
             )
+            kv_bytes = cpu_kv_cache_bytes(
+                model_path, dtype=dtype, sequences=max_sequences, max_model_len=max_model_len,
+                kv_cache_gib=kv_cache_gib, memory=node_memory(), note=note,
+            )
+        else:
+            kv_bytes = None if kv_cache_gib is None else int(kv_cache_gib * GIB)
+        if kv_bytes is not None:
+            extra["kv_cache_memory_bytes"] = kv_bytes
+        self.kv_cache_bytes = kv_bytes
         threads, set_threads = torch.get_num_threads(), torch.set_num_threads
         try:
             self.llm = LLM(
@@ -279,11 +396,23 @@ class VLLMRolloutEngine:
         )
 
 
-def load_vllm_engine(model: str, **kwargs: Any) -> tuple[VLLMRolloutEngine, Any]:
-    """``dapo eval --engine vllm``: an engine on a checkpoint dir or hub id, and its tokenizer."""
+def load_vllm_engine(
+    model: str, *, messages: Sequence[Any] = (), max_tokens: int = 0, **kwargs: Any
+) -> tuple[VLLMRolloutEngine, Any]:
+    """``dapo eval --engine vllm``: an engine on a checkpoint dir or hub id, and its tokenizer.
+
+    ``messages`` (each problem's chat messages) and ``max_tokens``: the engine's ``max_model_len`` is the
+    longest templated prompt + ``max_tokens`` where that fits the model's context (else the context, and
+    vLLM refuses the requests that do not fit), so the KV cache is sized for this evaluation."""
     from dapo_cli.models.loading import load_tokenizer
+    from dapo_cli.models.tokenizer import format_prompt
 
     tokenizer = load_tokenizer(model)
+    if messages and "max_model_len" not in kwargs:
+        longest = max(len(tokenizer(format_prompt(tokenizer, m), add_special_tokens=False)["input_ids"]) for m in messages)
+        context = int((_model_config(model) or {}).get("max_position_embeddings") or 0)
+        if not context or longest + max_tokens <= context:
+            kwargs["max_model_len"] = longest + max_tokens
     kwargs.setdefault("sleep_level", 0)
     # like the fast and hf engines: float32 on CPU (vLLM's "auto" may pick another dtype), the model's own on GPUs
     kwargs.setdefault("dtype", "float32" if platform_info()["cpu"] else "auto")

@@ -83,6 +83,8 @@ INVALID: list[tuple[dict[str, object], str]] = [
     ({"engine__num_threads": -1}, "engine.num_threads=-1 must be >= 0"),
     ({"rollout__gpu_memory_utilization": 0.0}, "rollout.gpu_memory_utilization=0.0 must be in (0, 1]"),
     ({"rollout__gpu_memory_utilization": 1.5}, "rollout.gpu_memory_utilization=1.5 must be in (0, 1]"),
+    ({"rollout__kv_cache_gib": 0.0}, "rollout.kv_cache_gib=0.0 must be > 0 (GiB) or null"),
+    ({"rollout__kv_cache_gib": -2.0}, "rollout.kv_cache_gib=-2.0 must be > 0 (GiB) or null"),
     ({"rollout__tensor_parallel_size": 0}, "rollout.tensor_parallel_size=0 must be >= 1"),
     ({"rollout__sleep_level": 3}, "rollout.sleep_level=3 must be 0 (awake), 1 or 2"),
     ({"algorithm__rollout_is__cap": 0.5}, "algorithm.rollout_is.cap=0.5 must be >= 1"),

@@ -126,3 +126,30 @@ def test_the_trainers_thread_count_survives_the_engine(setup):
     torch.set_num_threads(2)
     assert torch.get_num_threads() == 2
     torch.set_num_threads(before)
+
+
+def test_the_engine_starts_in_a_process_that_holds_more_than_its_memory_share(head32_model_dir):
+    """vLLM's own CPU rule (gpu_memory_utilization x node memory minus the process's resident memory) gave
+    a negative KV budget once the process held more than that share; dapo's explicit size does not care."""
+    import psutil
+
+    from dapo_cli.hardware import node_memory
+    from dapo_cli.models.loading import load_tokenizer
+    from dapo_cli.rollout.vllm import VLLMRolloutEngine, kv_cache_need
+
+    share = 0.05
+    process = psutil.Process()
+    over = int(share * node_memory().total) - process.memory_info().rss + 256 * 2**20
+    ballast = torch.ones(max(0, over) // 4 + 1)  # resident: ones are written, not lazily mapped zeros
+    assert process.memory_info().rss > share * node_memory().total
+    notes: list[str] = []
+    rollout = VLLMRolloutEngine(head32_model_dir, load_tokenizer(head32_model_dir), gpu_memory_utilization=share,
+                                sleep_level=0, dtype="float32", max_model_len=64, max_sequences=8, note=notes.append)
+    try:
+        # hidden 64, 2 layers, 2 KV heads of 32, float32: 2 x 2 x 2 x 32 x 4 = 1,024 bytes a token
+        assert rollout.kv_cache_bytes == kv_cache_need(1024, 8, 64)
+        out = rollout.generate(PROMPTS, 2, SamplingParams(temperature=1.0, max_tokens=8, seed=0))
+        assert out.response_ids.shape[0] == 6 and int(out.lengths.min()) >= 1
+    finally:
+        rollout.close()
+        del ballast
