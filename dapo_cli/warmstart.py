@@ -37,8 +37,10 @@ missing. The module sits above ``models/``: it trains with a progress bar
 
 from __future__ import annotations
 
+import json
 import random
 import re
+import shutil
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -241,17 +243,53 @@ def warm_start(cfg: TinyModelConfig, out_dir: Path, *, progress: bool = True) ->
     return card
 
 
-def ensure_model(spec: str, tiny: TinyModelConfig, cache_dir: Path | None = None) -> Path:
+SHIPPED_TINY = Path(__file__).resolve().parent / "models" / "shipped" / "tiny"
+"""The ``builtin:tiny`` policy of the default ``model.tiny`` settings as the package ships it: what
+:func:`warm_start` wrote (weights, tokenizer, :data:`~dapo_cli.models.loading.MODEL_CARD`) when it built
+them with ``dapo init-model --force -o dapo_cli/models/shipped/tiny`` on a 2-core AVX2 EPYC. The 600-step
+warm-start costs 5-7 minutes on 2 cores, most of ``make demo``; copying this folder costs milliseconds.
+``benchmarks/tiny_rebuild.py`` (``make bench``) rebuilds it and compares the weights byte for byte."""
+
+SHIPPED_FILES = (
+    "model.safetensors", "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+    "chat_template.jinja", MODEL_CARD,
+)
+"""What :data:`SHIPPED_TINY` holds (package data, ``pyproject.toml``)."""
+
+
+def shipped_policy(tiny: TinyModelConfig) -> Path | None:
+    """:data:`SHIPPED_TINY` if it was built with exactly ``tiny`` (its card's fingerprint), else None."""
+    card = SHIPPED_TINY / MODEL_CARD
+    if not card.is_file():
+        return None
+    try:
+        fingerprint = json.loads(card.read_text(encoding="utf-8")).get("fingerprint")
+    except ValueError:
+        return None
+    return SHIPPED_TINY if fingerprint == tiny.fingerprint() else None
+
+
+def ensure_model(spec: str, tiny: TinyModelConfig, cache_dir: Path | None = None, *, use_shipped: bool = True) -> Path:
     """:func:`~dapo_cli.models.loading.resolve_model`'s path for ``spec``, its weights there.
 
     ``builtin:tiny`` whose cache folder (``<cache_dir>/tiny-<tiny.fingerprint()>``) holds no
-    :data:`~dapo_cli.models.loading.MODEL_CARD` yet is warm-started into a temporary sibling and
-    renamed into place (an interrupted build leaves nothing behind), with one line on stderr saying
-    so. Other specs resolve as in ``resolve_model`` (``gguf:NAME`` imported there when missing).
+    :data:`~dapo_cli.models.loading.MODEL_CARD` yet is filled in a temporary sibling and renamed into
+    place (an interrupted build leaves nothing behind), with one line on stderr saying how: a copy of
+    the shipped policy when it has these settings (:func:`shipped_policy`; not with ``use_shipped=False``,
+    ``dapo init-model --force``), else a warm-start. Other specs resolve as in ``resolve_model``
+    (``gguf:NAME`` imported there when missing).
     """
     path = resolve_model(spec, tiny, cache_dir)
     if spec in BUILTIN_MODELS and not (path / MODEL_CARD).is_file():
-        print(f"building {spec} (task {tiny.task}, {tiny.sft_steps} SFT steps) into {path}", file=sys.stderr, flush=True)
-        with atomic_dir(path) as tmp:
-            warm_start(tiny, tmp)
+        shipped = shipped_policy(tiny) if use_shipped else None
+        if shipped is not None:
+            print(f"installing the shipped {spec} (task {tiny.task}, {tiny.sft_steps} SFT steps; `dapo init-model --force` "
+                  f"rebuilds it) into {path}", file=sys.stderr, flush=True)
+            with atomic_dir(path) as tmp:
+                for name in SHIPPED_FILES:
+                    shutil.copyfile(shipped / name, tmp / name)
+        else:
+            print(f"building {spec} (task {tiny.task}, {tiny.sft_steps} SFT steps) into {path}", file=sys.stderr, flush=True)
+            with atomic_dir(path) as tmp:
+                warm_start(tiny, tmp)
     return path

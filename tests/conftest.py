@@ -63,8 +63,11 @@ def smollm2_dir() -> Path:
     from dapo_cli.models.gguf import import_gguf, named_gguf_file
     from dapo_cli.models.loading import default_cache_dir
 
+    from fixtures.model_families import cache_lock
+
     try:
-        return import_gguf(named_gguf_file("smollm2-135m-instruct", default_cache_dir()), default_cache_dir())
+        with cache_lock(default_cache_dir()):  # pytest-xdist workers: one imports, the others wait for it
+            return import_gguf(named_gguf_file("smollm2-135m-instruct", default_cache_dir()), default_cache_dir())
     except UserError as exc:
         pytest.skip(str(exc))
 
@@ -76,6 +79,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
     torch.set_num_threads(1)
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # subprocesses started by the e2e tests
+    # pytest-xdist's workers start with COLUMNS=80 LINES=24 in their environment; rich fixes the width of
+    # a console made while COLUMNS is set (dapo_cli.cli.common.console, at import), so the tests' own
+    # COLUMNS (CliRunner env=) would stop counting. Without them every process sizes as a serial run does.
+    for name in ("COLUMNS", "LINES"):
+        os.environ.pop(name, None)
 
 
 NEEDS = {"vllm": ("vllm",), "gguf": ("gguf", "accelerate"), "lora": ("peft",)}
@@ -97,6 +105,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         parts = Path(str(item.fspath)).resolve().relative_to(tests_dir).parts
         if parts and parts[0] in PATH_MARKERS:
             item.add_marker(PATH_MARKERS[parts[0]])
+    # multi-process and end-to-end modules first (a stable sort: each keeps its order): pytest-xdist hands
+    # out modules in this order, so the minute-long ones start early and the short ones fill in around them
+    items.sort(key=lambda item: 0 if item.get_closest_marker("distributed") else 1 if item.get_closest_marker("e2e") else 2)
     for marker, packages in NEEDS.items():
         missing = [p for p in packages if importlib.util.find_spec(p) is None]
         if not missing:

@@ -102,7 +102,7 @@ def engine_for(c, model, load_reference=None):
 
 
 def train_rollout(c, engine, tok, load_copy, path):
-    return components.build_train_rollout(c.rollout, engine, tok, load_copy, path, max_model_len=1024, dtype="float32", seed=0)
+    return components.build_train_rollout(c.rollout, engine, tok, load_copy, path, max_model_len=1024, max_sequences=8, dtype="float32", seed=0)
 
 
 def test_the_torch_engine_samples_with_its_own_module(tiny_model_dir):

@@ -201,3 +201,62 @@ def test_two_processes_build_byte_identical_models(tmp_path):
     assert all(card.pop("wall_time_s") > 0 for card in cards)
     assert cards[0] == cards[1] and cards[0]["sft_steps"] == 20
 
+
+
+# ---------------------------------------------------------------- the shipped default policy
+
+
+def test_the_package_ships_the_default_policy_built_by_the_current_recipe():
+    # fails when the warm-start recipe (any model.tiny default) or TINY_FORMAT_VERSION changes without a
+    # fresh `dapo init-model --force -o dapo_cli/models/shipped/tiny`: the shipped policy would go unused
+    from dapo_cli.config.tiny import TINY_FORMAT_VERSION
+
+    card = json.loads((warmstart.SHIPPED_TINY / MODEL_CARD).read_text(encoding="utf-8"))
+    assert card["fingerprint"] == TinyModelConfig().fingerprint()
+    assert card["format_version"] == TINY_FORMAT_VERSION and card["config"] == dataclasses.asdict(TinyModelConfig())
+    assert sorted(p.name for p in warmstart.SHIPPED_TINY.iterdir()) == sorted(warmstart.SHIPPED_FILES)
+    assert warmstart.shipped_policy(TinyModelConfig()) == warmstart.SHIPPED_TINY
+    assert warmstart.shipped_policy(dataclasses.replace(TinyModelConfig(), seed=1)) is None
+
+
+def test_the_shipped_policy_loads_and_answers_as_its_card_says():
+    from dapo_cli.components import build_policy_rollout
+    from dapo_cli.data.synthetic import generate_examples
+    from dapo_cli.models import load_policy
+    from dapo_cli.rollout.base import SamplingParams
+
+    card = json.loads((warmstart.SHIPPED_TINY / MODEL_CARD).read_text(encoding="utf-8"))
+    model, tokenizer = load_policy(warmstart.SHIPPED_TINY)
+    assert sum(p.numel() for p in model.parameters()) == card["num_parameters"] == 1_064_320
+    # greedy on the card's first 40 held-out problems: a trained policy (the card says 44.5% on 200), not a
+    # random one (0%); the band allows other CPUs' rounding and the smaller sample
+    examples = generate_examples("add-3digit", 40, 0, split="val")
+    engine = build_policy_rollout("hf", model, tokenizer)
+    greedy = SamplingParams(temperature=0.0, max_tokens=card["eval_max_tokens"])
+    accuracy = warmstart.measure_accuracy(engine, tokenizer, examples, greedy, warmstart.answer_checker())
+    assert 0.2 <= accuracy <= 0.75, accuracy
+
+
+def test_ensure_model_installs_the_shipped_policy_without_training(tmp_path, capsys, monkeypatch):
+    def no_training(*args, **kwargs):
+        raise AssertionError("warm_start ran although the package ships this policy")
+
+    monkeypatch.setattr(warmstart, "warm_start", no_training)
+    path = warmstart.ensure_model("builtin:tiny", TinyModelConfig(), tmp_path)
+    assert path == tmp_path / f"tiny-{TinyModelConfig().fingerprint()}"
+    for name in warmstart.SHIPPED_FILES:
+        assert (path / name).read_bytes() == (warmstart.SHIPPED_TINY / name).read_bytes(), name
+    assert "installing the shipped builtin:tiny" in capsys.readouterr().err
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # nothing half-written beside it
+
+
+def test_ensure_model_without_the_shipped_copy_trains(tmp_path, monkeypatch):
+    built = []
+
+    def fake_warm_start(cfg, out, **kwargs):
+        built.append(cfg)
+        (Path(out) / MODEL_CARD).write_text("{}")
+
+    monkeypatch.setattr(warmstart, "warm_start", fake_warm_start)
+    warmstart.ensure_model("builtin:tiny", TinyModelConfig(), tmp_path, use_shipped=False)
+    assert built == [TinyModelConfig()]

@@ -30,7 +30,7 @@ def init_model(
         typer.Option("--output", "-o", help="Write the model here instead of the builtin:tiny cache.",
                      show_default="the cache: $DAPO_CACHE, else ~/.cache/dapo", rich_help_panel=Panel.OUTPUT),
     ] = None,
-    force: Annotated[bool, typer.Option("--force", help="Rebuild even if the model already exists.", rich_help_panel=Panel.OUTPUT)] = False,
+    force: Annotated[bool, typer.Option("--force", help="Rebuild (warm-start again) even if the model exists or the package ships it.", rich_help_panel=Panel.OUTPUT)] = False,
     from_gguf: Annotated[
         str | None,
         typer.Option("--from-gguf", help="Import this GGUF file, or a registered name (smollm2-135m-instruct), instead.",
@@ -73,7 +73,7 @@ def init_model(
         path = tiny_cache_path(cfg.model.tiny)
         if force and path.exists():
             shutil.rmtree(path)
-        path = ensure_model("builtin:tiny", cfg.model.tiny)
+        path = ensure_model("builtin:tiny", cfg.model.tiny, use_shipped=not force)
     card = json.loads((path / MODEL_CARD).read_text(encoding="utf-8"))
     console.print(
         f"tiny policy at [bold]{path}[/] ({card['num_parameters']:,} parameters, task {card['config']['task']}, "

@@ -200,7 +200,9 @@ def print_results(summary: dict[str, Any], *, as_json: bool) -> None:
     if data.get("checkpoint"):
         lines.append(f"checkpoint: {data['checkpoint']}")
     if data.get("mlflow_run_id"):
-        lines.append(f"MLflow run: {data['mlflow_run_id']}  (mlflow ui --backend-store-uri {data.get('tracking_uri') or ''})")
+        from dapo_cli.tracking.mlflow import ui_lines
+
+        lines.extend(ui_lines(data.get("tracking_uri") or "", data["mlflow_run_id"]))
     last = data.get("last_step_metrics") or {}
     if last:
         from dapo_cli.progress import SUMMARY_KEYS

@@ -255,5 +255,8 @@ def finish(ctx: Context, name: str, wall_s: float) -> dict[str, Any]:
     if checkpoint is not None:
         ctx.reporter.note(f"checkpoint: {checkpoint}")
     if tracker.run_id:
-        ctx.reporter.note(f"MLflow run: {tracker.run_id}  (mlflow ui --backend-store-uri {tracker.tracking_uri})")
+        from dapo_cli.tracking.mlflow import ui_lines
+
+        for line in ui_lines(tracker.tracking_uri, tracker.run_id):
+            ctx.reporter.note(line)
     return summary

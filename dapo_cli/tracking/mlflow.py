@@ -145,6 +145,38 @@ def sqlite_artifact_location(tracking_uri: str, experiment: str) -> str | None:
     return (db.resolve().parent / "mlartifacts" / safe).as_uri()
 
 
+MLFLOW_UI = "http://127.0.0.1:5000"
+"""Where ``mlflow ui`` serves by default."""
+
+TRAINING_VIEW = "workflowType=machine_learning"
+"""The query that opens a page in the UI's "Model training" mode. MLflow 3.17's UI takes its mode from
+this parameter (else from the last mode picked in that browser, "GenAI" at first) and not from the
+experiment's ``mlflow.experimentKind`` tag: without it a training run's page is headed "Evaluations"."""
+
+
+def run_page(tracking_uri: str, run_id: str, ui: str = MLFLOW_UI) -> str | None:
+    """The address of run ``run_id``'s metric charts in ``mlflow ui`` (training view), or None where the
+    store does not answer or hold the run."""
+    try:
+        run = get_run_or_none(open_client(tracking_uri), run_id)
+    except Exception:  # an unreachable store only costs the address
+        return None
+    if run is None:
+        return None
+    return f"{ui}/#/experiments/{run.info.experiment_id}/runs/{run_id}/model-metrics?{TRAINING_VIEW}"
+
+
+def ui_lines(tracking_uri: str, run_id: str) -> list[str]:
+    """What a command prints about its MLflow run: the id, and how to open its page in the training view."""
+    lines = [f"MLflow run: {run_id}"]
+    page = run_page(tracking_uri, run_id) if tracking_uri else None
+    if page is not None:
+        lines.append(f"MLflow UI:  mlflow ui --backend-store-uri {tracking_uri}, then open {page}")
+    elif tracking_uri:
+        lines[0] += f"  (mlflow ui --backend-store-uri {tracking_uri})"
+    return lines
+
+
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 MODEL_TRAINING_KIND = "custom_model_development"
 """What dapo's experiments are: MLflow's UI then opens them in its "Model training" mode (the run

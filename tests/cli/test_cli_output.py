@@ -69,7 +69,10 @@ def test_train_results_on_stdout_progress_and_steps_on_stderr(workdir: Path, tin
     assert run.info.status == "FINISHED"
     out = result.stdout.splitlines()
     assert f"run dir:    {workdir / 'runs' / 'out' / RUN}" in out
-    assert f"MLflow run: {run.info.run_id}  (mlflow ui --backend-store-uri sqlite:///{workdir / 'mlflow.db'})" in out
+    assert f"MLflow run: {run.info.run_id}" in out
+    # the run's charts in the UI's training view: MLflow 3.17 ignores the experiment's kind tag for its mode
+    page = f"http://127.0.0.1:5000/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}/model-metrics?workflowType=machine_learning"
+    assert f"MLflow UI:  mlflow ui --backend-store-uri sqlite:///{workdir / 'mlflow.db'}, then open {page}" in out
     assert any(line.startswith("held-out accuracy: ") for line in out)
     assert result.output.count("held-out accuracy: ") == 1  # once, with the results (not also as a log line)
     assert any(line.startswith("last step:  acc ") for line in out)

@@ -219,7 +219,7 @@ def test_a_rollout_engine_synced_from_the_export_samples_with_the_merged_policy(
                 p.normal_(0.0, 0.5, generator=torch.Generator().manual_seed(len(key)))
     rollout = components.build_train_rollout(
         RolloutConfig(engine="fast"), engine, tokenizer, components.model_loader(tiny_model_dir, torch.float32), tiny_model_dir,
-        max_model_len=96, dtype="float32", seed=0,
+        max_model_len=96, max_sequences=6, dtype="float32", seed=0,
     )
     assert rollout.model is not engine.module and not rollout.shares_weights
     out = rollout.generate(["What is 12+7?\n", "Q"], 3, SamplingParams(max_tokens=8, seed=0, logprobs=True))
