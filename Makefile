@@ -68,8 +68,8 @@ demo: $(CORE)
 test:
 	$(MAKE) --no-print-directory -j3 $(STAMP) $(TF4_STAMP) $(VLLM_STAMP)
 	$(MAKE) --no-print-directory fetch-smollm2
-	$(PY) -m pytest -m "not vllm and not gguf and not lora" -n $(TEST_JOBS) --dist loadscope
-	$(VLLM)/bin/python -m pytest -m "vllm or gguf or lora" -n $(TEST_JOBS) --dist loadscope
+	$(PY) -m pytest -m "not vllm and not gguf and not lora" -n $(TEST_JOBS) --dist loadscope --durations=10
+	$(VLLM)/bin/python -m pytest -m "vllm or gguf or lora" -n $(TEST_JOBS) --dist loadscope --durations=10
 
 # The two README commands in a fresh clone of HEAD with empty caches, timed (.ci/fresh-check; ~20 min).
 fresh-check:
