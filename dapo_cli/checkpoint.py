@@ -40,8 +40,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 
 from dapo_cli.config.schema import PLANNING_SECTIONS
+from dapo_cli.config.versions import split_version, upgrade
 from dapo_cli.engine.dist import Collective
 from dapo_cli.errors import UserError, failed_write
 from dapo_cli.fileio import safetensors_problem, write_json_atomic, write_text_atomic
@@ -383,10 +385,25 @@ RESUMABLE_CHANGES = {"trainer.total_steps"}
 """Config keys a resumed run may change (extend a finished run)."""
 
 
-def resume_blockers(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """The settings that differ from a run's saved config and forbid resuming it: all but the
-    :data:`RESUMABLE_CHANGES` and the planning-only sections (``cluster``, which older runs lack)."""
-    return [
-        d for d in config_differences(saved, current)
-        if d not in RESUMABLE_CHANGES and d.split(".")[0] not in PLANNING_SECTIONS
-    ]
+def resume_blockers(saved: Any, current: dict[str, Any]) -> list[str]:
+    """The settings that forbid resuming a run whose ``config.yaml`` holds ``saved`` (as YAML loads it) with the
+    config ``current``: every key that differs, but the :data:`RESUMABLE_CHANGES` and the planning-only sections.
+
+    A config saved by an older dapo lacks the keys added since: each is compared at the value that does
+    what that dapo did (:func:`~dapo_cli.config.versions.upgrade`); where ``current`` differs, the entry
+    says which ``--set`` resumes it. A key nothing can fill is named as missing. A config from a newer dapo
+    is a ConfigError.
+    """
+    version, data = split_version(saved, "the run's config.yaml")
+    upgraded, filled, missing = upgrade(data, version)
+
+    def free(key: str) -> bool:
+        return key in RESUMABLE_CHANGES or key.split(".")[0] in PLANNING_SECTIONS
+
+    out = [f"{k} (not in it, and no value is known to do what the dapo that wrote it did)" for k in missing if not free(k)]
+    for d in config_differences(upgraded, current):
+        if free(d) or d in missing:
+            continue
+        value = yaml.safe_dump(filled.get(d), default_flow_style=True).strip().removesuffix("...").strip()
+        out.append(f"{d} (not in it: the older dapo that wrote it ran as --set {d}={value} does)" if d in filled else d)
+    return out

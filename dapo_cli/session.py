@@ -32,7 +32,7 @@ from dapo_cli.checkpoint import (
     run_dir_for,
     set_rng_state,
 )
-from dapo_cli.config import Config, dump_yaml, flatten, technique_state, to_dict
+from dapo_cli.config import Config, dump_saved, flatten, technique_state, to_dict
 from dapo_cli.config.schema import DataConfig, thread_split, uses_worker
 from dapo_cli.config.techniques import variant_name
 from dapo_cli.config.validate import check_world_size
@@ -317,7 +317,7 @@ class TrainingSession:
         if not self.dist.is_main:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        text = dump_yaml(self.cfg)
+        text = dump_saved(self.cfg)
         write_text_atomic(self.run_dir / "config.yaml", text)
         tracker.log_params(flatten(self.cfg))
         tracker.log_text(text, "config.yaml")

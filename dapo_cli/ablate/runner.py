@@ -66,7 +66,7 @@ from dapo_cli.ablate.report import build_report, summary_markdown, summary_metri
 from dapo_cli.ablate.results import AblationReport
 from dapo_cli.ablate.slurm import ArgvFn, Slurm
 from dapo_cli.ablate.store import SUPERSEDED_TAG, child_runs, find_parent, mlflow_client, variant_of
-from dapo_cli.config import dump_yaml, flatten
+from dapo_cli.config import dump_saved, flatten
 from dapo_cli.errors import UserError
 from dapo_cli.tracking import start_run
 
@@ -295,7 +295,7 @@ def _record_plan(tracker: Any, plan: AblationPlan) -> None:
         "ablate.techniques": ",".join(plan.techniques),
         **flatten(plan.base),
     })
-    tracker.log_text(dump_yaml(plan.base), "ablation_config.yaml")
+    tracker.log_text(dump_saved(plan.base), "ablation_config.yaml")
 
 
 def _log_plan(tracker: Any, plan: AblationPlan) -> None:

@@ -1,6 +1,7 @@
 """Checkpoint folders from elsewhere run no code: a pickle planted in any state file a checkpoint holds never runs
 for `dapo eval` or `dapo train --resume` (the command refuses it with one line, or goes on without the file where
-it needs none), and a checkpoint written by an older dapo (``.pt`` state files) still resumes, read safely."""
+it needs none). Runs of an older dapo still resume: its ``.pt`` state files are read safely, and its config.yaml,
+which lacks the keys added since, resumes when their declared values do what that dapo did."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from fixtures.experiment import experiment_runs, write_experiment
 from foreign_files import live, plant, to_legacy
 from safetensors.torch import load_file
@@ -128,3 +130,32 @@ def test_resume_refuses_planted_state_files_and_resumes_an_older_dapos_checkpoin
     assert run.info.status == "FINISHED" and run.data.tags["dapo.resumed_from_step"] == "2"
     again = load_file(root / "step_000003" / "model" / "model.safetensors")
     assert resumed.keys() == again.keys() and all(torch.equal(resumed[k], again[k]) for k in again)
+
+
+OLDER = Path(__file__).resolve().parents[1] / "config" / "older_configs"
+
+
+def as_written_by(saved: dict, older: dict) -> dict:
+    """``saved`` with only the keys ``older`` (a config an older dapo wrote) has: how that dapo wrote this run's config."""
+    return {k: as_written_by(v, older[k]) if isinstance(v, dict) else v for k, v in saved.items() if k in older}
+
+
+@pytest.mark.slow
+def test_a_run_whose_config_an_older_dapo_saved_resumes_unless_a_missing_key_changes_it(trained, tmp_path) -> None:
+    config, root, _ = trained
+    path = root.parent / "config.yaml"
+    mine = yaml.safe_load(path.read_text())
+    assert mine["schema_version"] == 1
+    # saved before engine.shared_prompt_forward existed: that dapo ran the plain forward, this run's default differs
+    path.write_text(yaml.safe_dump(as_written_by(mine, yaml.safe_load((OLDER / "18c86c5.yaml").read_text()))))
+    line = error_line(resume(config))
+    assert "differs from the run's config.yaml in engine.shared_prompt_forward (not in it: the older dapo that wrote it " \
+           "ran as --set engine.shared_prompt_forward=false does)" in line
+    # saved before rollout.max_staleness, model.lora, engine.autocast, cluster ...: their defaults do what it did
+    older = as_written_by(mine, yaml.safe_load((OLDER / "4e22362.yaml").read_text()))
+    assert "lora" not in older["model"] and "max_staleness" not in older["rollout"] and "schema_version" not in older
+    path.write_text(yaml.safe_dump(older))
+    result = resume(config)
+    assert result.exit_code == 0, result.output
+    _, (run,) = experiment_runs(tmp_path, "foreign")
+    assert run.info.status == "FINISHED" and run.data.tags["dapo.resumed_from_step"] == "2"
