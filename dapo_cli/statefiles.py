@@ -32,6 +32,8 @@ TREE_KEY = "dapo.tree"
 """Metadata key of a state file: the JSON tree of the object, tensors as ``{"__tensor__": name}``."""
 
 _TUPLE, _ITEMS, _TENSOR = "__tuple__", "__items__", "__tensor__"
+REFUSED = "is refused: "
+"""How the reason of a :class:`RefusedFile` begins (a checkpoint passed over for one says so with it)."""
 
 
 class StateFileError(ValueError):
@@ -146,7 +148,7 @@ def read_legacy(path: Path, *, fix: str, device: str | torch.device = "cpu") -> 
         return torch.load(path, map_location=device, weights_only=True)
     except pickle.UnpicklingError as exc:
         raise RefusedFile(path, (
-            f"is refused: torch's safe reader (weights_only) cannot read it ({_reason(exc)}) and dapo never "
+            f"{REFUSED}torch's safe reader (weights_only) cannot read it ({_reason(exc)}) and dapo never "
             f"unpickles a file in full, which can run code from it; {fix}"
         )) from None
     except Exception as exc:  # a truncated or foreign file: torch's zip reader, EOF, ...

@@ -1,5 +1,6 @@
 """Files a checkpoint folder from elsewhere may hold: a pickle that writes a marker file when it is unpickled
-(what a hostile file holds), and an older dapo's ``.pt`` state files (:func:`to_legacy`).
+(what a hostile file holds), an older dapo's ``.pt`` state files (:func:`to_legacy`) and config layout
+(:func:`as_written_by`, after the fixtures in ``tests/config/older_configs/``).
 
 ``plant(path, marker)`` writes it with ``torch.save`` (the format of the ``.pt`` files older dapo checkpoints
 hold); :func:`live` proves a payload really runs when unpickled in full, so a test that sees no marker after
@@ -58,3 +59,18 @@ def to_legacy(checkpoint: Path) -> Path:
     torch.save(read_state(optimizer), checkpoint / "engine" / "optimizer.pt")
     optimizer.unlink()
     return checkpoint
+
+
+OLDER_CONFIGS = Path(__file__).resolve().parent / "config" / "older_configs"
+"""config.yaml files as dapo wrote them at earlier commits (each names its commit)."""
+
+
+def as_written_by(saved: dict, commit: str) -> dict:
+    """``saved`` (a config as nested dicts) with only the keys the config dapo wrote at ``commit`` has, and no
+    ``schema_version``: how that older dapo would have saved this config."""
+    import yaml
+
+    def keep(data: dict, older: dict) -> dict:
+        return {k: keep(v, older[k]) if isinstance(v, dict) else v for k, v in data.items() if k in older}
+
+    return keep(saved, yaml.safe_load((OLDER_CONFIGS / f"{commit}.yaml").read_text()))

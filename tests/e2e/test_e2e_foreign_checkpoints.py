@@ -12,7 +12,7 @@ import pytest
 import torch
 import yaml
 from fixtures.experiment import experiment_runs, write_experiment
-from foreign_files import live, plant, to_legacy
+from foreign_files import as_written_by, live, plant, to_legacy
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
@@ -132,14 +132,6 @@ def test_resume_refuses_planted_state_files_and_resumes_an_older_dapos_checkpoin
     assert resumed.keys() == again.keys() and all(torch.equal(resumed[k], again[k]) for k in again)
 
 
-OLDER = Path(__file__).resolve().parents[1] / "config" / "older_configs"
-
-
-def as_written_by(saved: dict, older: dict) -> dict:
-    """``saved`` with only the keys ``older`` (a config an older dapo wrote) has: how that dapo wrote this run's config."""
-    return {k: as_written_by(v, older[k]) if isinstance(v, dict) else v for k, v in saved.items() if k in older}
-
-
 @pytest.mark.slow
 def test_a_run_whose_config_an_older_dapo_saved_resumes_unless_a_missing_key_changes_it(trained, tmp_path) -> None:
     config, root, _ = trained
@@ -147,12 +139,12 @@ def test_a_run_whose_config_an_older_dapo_saved_resumes_unless_a_missing_key_cha
     mine = yaml.safe_load(path.read_text())
     assert mine["schema_version"] == 1
     # saved before engine.shared_prompt_forward existed: that dapo ran the plain forward, this run's default differs
-    path.write_text(yaml.safe_dump(as_written_by(mine, yaml.safe_load((OLDER / "18c86c5.yaml").read_text()))))
+    path.write_text(yaml.safe_dump(as_written_by(mine, "18c86c5")))
     line = error_line(resume(config))
     assert "differs from the run's config.yaml in engine.shared_prompt_forward (not in it: the older dapo that wrote it " \
            "ran as --set engine.shared_prompt_forward=false does)" in line
     # saved before rollout.max_staleness, model.lora, engine.autocast, cluster ...: their defaults do what it did
-    older = as_written_by(mine, yaml.safe_load((OLDER / "4e22362.yaml").read_text()))
+    older = as_written_by(mine, "4e22362")
     assert "lora" not in older["model"] and "max_staleness" not in older["rollout"] and "schema_version" not in older
     path.write_text(yaml.safe_dump(older))
     result = resume(config)
