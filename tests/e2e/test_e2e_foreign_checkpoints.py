@@ -21,7 +21,7 @@ from dapo_cli.data.schema import make_row, write_dapo_parquet
 
 RUN = "grpo+overlong_filtering+clip_higher+overlong_shaping+token_level_loss-s0"
 PLANTED = ("trainer_state.pt", "engine/optimizer.pt", "rng/rank_00000.pt", "rng/rank_00001.pt",
-           "engine/dapo/mp_rank_00_model_states.pt")
+           "engine/state/mp_rank_00_model_states.pt")
 """Every ``.pt`` a checkpoint of some dapo held (the last one: DeepSpeed's, which dapo never reads itself)."""
 runner = CliRunner()
 
