@@ -8,17 +8,24 @@ Layout of one run (``trainer.output_dir`` / experiment / run name)::
             model/                     save_pretrained policy + tokenizer (loadable by `dapo eval` and plain transformers)
                 dapo_run.json          which training run and step the weights are from (MLflow run id, experiment,
                                        store): `dapo eval` links its run to that one
-            engine/                    the engine's training state: torch: optimizer.pt (optimizer + LR schedule),
+            engine/                    the engine's training state: torch: optimizer.safetensors (optimizer + LR schedule),
                                        with LoRA also adapter/ (PEFT's adapter_config.json + adapter_model.safetensors;
                                        model/ then holds the merged weights); deepspeed: its sharded checkpoint
-                                       (module, optimizer partitions per rank, schedule)
-            rng/rank_00001.pt          RNG states of ranks other than 0
-            trainer_state.pt           rank 0's RNG state, data position, step, MLflow run id, world size
+                                       (module, optimizer partitions per rank, schedule: DeepSpeed's own files)
+            rng/rank_00000.safetensors RNG states of every rank (python, torch, CUDA)
+            trainer_state.json         data position, step, MLflow run id, world size, validation results
         checkpoints/latest             name of the newest complete checkpoint (written atomically)
 
 A checkpoint directory exists only once complete (every rank has written its part and
 rank 0 renamed it into place), and ``latest`` is updated only after it, so a run killed
 at any instant resumes from a consistent state.
+
+Nothing dapo reads back from a checkpoint is unpickled (:mod:`dapo_cli.statefiles`): the state
+files are JSON and safetensors. Checkpoints written before that format held ``trainer_state.pt``
+(with rank 0's RNG state), ``rng/rank_N.pt`` and ``engine/optimizer.pt``; they resume too, read
+with torch's weights-only reader, and a file that reader refuses is refused with one line.
+DeepSpeed's own files are loaded by DeepSpeed, which unpickles them in full: resume such
+a run only from checkpoints you trust (docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -33,11 +40,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 
 from dapo_cli.config.schema import PLANNING_SECTIONS
+from dapo_cli.config.versions import split_version, upgrade
 from dapo_cli.engine.dist import Collective
 from dapo_cli.errors import UserError, failed_write
 from dapo_cli.fileio import safetensors_problem, write_json_atomic, write_text_atomic
+from dapo_cli.statefiles import RefusedFile, StateFileError, from_elsewhere, read_legacy, read_state, unreadable, write_state
 
 KEEP_CHECKPOINTS = 2
 """Complete checkpoints kept per run (older ones are deleted after a new one lands)."""
@@ -46,6 +56,11 @@ ENGINE_DIR = "engine"
 """Subdirectory of a checkpoint holding the training engine's own state."""
 
 LOCK_FILE = ".lock"
+
+TRAINER_STATE = "trainer_state.json"
+"""Rank 0's part of a checkpoint: step, data position, MLflow run id, world size (plain JSON)."""
+LEGACY_TRAINER_STATE = "trainer_state.pt"
+"""The trainer state of checkpoints written before :data:`TRAINER_STATE` (with rank 0's RNG state in it)."""
 
 RUN_INFO_FILE = "dapo_run.json"
 """Beside the weights in ``<checkpoint>/model/``: the training run they came from (see :func:`write_run_info`)."""
@@ -191,6 +206,28 @@ def rng_state() -> dict[str, Any]:
     return state
 
 
+def rng_file(checkpoint: Path, rank: int, suffix: str = ".safetensors") -> Path:
+    """Where rank ``rank``'s RNG state lies in ``checkpoint`` (``.pt``: a checkpoint of an older dapo)."""
+    return checkpoint / "rng" / f"rank_{rank:05d}{suffix}"
+
+
+def read_trainer_state(checkpoint: Path) -> dict[str, Any]:
+    """``checkpoint``'s trainer state: :data:`TRAINER_STATE`, else an older dapo's :data:`LEGACY_TRAINER_STATE`
+    (read safely, :func:`~dapo_cli.statefiles.read_legacy`). A damaged file is a StateFileError, a refused one
+    a UserError."""
+    path = checkpoint / TRAINER_STATE
+    if not path.exists():
+        state = read_legacy(checkpoint / LEGACY_TRAINER_STATE, fix=from_elsewhere(checkpoint))
+    else:
+        try:
+            state = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise StateFileError(f"{TRAINER_STATE} is unreadable ({type(exc).__name__})") from None
+    if not isinstance(state, dict):
+        raise StateFileError(f"{path.name} holds no trainer state")
+    return state
+
+
 def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
     torch.set_rng_state(state["torch"])
@@ -225,13 +262,11 @@ class CheckpointManager:
         dist.barrier()
         with machine_failures(tmp):
             write(tmp)
-            if not dist.is_main:
-                (tmp / "rng").mkdir(exist_ok=True)
-                torch.save(rng_state(), tmp / "rng" / f"rank_{dist.rank:05d}.pt")
+            write_state(rng_file(tmp, dist.rank), rng_state())
         dist.barrier()
         if dist.is_main:
             with machine_failures(tmp):
-                torch.save({**trainer_state, "rng": rng_state(), "step": step}, tmp / "trainer_state.pt")
+                write_json_atomic(tmp / TRAINER_STATE, {**trainer_state, "step": step})
                 if run_info is not None and (tmp / "model").is_dir():
                     write_run_info(tmp / "model", {**run_info, "step": step})
             if final.exists():
@@ -248,10 +283,20 @@ class CheckpointManager:
         return final
 
     @staticmethod
-    def rank_rng_state(path: Path, rank: int, *, default: dict[str, Any]) -> dict[str, Any]:
-        """The RNG state rank ``rank`` saved in checkpoint ``path`` (rank 0's is ``default``)."""
-        own = path / "rng" / f"rank_{rank:05d}.pt"
-        return torch.load(own, weights_only=False) if rank and own.is_file() else default
+    def rank_rng_state(path: Path, rank: int, state: dict[str, Any]) -> dict[str, Any]:
+        """The RNG state rank ``rank`` saved in checkpoint ``path``, whose trainer state is ``state``. An
+        older dapo's checkpoint kept rank 0's in ``state["rng"]``, the others' in ``rng/rank_N.pt``."""
+        own, legacy = rng_file(path, rank), rng_file(path, rank, ".pt")
+        try:
+            if own.exists():
+                return read_state(own)
+            if rank and legacy.is_file():
+                return read_legacy(legacy, fix=from_elsewhere(path))
+            if "rng" in state:
+                return state["rng"]
+            raise StateFileError(f"{own.relative_to(path)} is missing")
+        except StateFileError as exc:
+            raise unreadable(path, exc) from None
 
     def _prune(self, keep: str) -> None:
         done = sorted(d for d in self.root.glob("step_*") if d.is_dir())
@@ -284,31 +329,38 @@ class CheckpointManager:
 
     def load_state(self, path: Path) -> dict[str, Any]:
         try:
-            return torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=False)
-        except Exception as exc:  # a corrupt file is the user's to remove
-            raise UserError(f"cannot read checkpoint {path}: {exc}; delete it to resume from an earlier one") from None
+            return read_trainer_state(path)
+        except StateFileError as exc:  # a corrupt file is the user's to remove
+            raise unreadable(path, exc) from None
 
 
 def checkpoint_problem(path: Path) -> str | None:
     """Why checkpoint ``path`` cannot be resumed from (None: it can).
 
     Checks what a crash, a full disk or a copy gone wrong leaves: every part present, the
-    trainer state readable, and each ``*.safetensors`` file exactly as long as its header says.
+    trainer state readable (an older dapo's ``trainer_state.pt`` by torch's weights-only reader: one
+    it refuses is named with the refusal), and each ``*.safetensors`` file exactly as long as its
+    header says.
     """
-    for part in ("trainer_state.pt", "model/config.json", ENGINE_DIR):
+    state_file = TRAINER_STATE if (path / TRAINER_STATE).exists() else LEGACY_TRAINER_STATE
+    for part in (state_file, "model/config.json", ENGINE_DIR):
         if not (path / part).exists():
-            return f"{part} is missing"
+            return f"{TRAINER_STATE} is missing" if part == LEGACY_TRAINER_STATE else f"{part} is missing"
     try:
-        torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=False)
-    except Exception as exc:
-        return f"trainer_state.pt is unreadable ({type(exc).__name__})"
+        read_trainer_state(path)
+    except StateFileError as exc:
+        return str(exc)
+    except RefusedFile as exc:
+        return f"{state_file} {exc.reason}"
+    if state_file == TRAINER_STATE and not rng_file(path, 0).exists():
+        return f"{rng_file(path, 0).relative_to(path)} is missing"
     weights = sorted((path / "model").glob("*.safetensors"))
     if not weights:
         return "model/ holds no *.safetensors weights"
-    for file in weights:
+    for file in [*weights, *sorted((path / "rng").glob("*.safetensors"))]:
         problem = safetensors_problem(file)
         if problem:
-            return f"model/{file.name} {problem}"
+            return f"{file.relative_to(path)} {problem}"
     return None
 
 
@@ -333,10 +385,25 @@ RESUMABLE_CHANGES = {"trainer.total_steps"}
 """Config keys a resumed run may change (extend a finished run)."""
 
 
-def resume_blockers(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """The settings that differ from a run's saved config and forbid resuming it: all but the
-    :data:`RESUMABLE_CHANGES` and the planning-only sections (``cluster``, which older runs lack)."""
-    return [
-        d for d in config_differences(saved, current)
-        if d not in RESUMABLE_CHANGES and d.split(".")[0] not in PLANNING_SECTIONS
-    ]
+def resume_blockers(saved: Any, current: dict[str, Any]) -> list[str]:
+    """The settings that forbid resuming a run whose ``config.yaml`` holds ``saved`` (as YAML loads it) with the
+    config ``current``: every key that differs, but the :data:`RESUMABLE_CHANGES` and the planning-only sections.
+
+    A config saved by an older dapo lacks the keys added since: each is compared at the value that does
+    what that dapo did (:func:`~dapo_cli.config.versions.upgrade`); where ``current`` differs, the entry
+    says which ``--set`` resumes it. A key nothing can fill is named as missing. A config from a newer dapo
+    is a ConfigError.
+    """
+    version, data = split_version(saved, "the run's config.yaml")
+    upgraded, filled, missing = upgrade(data, version)
+
+    def free(key: str) -> bool:
+        return key in RESUMABLE_CHANGES or key.split(".")[0] in PLANNING_SECTIONS
+
+    out = [f"{k} (not in it, and no value is known to do what the dapo that wrote it did)" for k in missing if not free(k)]
+    for d in config_differences(upgraded, current):
+        if free(d) or d in missing:
+            continue
+        value = yaml.safe_dump(filled.get(d), default_flow_style=True).strip().removesuffix("...").strip()
+        out.append(f"{d} (not in it: the older dapo that wrote it ran as --set {d}={value} does)" if d in filled else d)
+    return out

@@ -32,7 +32,7 @@ from dapo_cli.checkpoint import (
     run_dir_for,
     set_rng_state,
 )
-from dapo_cli.config import Config, dump_yaml, flatten, technique_state, to_dict
+from dapo_cli.config import Config, dump_saved, flatten, technique_state, to_dict
 from dapo_cli.config.schema import DataConfig, round_sequences, thread_split, uses_worker
 from dapo_cli.config.techniques import variant_name
 from dapo_cli.config.validate import check_world_size
@@ -246,34 +246,34 @@ class TrainingSession:
                 max_sequences=round_sequences(cfg.data, cfg.rollout, dist.world_size), dtype=cfg.model.dtype, seed=t.seed, note=engine_notes.append,
             )
             stream, val_problems, val_prompts, manifest = load_run_data(cfg, tokenizer, dist.world_size)
-        except BaseException:  # the claim is released (an empty new run dir removed) whatever failed
+            model_info = read_model_info(Path(model_path))
+            session = cls(
+                cfg=cfg,
+                run_name=name,
+                run_dir=run_dir,
+                tokenizer=tokenizer,
+                engine=engine,
+                rollout=rollout,
+                stream=stream,
+                val_problems=val_problems,
+                val_prompts=val_prompts,
+                manifest=manifest,
+                model_info=model_info,
+                reporter=StepReporter(cfg.trainer.total_steps, verbosity=verbosity if dist.is_main else QUIET),
+                ckpt=ckpt,
+                dist=dist,
+                claim=held[0] if held else claim,
+                model_path=str(model_path),
+            )
+            for note in (*claim.notes, *manifest["notes"], *engine_notes):
+                session.reporter.note(note)
+            if state is not None and latest is not None:
+                session.restore(state, latest)
+        except BaseException:  # the claim is released (an empty new run dir removed) whatever failed, the restore too
             for c in held:
                 c.release(failed=True)
             dist.close()
             raise
-        model_info = read_model_info(Path(model_path))
-        session = cls(
-            cfg=cfg,
-            run_name=name,
-            run_dir=run_dir,
-            tokenizer=tokenizer,
-            engine=engine,
-            rollout=rollout,
-            stream=stream,
-            val_problems=val_problems,
-            val_prompts=val_prompts,
-            manifest=manifest,
-            model_info=model_info,
-            reporter=StepReporter(cfg.trainer.total_steps, verbosity=verbosity if dist.is_main else QUIET),
-            ckpt=ckpt,
-            dist=dist,
-            claim=held[0] if held else claim,
-            model_path=str(model_path),
-        )
-        for note in (*claim.notes, *manifest["notes"], *engine_notes):
-            session.reporter.note(note)
-        if state is not None and latest is not None:
-            session.restore(state, latest)
         return session
 
     def restore(self, state: dict[str, Any], checkpoint: Path) -> None:
@@ -281,7 +281,7 @@ class TrainingSession:
         if self.cfg.model.lora.rank > 0:  # the rollout copy was synced from the base before the adapters came back
             self.rollout.sync_weights(self.engine)
         self.stream.load_state_dict(state["stream"])
-        set_rng_state(self.ckpt.rank_rng_state(checkpoint, self.dist.rank, default=state["rng"]))
+        set_rng_state(self.ckpt.rank_rng_state(checkpoint, self.dist.rank, state))
         self.start_step = int(state["step"])
         self.barren_steps = int(state["barren_steps"])
         self.mlflow_run_id = state.get("mlflow_run_id") or None
@@ -317,7 +317,7 @@ class TrainingSession:
         if not self.dist.is_main:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        text = dump_yaml(self.cfg)
+        text = dump_saved(self.cfg)
         write_text_atomic(self.run_dir / "config.yaml", text)
         tracker.log_params(flatten(self.cfg))
         tracker.log_text(text, "config.yaml")

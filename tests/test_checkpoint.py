@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -14,14 +15,21 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from dapo_cli.checkpoint import CheckpointManager, RunLock, checkpoint_problem, claim_run_dir, safetensors_problem
+from dapo_cli.checkpoint import CheckpointManager, RunLock, checkpoint_problem, claim_run_dir, rng_state, safetensors_problem
 from dapo_cli.errors import UserError
+from dapo_cli.statefiles import write_state
 
 
-def complete_checkpoint(path: Path, step: int) -> Path:
+def complete_checkpoint(path: Path, step: int, *, legacy: bool = False) -> Path:
+    """A checkpoint as this dapo writes it (trainer_state.json, rng/rank_00000.safetensors), or as an older
+    dapo did (``legacy``: trainer_state.pt with rank 0's RNG state inside)."""
     (path / "model").mkdir(parents=True)
     (path / "engine").mkdir()
-    torch.save({"step": step}, path / "trainer_state.pt")
+    if legacy:
+        torch.save({"step": step, "rng": rng_state()}, path / "trainer_state.pt")
+    else:
+        (path / "trainer_state.json").write_text(json.dumps({"step": step}))
+        write_state(path / "rng" / "rank_00000.safetensors", rng_state())
     (path / "model" / "config.json").write_text("{}")
     save_file({"w": torch.arange(8, dtype=torch.float32)}, str(path / "model" / "model.safetensors"))
     return path
@@ -92,8 +100,10 @@ def test_resume_falls_back_to_the_newest_complete_checkpoint_and_says_why(tmp_pa
 @pytest.mark.parametrize(
     ("damage", "problem"),
     [
-        (lambda p: (p / "trainer_state.pt").unlink(), "trainer_state.pt is missing"),
-        (lambda p: (p / "trainer_state.pt").write_bytes(b"not a torch file"), "trainer_state.pt is unreadable"),
+        (lambda p: (p / "trainer_state.json").unlink(), "trainer_state.json is missing"),
+        (lambda p: (p / "trainer_state.json").write_text("{not json"), "trainer_state.json is unreadable"),
+        (lambda p: (p / "rng" / "rank_00000.safetensors").unlink(), "rng/rank_00000.safetensors is missing"),
+        (lambda p: (p / "rng" / "rank_00000.safetensors").write_bytes(b"\x01"), "rng/rank_00000.safetensors is truncated"),
         (lambda p: (p / "engine").rmdir(), "engine is missing"),
         (lambda p: (p / "model" / "model.safetensors").unlink(), "model/ holds no *.safetensors weights"),
         (lambda p: (p / "model" / "model.safetensors").write_bytes(b"\xff" * 16), "model/model.safetensors has a corrupt header"),
@@ -104,6 +114,21 @@ def test_resume_falls_back_to_the_newest_complete_checkpoint_and_says_why(tmp_pa
 def test_each_kind_of_damage_is_named(tmp_path, damage, problem):
     path = complete_checkpoint(tmp_path / "step_000001", 1)
     assert checkpoint_problem(path) is None
+    damage(path)
+    assert problem in checkpoint_problem(path)
+
+
+@pytest.mark.parametrize(
+    ("damage", "problem"),
+    [
+        (lambda p: (p / "trainer_state.pt").write_bytes(b"not a torch file"), "trainer_state.pt is refused"),
+        (lambda p: (p / "trainer_state.pt").write_bytes(b""), "trainer_state.pt is unreadable (EOFError)"),
+    ],
+)
+def test_damage_to_an_older_dapos_checkpoint_is_named(tmp_path, damage, problem):
+    path = complete_checkpoint(tmp_path / "step_000001", 1, legacy=True)
+    assert checkpoint_problem(path) is None  # read with torch's weights-only reader
+    assert CheckpointManager(tmp_path).load_state(path)["step"] == 1
     damage(path)
     assert problem in checkpoint_problem(path)
 

@@ -44,6 +44,7 @@ object); ``dapo train`` reads both (:mod:`dapo_cli.tracking.tags`: :func:`~dapo_
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,13 +61,13 @@ from dapo_cli.ablate.launchers import (
     PrintCommands,
     no_log,
 )
-from dapo_cli.ablate.variants import AblationPlan, Child, axes_text, config_hash
+from dapo_cli.ablate.variants import AblationPlan, Child, axes_text, config_hash, same_base
 from dapo_cli.ablate.pool import Pool
 from dapo_cli.ablate.report import build_report, summary_markdown, summary_metrics, write_report
 from dapo_cli.ablate.results import AblationReport
 from dapo_cli.ablate.slurm import ArgvFn, Slurm
-from dapo_cli.ablate.store import SUPERSEDED_TAG, child_runs, find_parent, mlflow_client, variant_of
-from dapo_cli.config import dump_yaml, flatten
+from dapo_cli.ablate.store import SUPERSEDED_TAG, child_runs, find_older_parent, find_parent, mlflow_client, variant_of
+from dapo_cli.config import dump_saved, flatten
 from dapo_cli.errors import UserError
 from dapo_cli.tracking import start_run
 
@@ -109,9 +110,18 @@ def prior_runs(runs: Sequence[Any], child: Child) -> list[PriorRun]:
 
 
 def has_checkpoint(cfg: Any) -> bool:
+    """True when the child's run dir has a complete checkpoint to resume. Checkpoints whose state files are all
+    refused (an older dapo's ``.pt`` that torch's safe reader will not read) are a UserError, not a fresh start
+    over them."""
     from dapo_cli.checkpoint import CheckpointManager, run_dir_for
+    from dapo_cli.statefiles import REFUSED
 
-    return CheckpointManager(run_dir_for(cfg.trainer.output_dir, cfg.tracking.experiment, cfg.trainer.run_name)).latest() is not None
+    run_dir = run_dir_for(cfg.trainer.output_dir, cfg.tracking.experiment, cfg.trainer.run_name)
+    latest, skipped = CheckpointManager(run_dir).newest_complete()
+    refused = [why for why in skipped if REFUSED in why]
+    if latest is None and refused:
+        raise UserError(f"child {cfg.trainer.run_name} cannot be resumed: {refused[0]}; or remove {run_dir} to train it afresh")
+    return latest is not None
 
 
 # ---------------------------------------------------------------- the parent run
@@ -140,6 +150,8 @@ class AblationOutcome:
     report: AblationReport | None = None
     files: dict[str, Path] = field(default_factory=dict)
     commands: list[str] = field(default_factory=list)
+    name: str = ""
+    """The ablation's name (an older dapo's, when :func:`continued` found its parent)."""
 
 
 def _require_mlflow(plan: AblationPlan) -> None:
@@ -200,6 +212,31 @@ def _write_report(client: Any, tracker: Any, plan: AblationPlan, *, html: bool) 
     return report, files
 
 
+def continued(plan: AblationPlan, log: Log = no_log) -> AblationPlan:
+    """``plan``, or, when no parent run has its id, the same ablation as the older dapo that started it named it.
+
+    An older dapo hashed the config as its schema had it, so its parent has another ``ablate.id``: a parent of
+    the same mode and variants whose recorded base config is this one once read as this schema reads it
+    (:func:`~dapo_cli.ablate.variants.same_base`) is that ablation. Its id and name are taken, so its parent,
+    its children and their run dirs are found: finished children are reused, checkpointed ones resumed.
+    """
+    _require_mlflow(plan)
+    try:
+        client = mlflow_client(plan.base.tracking.tracking_uri)
+    except UserError:  # no store yet: nothing to continue (and nothing created here)
+        return plan
+    experiment = plan.base.tracking.experiment
+    if find_parent(client, experiment, plan.ablation_id) is not None:
+        return plan
+    names = ",".join(v.name for v in plan.variants)
+    older = find_older_parent(client, experiment, plan.mode, names, lambda saved: same_base(saved, plan.base))
+    if older is None:
+        return plan
+    tags = older.data.tags
+    log(f"continuing ablation {tags.get('ablate.name', '?')}, started by an older dapo with this config (ablation id {tags['ablate.id']})")
+    return dataclasses.replace(plan, ablation_id=tags["ablate.id"], name=tags.get("ablate.name") or plan.name)
+
+
 # ---------------------------------------------------------------- the driver
 
 
@@ -220,9 +257,9 @@ def drive(plan: AblationPlan, launcher: Launcher, *, command: str, html: bool = 
                 launcher.start(o, parent)
         launcher.finish(outcomes, parent)
         if not launcher.reports:
-            return AblationOutcome(parent.run_id, outcomes)
+            return AblationOutcome(parent.run_id, outcomes, name=plan.name)
         report, files = _write_report(client, tracker, plan, html=html)
-    return AblationOutcome(parent.run_id, outcomes, report, files)
+    return AblationOutcome(parent.run_id, outcomes, report, files, name=plan.name)
 
 
 def run_ablation(
@@ -247,6 +284,7 @@ def run_ablation(
     UserError naming the child and its exit code. ``ablate.jobs > 1``: every child decided first, then
     up to that many at once as processes started by ``popen`` (:class:`~dapo_cli.ablate.pool.Pool`).
     """
+    plan = continued(plan, log)
     where = {"config_path": config_path, "sets": sets, "log": log}
     launcher: Launcher
     if plan.base.ablate.jobs > 1:
@@ -271,7 +309,7 @@ def slurm_launch(
 ) -> AblationOutcome:
     """Submit one submitit job per missing child, wait for them all, then write the report as :func:`run_ablation`
     does (:class:`~dapo_cli.ablate.slurm.Slurm`)."""
-    _require_mlflow(plan)
+    plan = continued(plan, log)
     launcher = Slurm(plan, config_path=config_path, sets=sets, log=log, argv_for=argv_for, poll_s=poll_s)
     return drive(plan, launcher, command=command, html=html, log=log)
 
@@ -280,6 +318,7 @@ def print_launch(
     plan: AblationPlan, *, command: str, config_path: str | None, sets: Sequence[str] = ()
 ) -> AblationOutcome:
     """Create (or find) the parent and return one shell line per child still to run (``#`` comment when done)."""
+    plan = continued(plan)
     launcher = PrintCommands(plan, config_path=config_path, sets=sets)
     outcome = drive(plan, launcher, command=command)
     outcome.commands = launcher.commands
@@ -295,7 +334,7 @@ def _record_plan(tracker: Any, plan: AblationPlan) -> None:
         "ablate.techniques": ",".join(plan.techniques),
         **flatten(plan.base),
     })
-    tracker.log_text(dump_yaml(plan.base), "ablation_config.yaml")
+    tracker.log_text(dump_saved(plan.base), "ablation_config.yaml")
 
 
 def _log_plan(tracker: Any, plan: AblationPlan) -> None:

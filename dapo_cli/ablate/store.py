@@ -11,8 +11,11 @@ import json
 import math
 import re
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from dapo_cli.ablate.results import CURVE_METRICS, SAMPLES_METRIC, VAL_CURVE, ChildResult
 from dapo_cli.errors import UserError
@@ -39,6 +42,25 @@ def find_parent(client: Any, experiment: str, ablation_id: str) -> Any | None:
         return None
     runs = client.search_runs([exp.experiment_id], f"tags.`ablate.id` = '{ablation_id}'", order_by=["attributes.start_time DESC"])
     return runs[0] if runs else None
+
+
+BASE_CONFIG_ARTIFACT = "ablation_config.yaml"
+"""The parent run's artifact holding the ablation's base config as the dapo that started it saved it."""
+
+
+def find_older_parent(client: Any, experiment: str, mode: str, variants: str, same_base: Callable[[Any], bool]) -> Any | None:
+    """The newest parent run of ``mode`` with exactly these ``variants`` (comma-separated) whose base config,
+    read back from :data:`BASE_CONFIG_ARTIFACT` as YAML, passes ``same_base``: an ablation an older dapo started
+    (its ``ablate.id`` hashed the config as that dapo's schema had it), or None."""
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None or "'" in variants + mode:  # names never hold a quote; the filter could not say it
+        return None
+    query = f"tags.`ablate.mode` = '{mode}' and tags.`ablate.variants` = '{variants}'"
+    for run in client.search_runs([exp.experiment_id], query, order_by=["attributes.start_time DESC"]):
+        text = artifact_text(client, run.info.run_id, BASE_CONFIG_ARTIFACT)
+        if text is not None and same_base(yaml.safe_load(text)):
+            return run
+    return None
 
 
 def child_runs(client: Any, parent: Any, *, include_superseded: bool = False) -> list[Any]:
@@ -88,15 +110,22 @@ def history(client: Any, run_id: str, key: str) -> dict[int, float]:
     return {m.step: m.value for m in sorted(client.get_metric_history(run_id, key), key=lambda m: m.timestamp)}
 
 
-def per_problem_table(client: Any, run_id: str, step: int) -> dict[str, float]:
-    """``problem_id -> correct / samples`` from the trainer's ``val/per_problem_step_<step>.json`` ({} if absent)."""
-    path = f"val/per_problem_step_{step:06d}.json"
+def artifact_text(client: Any, run_id: str, path: str) -> str | None:
+    """The text of run ``run_id``'s artifact ``path`` (None when it has none)."""
     with tempfile.TemporaryDirectory(prefix="dapo-report-") as tmp:
         try:
             local = client.download_artifacts(run_id, path, tmp)
         except Exception:  # the artifact store raises various types for a missing file
-            return {}
-        data = json.loads(Path(local).read_text(encoding="utf-8"))
+            return None
+        return Path(local).read_text(encoding="utf-8")
+
+
+def per_problem_table(client: Any, run_id: str, step: int) -> dict[str, float]:
+    """``problem_id -> correct / samples`` from the trainer's ``val/per_problem_step_<step>.json`` ({} if absent)."""
+    text = artifact_text(client, run_id, f"val/per_problem_step_{step:06d}.json")
+    if text is None:
+        return {}
+    data = json.loads(text)
     cols = data["columns"]
     rows = [dict(zip(cols, r)) for r in data["data"]]
     return {str(r["problem_id"]): float(r["correct"]) / float(r["samples"]) for r in rows if float(r["samples"]) > 0}

@@ -38,9 +38,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dapo_cli.config import TECHNIQUES, Config, apply_techniques, flatten, technique_state, to_dict
-from dapo_cli.config.load import override_config, parse_override
-from dapo_cli.config.schema import PLANNING_SECTIONS
+from dapo_cli.config import TECHNIQUES, Config, apply_techniques, flatten, technique_state
+from dapo_cli.config.load import from_dict, override_config, parse_override
+from dapo_cli.config.schema import PLANNING_SECTIONS, ConfigError
+from dapo_cli.config.versions import before_value, declaration, split_version, upgrade
 from dapo_cli.config.techniques import TECHNIQUE_KEYS, variant_name
 from dapo_cli.config.validate import validate
 from dapo_cli.errors import UserError
@@ -361,10 +362,31 @@ def select_variants(variants: Sequence[Variant], only: Sequence[str], skip: Sequ
 
 
 def config_hash(cfg: Config) -> str:
-    """SHA-256 (16 hex) of the resolved config without its ``ablate`` section (launcher and seeds enter separately)
-    and the planning-only sections (:data:`~dapo_cli.config.schema.PLANNING_SECTIONS`, which train nothing)."""
-    data = {k: v for k, v in to_dict(cfg).items() if k != "ablate" and k not in PLANNING_SECTIONS}
+    """SHA-256 (16 hex) of the resolved config without its ``ablate`` section (launcher and seeds enter separately),
+    the planning-only sections (:data:`~dapo_cli.config.schema.PLANNING_SECTIONS`, which train nothing) and every
+    key added to the schema (:data:`~dapo_cli.config.versions.ADDED_KEYS`) that is at the value doing what dapo
+    did before it: a key the schema gains later at such a value leaves the hash, and so the ablation id, as it was."""
+    defaults = flatten(Config())
+    data = {
+        key: value for key, value in flatten(cfg).items()
+        if key.split(".")[0] != "ablate" and key.split(".")[0] not in PLANNING_SECTIONS
+        and (declaration(key) is None or value != before_value(key, defaults))
+    }
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def same_base(saved: Any, cfg: Config) -> bool:
+    """True when ``saved`` (a base config as YAML loads it, maybe written by an older dapo) is ``cfg``'s: read as
+    this schema reads it (:func:`~dapo_cli.config.versions.upgrade`: each key it lacks at the value doing what
+    that dapo did, none left unfilled), it has ``cfg``'s :func:`config_hash`."""
+    try:
+        version, data = split_version(saved)
+        upgraded, _, missing = upgrade(data, version)
+        older = from_dict(Config, upgraded)
+    except ConfigError:  # a key this schema no longer has, a newer dapo's config
+        return False
+    relevant = [k for k in missing if k.split(".")[0] != "ablate" and k.split(".")[0] not in PLANNING_SECTIONS]
+    return not relevant and config_hash(older) == config_hash(cfg)
 
 
 def ablation_id(cfg: Config, mode: str, variants: Sequence[Variant]) -> str:

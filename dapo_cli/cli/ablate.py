@@ -159,7 +159,7 @@ def ablate(
         for line in outcome.commands:
             typer.echo(line)
         err_console.print(
-            f"parent run {outcome.parent_run_id} ({plan.name}); each command nests under it through ${PARENT_RUN_ENV}. "
+            f"parent run {outcome.parent_run_id} ({outcome.name}); each command nests under it through ${PARENT_RUN_ENV}. "
             f"When they finish: dapo report {outcome.parent_run_id}",
             highlight=False,
             markup=False,

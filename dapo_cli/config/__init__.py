@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from dapo_cli.config.load import ConfigError, build_config, dump_yaml, flatten, to_dict
+from dapo_cli.config.load import ConfigError, build_config, dump_saved, dump_yaml, flatten, to_dict
 from dapo_cli.config.schema import Config
 from dapo_cli.config.techniques import TECHNIQUES, apply_techniques, technique_state
 from dapo_cli.config import validate as _rules  # the module: ``config.validate`` stays the submodule
@@ -15,6 +15,7 @@ __all__ = [
     "ConfigError",
     "TECHNIQUES",
     "apply_techniques",
+    "dump_saved",
     "dump_yaml",
     "flatten",
     "load_config",

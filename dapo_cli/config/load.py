@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 
 from dapo_cli.config.schema import Config, ConfigError, flatten, is_section  # noqa: F401 (re-exported)
+from dapo_cli.config.versions import SCHEMA_VERSION, VERSION_KEY, split_version
 
 EMBEDDED_EXPERIMENT = "tiny.yaml"
 """The experiment of a command given no CONFIG (``presets/`` links it to ``experiments/``)."""
@@ -42,7 +43,7 @@ def build_config(path: str | Path | None = None, overrides: typing.Sequence[str]
     (``dapo train``'s technique toggles).
     """
     source = Path(path) if path is not None else embedded_experiment_path()
-    data = read_yaml(source)
+    _, data = split_version(read_yaml(source), str(source))  # a run's saved config.yaml records its schema version
     for item in overrides:
         set_dotted(data, *typed_override(item))
     return from_dict(Config, data)
@@ -234,3 +235,9 @@ def to_dict(cfg: Any) -> dict[str, Any]:
 def dump_yaml(cfg: Any) -> str:
     """The resolved config as YAML, sections in schema order."""
     return yaml.safe_dump(to_dict(cfg), sort_keys=False, default_flow_style=False)
+
+
+def dump_saved(cfg: Any) -> str:
+    """The config as a run saves it (``config.yaml``): ``schema_version: N`` first (:mod:`dapo_cli.config.versions`),
+    then :func:`dump_yaml`. ``build_config`` reads it back like any experiment."""
+    return f"{VERSION_KEY}: {SCHEMA_VERSION}\n" + dump_yaml(cfg)

@@ -6,8 +6,9 @@ layer on the hidden state of the last token (prompts are left-padded, so that is
 position). It is trained with binary cross-entropy against the Monte-Carlo success rates
 (soft targets); the lowest reachable loss is the mean entropy of the targets, logged beside it.
 
-Saved as ``<dir>/backbone/`` (``save_pretrained``), ``<dir>/value_head.pt`` and the
-tokenizer in ``<dir>/backbone/``.
+Saved as ``<dir>/backbone/`` (``save_pretrained``), ``<dir>/value_head.safetensors`` (a
+:mod:`dapo_cli.statefiles` file: never unpickled) and the tokenizer in ``<dir>/backbone/``;
+a run of an older dapo has ``value_head.pt``, read with torch's weights-only reader only.
 """
 
 from __future__ import annotations
@@ -26,8 +27,11 @@ from dapo_cli.algo.direct_advantage import (
     calibration_bins,
     soft_bce_loss,
 )
+from dapo_cli.errors import UserError
+from dapo_cli.statefiles import StateFileError, read_legacy, read_state, write_state
 
-HEAD_FILE = "value_head.pt"
+HEAD_FILE = "value_head.safetensors"
+LEGACY_HEAD_FILE = "value_head.pt"
 BACKBONE_DIR = "backbone"
 
 
@@ -88,12 +92,18 @@ def save_critic(model: ValueModel, tokenizer: Any, directory: Path) -> None:
     with quiet_transformers():
         model.backbone.save_pretrained(directory / BACKBONE_DIR)
         tokenizer.save_pretrained(directory / BACKBONE_DIR)
-    torch.save(model.head.state_dict(), directory / HEAD_FILE)
+    write_state(directory / HEAD_FILE, model.head.state_dict())
 
 
 def load_critic(directory: Path, *, device: torch.device, dtype: torch.dtype) -> tuple[ValueModel, Any]:
     model, tokenizer = build_critic(directory / BACKBONE_DIR, device=device, dtype=dtype)
-    model.head.load_state_dict(torch.load(directory / HEAD_FILE, map_location=device, weights_only=True))
+    fix = "rerun its critic phase (--from-phase critic)"
+    try:
+        head = (read_state(directory / HEAD_FILE, device=device) if (directory / HEAD_FILE).exists()
+                else read_legacy(directory / LEGACY_HEAD_FILE, fix=fix, device=device))
+    except StateFileError as exc:
+        raise UserError(f"cannot read the critic in {directory}: {exc}; {fix}") from None
+    model.head.load_state_dict(head)
     return model, tokenizer
 
 

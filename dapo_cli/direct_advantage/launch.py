@@ -12,7 +12,8 @@ from typing import Any
 import torch
 import yaml
 
-from dapo_cli.config import dump_yaml, flatten
+from dapo_cli.config import dump_saved, flatten
+from dapo_cli.config.versions import split_version, upgrade
 from dapo_cli.direct_advantage import STAGES
 from dapo_cli.direct_advantage.checks import flat_dict, phase_of_key, settings_changed
 from dapo_cli.direct_advantage.phases import TrainProblem
@@ -69,12 +70,14 @@ def restart_point(store: RunStore, cfg: Any, *, resume: bool, from_phase: str | 
 
 def check_changes(store: RunStore, cfg: Any, start: tuple[int, str]) -> list[str]:
     """Settings changed since the run's config.yaml: allowed when no stored data that is reused
-    depends on them (see :func:`~dapo_cli.direct_advantage.checks.phase_of_key`); returns them."""
+    depends on them (see :func:`~dapo_cli.direct_advantage.checks.phase_of_key`); returns them. A key
+    an older dapo's config.yaml lacks counts at the value that does what that dapo did (config/versions.py)."""
     path = store.root / "config.yaml"
     if not path.is_file():
         return []
-    saved = flat_dict(yaml.safe_load(path.read_text(encoding="utf-8")) or {})
-    changed = settings_changed(saved, flatten(cfg))
+    version, saved = split_version(yaml.safe_load(path.read_text(encoding="utf-8")), str(path))
+    upgraded, _, missing = upgrade(saved, version)
+    changed = sorted({*settings_changed(flat_dict(upgraded), flatten(cfg)), *missing})
     _, stage = start
     blocking = []
     for key in changed:
@@ -164,7 +167,7 @@ def run_direct_advantage(
         if changed:
             store.state["config_changes"].append({"at": f"{start[0]}/{start[1]}", "keys": changed})
             reporter.note(f"settings changed since the run started: {', '.join(changed)}")
-        write_text_atomic(run_dir / "config.yaml", dump_yaml(cfg))
+        write_text_atomic(run_dir / "config.yaml", dump_saved(cfg))
         base_path = resolve_path(cfg.model.path, cfg)
         tokenizer = load_tokenizer(base_path)
         problems, val_problems, val_prompts, manifest = load_problems(cfg, tokenizer)
@@ -187,7 +190,7 @@ def run_direct_advantage(
                 store.state["mlflow_run_ids"].append(tracker.run_id)
                 store.save()
             tracker.log_params(flatten(cfg))
-            tracker.log_text(dump_yaml(cfg), "config.yaml")
+            tracker.log_text(dump_saved(cfg), "config.yaml")
             tracker.log_dict(manifest, "dataset_manifest.json")
             ctx = Context(
                 cfg=cfg, store=store, tracker=tracker, reporter=reporter, base_path=base_path,

@@ -8,7 +8,7 @@ Layout (``trainer.output_dir`` / experiment / run name)::
         iter_00/
             generate.parquet        every sampled solution; ``chosen`` marks the balanced few
             mc_values.parquet       one row per state: prefix, completions, their rewards, value target
-            critic/                 backbone/ (save_pretrained) + value_head.pt + calibration.png
+            critic/                 backbone/ (save_pretrained) + value_head.safetensors + calibration.png
             critic.parquet          the critic's prediction for every state (split train / holdout)
             advantages.parquet      one row per (state, distinct candidate step): q, advantage, gap, kept
             actor/model/            the trained actor (save_pretrained; the next iteration's reference)

@@ -205,6 +205,8 @@ class DeepSpeedEngine:
         self.engine.save_checkpoint(str(directory), tag=CHECKPOINT_TAG)
 
     def load_checkpoint(self, directory: Path) -> None:
+        """DeepSpeed reads its own files (``state/*.pt``) with ``torch.load`` unrestricted, i.e. it unpickles them:
+        resume only checkpoints you trust (docs/reliability.md). ``dapo eval`` never opens ``engine/``."""
         path, _ = self.engine.load_checkpoint(
             str(directory), tag=CHECKPOINT_TAG, load_optimizer_states=True, load_lr_scheduler_states=True
         )

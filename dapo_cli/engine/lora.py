@@ -32,7 +32,7 @@ from dapo_cli.errors import UserError
 from dapo_cli.models.native import is_lora, linear_params
 
 ADAPTER_DIR = "adapter"
-"""Beside ``optimizer.pt`` in a checkpoint's ``engine/``: the adapters in PEFT's format."""
+"""Beside ``optimizer.safetensors`` in a checkpoint's ``engine/``: the adapters in PEFT's format."""
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 """PEFT's file name for the adapter weights in a ``save_pretrained`` folder."""

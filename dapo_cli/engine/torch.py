@@ -32,8 +32,12 @@ from dapo_cli.engine.base import no_context
 from dapo_cli.engine.dist import Collective, SingleProcess
 from dapo_cli.engine.forward import PolicyLogProbs, plain_log_probs
 from dapo_cli.engine.lora import ADAPTER_DIR, LoraAdapters
+from dapo_cli.statefiles import StateFileError, from_elsewhere, read_legacy, read_state, unreadable, write_state
 
-OPTIMIZER_FILE = "optimizer.pt"
+OPTIMIZER_FILE = "optimizer.safetensors"
+"""AdamW's and the LR schedule's state in a checkpoint's ``engine/`` (a :mod:`dapo_cli.statefiles` file: no pickle)."""
+LEGACY_OPTIMIZER_FILE = "optimizer.pt"
+"""The same, as checkpoints of an older dapo hold it (read with torch's weights-only reader only)."""
 
 
 def pick_device(name: str, local_rank: int = 0) -> torch.device:
@@ -215,14 +219,21 @@ class TorchEngine:
         if self.dist.is_main:
             directory.mkdir(parents=True, exist_ok=True)
             state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
-            torch.save(state, directory / OPTIMIZER_FILE)
+            write_state(directory / OPTIMIZER_FILE, state)
             if self.adapters is not None:
                 self.adapters.save(directory / ADAPTER_DIR)
 
     def load_checkpoint(self, directory: Path) -> None:
         if self.adapters is not None:
             self.adapters.load(directory / ADAPTER_DIR)
-        state = torch.load(directory / OPTIMIZER_FILE, map_location=self.device, weights_only=False)
+        checkpoint = directory.parent
+        try:
+            if (directory / OPTIMIZER_FILE).exists():
+                state = read_state(directory / OPTIMIZER_FILE, device=self.device)
+            else:
+                state = read_legacy(directory / LEGACY_OPTIMIZER_FILE, fix=from_elsewhere(checkpoint), device=self.device)
+        except StateFileError as exc:
+            raise unreadable(checkpoint, exc) from None
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
 

@@ -2,7 +2,8 @@
 
 A checkpoint that ``dapo train`` wrote carries ``model/dapo_run.json``
 (:data:`~dapo_cli.checkpoint.RUN_INFO_FILE`): the training run's MLflow id, experiment, store and
-step; checkpoints written before that file existed have the id and step in ``trainer_state.pt``.
+step; checkpoints written before that file existed have the id and step in their trainer state
+(read as ``--resume`` reads it, never unpickled: :func:`~dapo_cli.checkpoint.read_trainer_state`).
 ``builtin:tiny``, a plain ``save_pretrained`` folder or a hub id have neither: their eval runs
 are recorded as before, in ``--experiment`` (default ``dapo``).
 
@@ -34,7 +35,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dapo_cli.checkpoint import read_run_info
+from dapo_cli.checkpoint import LEGACY_TRAINER_STATE, TRAINER_STATE, read_run_info, read_trainer_state
+from dapo_cli.errors import UserError
+from dapo_cli.statefiles import StateFileError
 
 EVALS_HEADING = "**Evaluations** (dapo eval of this run's checkpoints, newest first):"
 """First line of the training-run description ``dapo eval`` maintains."""
@@ -60,8 +63,8 @@ def read_source(model: str) -> SourceRun | None:
     if not path.is_dir():
         return None
     info = read_run_info(path)
-    if not info and path.name == "model" and (path.parent / "trainer_state.pt").is_file():
-        info = _trainer_state_info(path.parent / "trainer_state.pt")
+    if not info and path.name == "model" and any((path.parent / f).is_file() for f in (TRAINER_STATE, LEGACY_TRAINER_STATE)):
+        info = _trainer_state_info(path.parent)
     run_id = str(info.get("mlflow_run_id") or "")
     if not run_id:
         return None
@@ -75,15 +78,13 @@ def read_source(model: str) -> SourceRun | None:
     )
 
 
-def _trainer_state_info(path: Path) -> dict[str, Any]:
-    """Run id and step from a checkpoint written before ``dapo_run.json`` existed ({} if unreadable)."""
-    import torch
-
+def _trainer_state_info(checkpoint: Path) -> dict[str, Any]:
+    """Run id and step from a checkpoint written before ``dapo_run.json`` existed ({} if unreadable or refused)."""
     try:
-        state = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception:  # a damaged state file only costs the link
+        state = read_trainer_state(checkpoint)
+    except (StateFileError, UserError):  # a damaged or refused state file only costs the link
         return {}
-    return {"mlflow_run_id": state.get("mlflow_run_id", ""), "step": state.get("step")} if isinstance(state, dict) else {}
+    return {"mlflow_run_id": state.get("mlflow_run_id", ""), "step": state.get("step")}
 
 
 def resolve_tracking(tracking_uri: str, experiment: str | None, source: SourceRun | None, backend: str) -> tuple[str, str]:

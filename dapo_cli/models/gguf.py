@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import struct
 import sys
 import zipfile
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from typing import Any
 
 from dapo_cli.errors import UserError
 from dapo_cli.fileio import atomic_dir, atomic_path, sha256_file
+from dapo_cli.models.gguf_header import check_gguf
 
 IMPORT_CARD = "dapo_import.json"
 DTYPES = ("float32", "bfloat16")
@@ -115,16 +117,15 @@ def import_gguf(
 
     ``output``: write there instead of the cache (an existing folder only with ``force``); ``force``:
     rebuild even a cached folder. An existing folder is replaced only once the new one is complete.
-    Bad input (a missing file, a file that is not GGUF, an unknown dtype, a missing ``gguf`` package)
-    raises :class:`UserError`."""
+    Bad input (a missing file, a file that is not GGUF or whose header is truncated or malformed
+    (:func:`~dapo_cli.models.gguf_header.check_gguf`), an unknown dtype, a missing ``gguf`` package)
+    raises :class:`UserError`, before anything is written."""
     path = Path(file)
     if dtype not in DTYPES:
         raise UserError(f"--dtype must be one of {', '.join(DTYPES)} (got {dtype!r})")
     if not path.is_file():
         raise UserError(f"GGUF file {path} does not exist")
-    with path.open("rb") as f:
-        if f.read(4) != b"GGUF":
-            raise UserError(f"{path} is not a GGUF file (it does not start with the GGUF magic bytes)")
+    check_gguf(path)  # every count, length, shape and offset against the file's size, before anything reads it
     sha = sha256_file(path)
     target = output if output is not None else imported_dir(cache_dir, sha, dtype)
     if output is None and not force and _card_matches(target, sha, dtype):
@@ -166,7 +167,7 @@ def _load(path: Path, dtype: str) -> tuple[Any, Any]:
         try:
             loaded = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch_dtype)
             tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-        except (ValueError, KeyError, RuntimeError, OSError) as exc:
+        except (ValueError, KeyError, RuntimeError, OSError, struct.error) as exc:
             raise UserError(f"transformers could not read {path}: {str(exc).splitlines()[0]}") from exc
     config = loaded.config
     if hasattr(config, "quantization_config"):

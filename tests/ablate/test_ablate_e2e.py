@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -156,3 +157,67 @@ def test_two_children_at_once_as_processes_share_one_sqlite_store(tmp_path, tiny
         assert [m.step for m in client.get_metric_history(run.info.run_id, "val/avg_at_2")] == [0, 2]
     report = (tmp_path / "runs" / "e2e-ablate" / plan.name / "report" / "report.md").read_text()
     assert all(f"| {v} |" in report for v in only)
+
+
+def artifact_file(client: MlflowClient, run_id: str, path: str) -> Path:
+    """Where the local artifact store keeps run ``run_id``'s artifact ``path``."""
+    from urllib.parse import urlparse
+
+    uri = client.get_run(run_id).info.artifact_uri
+    return Path(urlparse(uri).path if uri.startswith("file:") else uri) / path
+
+
+@pytest.mark.slow
+def test_an_older_dapos_ablation_resumes_its_unfinished_child_safely_and_reuses_the_finished_one(tmp_path, tiny_model_dir, monkeypatch, restore_threads):
+    """Made older after the fact: another ablate.id (an older schema's hash), the base config and the children's
+    config.yaml as that dapo wrote them (no schema_version, none of the keys added since), the unfinished child's
+    checkpoints in its .pt format. A pickle planted there is refused unrun; the plain ones resume."""
+    import yaml
+    from foreign_files import as_written_by, live, plant, to_legacy
+
+    monkeypatch.chdir(tmp_path)
+    config = write_config(tmp_path, tiny_model_dir)
+    only = ["grpo", "grpo+overlong_filtering"]
+    args = ["ablate", str(config), "--ladder", "--only", only[0], "--only", only[1], "--quiet"]
+    assert CliRunner().invoke(app, args).exit_code == 0
+    plan = make_ablation(load_config(config), mode="ladder", only=only)
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (parent,) = client.search_runs([client.get_experiment_by_name("e2e-ablate").experiment_id], "tags.`ablate.id` != ''")
+    client.set_tag(parent.info.run_id, "ablate.id", "0123456789ab")
+    base = artifact_file(client, parent.info.run_id, "ablation_config.yaml")
+    base.write_text(yaml.safe_dump(as_written_by(yaml.safe_load(base.read_text()), "4e22362")))
+    runs = tmp_path / "runs" / "e2e-ablate" / plan.name
+    for variant in only:
+        saved = runs / f"{variant}-s0" / "config.yaml"
+        saved.write_text(yaml.safe_dump(as_written_by(yaml.safe_load(saved.read_text()), "4e22362")))
+    unfinished = runs / f"{only[1]}-s0"
+    (unfinished / "summary.json").unlink()
+    for ckpt in sorted((unfinished / "checkpoints").glob("step_*")):
+        to_legacy(ckpt)
+    pristine = tmp_path / "pristine"
+    shutil.copytree(unfinished / "checkpoints", pristine)
+
+    assert live(tmp_path)
+    marker = tmp_path / "marker"
+    for ckpt in sorted((unfinished / "checkpoints").glob("step_*")):
+        plant(ckpt / "trainer_state.pt", marker, step=2)
+    refused = CliRunner().invoke(app, args)
+    lines = [line for line in refused.stderr.splitlines() if line.startswith("error: ")]
+    assert refused.exit_code == 2 and len(lines) == 1 and "trainer_state.pt is refused" in lines[0], refused.output
+    assert not marker.exists()
+
+    shutil.rmtree(unfinished / "checkpoints")
+    shutil.copytree(pristine, unfinished / "checkpoints")
+    calls = []
+    real = dapo_cli.train.run_train
+
+    def counting(cfg, **kwargs):
+        calls.append((variant_name(technique_state(cfg)), kwargs["resume"]))
+        return real(cfg, **kwargs)
+
+    monkeypatch.setattr(dapo_cli.train, "run_train", counting)
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert calls == [(only[1], True)] and (unfinished / "summary.json").is_file()  # the finished child reused
+    runs_now = client.search_runs([client.get_experiment_by_name("e2e-ablate").experiment_id])
+    assert len(runs_now) == 3 and client.get_run(parent.info.run_id).data.tags["ablate.id"] == "0123456789ab"

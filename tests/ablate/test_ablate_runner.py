@@ -234,3 +234,29 @@ def test_more_seeds_later_extend_the_same_parent(tmp_path: Path) -> None:
     assert [row.seeds for row in outcome.report.rows] == [[0, 1, 2], [0, 1, 2]]
     plan_json = json.loads(Path(client.download_artifacts(parents[0].info.run_id, "plan.json", str(tmp_path))).read_text())
     assert plan_json["seeds"] == [0, 1, 2] and len(plan_json["children"]) == 6  # rewritten by the second run
+
+
+def test_an_ablation_an_older_dapo_started_is_continued_only_with_the_same_config(tmp_path: Path, monkeypatch) -> None:
+    """An older dapo hashed the config as its schema had it (another ablate.id, so another name) and recorded the
+    base config without the keys added since: a rerun finds its parent by that config, reuses its finished
+    children and resumes the checkpointed one under their old run names. Another config starts its own."""
+    from foreign_files import as_written_by
+
+    from dapo_cli.ablate import runner
+    from dapo_cli.config import to_dict
+
+    plan = make_ablation(config(tmp_path), mode="ladder", only=LADDER[:3])
+    older = dataclasses.replace(plan, ablation_id="0123456789ab", name="abl-ladder-01234567")
+    with monkeypatch.context() as m:  # what the older dapo saved: no schema_version, none of the keys added since
+        m.setattr(runner, "dump_saved", lambda base: json.dumps(as_written_by(to_dict(base), "4e22362")))
+        with pytest.raises(Died):
+            run_ablation(older, command="dapo ablate --ladder", config_path=None, train=FakeTrain(crash_after_checkpoint={(LADDER[2], 0)}))
+    again = FakeTrain()
+    outcome = run_ablation(plan, command="dapo ablate --ladder", config_path=None, train=again)
+    assert [o.action for o in outcome.children] == ["skip", "skip", "resume"] and again.calls == [(LADDER[2], 0, True)]
+    assert outcome.name == older.name and {o.child.run_name.split("/")[0] for o in outcome.children} == {older.name}
+    _, parents, children = runs_of(tmp_path)
+    assert len(parents) == 1 and parents[0].data.tags["ablate.id"] == older.ablation_id and len(children) == 3
+    other = make_ablation(config(tmp_path, "trainer.lr=2e-6"), mode="ladder", only=LADDER[:3])
+    assert run_ablation(other, command="dapo ablate --ladder", config_path=None, train=FakeTrain()).name == other.name
+    assert len(runs_of(tmp_path)[1]) == 2  # its own parent

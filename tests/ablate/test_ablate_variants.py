@@ -300,3 +300,24 @@ def test_printed_train_command_of_an_axis_child_resolves_to_its_config(cfg) -> N
         words = train_words(plan, child, None, [])
         assert f"rollout.max_staleness={child.variant.axes[0][1]}" in words
         assert resolve_words(words, None) == plan.child_config(child)
+
+
+def test_a_key_the_schema_gains_at_its_old_behaviour_leaves_the_ablation_id_as_it_was(cfg, monkeypatch) -> None:
+    """Simulated: the schema gains ``trainer.new_knob`` (declared in ADDED_KEYS at version 2, default = what dapo did
+    before): the same experiment keeps its config hash, and so its ablation id; set otherwise, the knob counts."""
+    from dapo_cli.ablate import variants
+    from dapo_cli.config import versions
+
+    before = make_ablation(cfg, mode="ladder")
+    real = variants.flatten
+
+    def with_knob(c):
+        return {**real(c), "trainer.new_knob": getattr(c, "_knob", 0)}
+
+    monkeypatch.setattr(variants, "flatten", with_knob)
+    monkeypatch.setitem(versions.ADDED_KEYS, "trainer.new_knob", versions.Added(2, "0: what dapo did before it"))
+    monkeypatch.setattr(versions, "flatten", with_knob)
+    assert make_ablation(cfg, mode="ladder").ablation_id == before.ablation_id
+    knobbed = dataclasses.replace(cfg)
+    object.__setattr__(knobbed, "_knob", 3)
+    assert variants.config_hash(knobbed) != variants.config_hash(cfg)

@@ -169,3 +169,31 @@ def test_resume_after_a_crash_continues_in_the_same_mlflow_run(tmp_path, tiny_mo
     assert "da/generate/samples" in same.data.metrics and "da/actor/loss_after" in same.data.metrics
     fresh = CliRunner().invoke(app, ["train", str(config), "--set", "trainer.run_name=direct-advantage-s0"])
     assert fresh.exit_code == 2 and "has already started" in fresh.output
+
+
+@pytest.mark.slow
+def test_a_planted_critic_head_never_runs_and_an_older_dapos_head_resumes(copy_of_run):
+    """--resume of a run stopped after its critic phase reads the stored critic: a pickle planted as the older
+    ``value_head.pt`` is refused with one line (exit 2) unrun; a plain older head is read safely."""
+    import torch
+    from foreign_files import live, plant
+
+    from dapo_cli.direct_advantage.store import RunStore
+    from dapo_cli.statefiles import read_state
+
+    tmp = copy_of_run
+    assert live(tmp)
+    critic, marker = tmp / RUN_DIR / "iter_00" / "critic", tmp / "marker"
+    head = read_state(critic / "value_head.safetensors")
+    (critic / "value_head.safetensors").unlink()
+    RunStore(tmp / RUN_DIR).forget_from(0, "advantages")  # as if killed once the critic was stored
+    plant(critic / "value_head.pt", marker)
+    refused = CliRunner().invoke(app, ["train", "exp.yaml", "--resume"])
+    lines = [line for line in refused.stderr.splitlines() if line.startswith("error: ")]  # after the copy's notes
+    assert refused.exit_code == 2 and len(lines) == 1 and "Traceback" not in refused.output, refused.output
+    assert lines[0].startswith(f"error: {critic / 'value_head.pt'} is refused") and "rerun its critic phase (--from-phase critic)" in lines[0]
+    assert not marker.exists()
+    torch.save(head, critic / "value_head.pt")  # what an older dapo wrote: a plain state dict
+    resumed = CliRunner().invoke(app, ["train", "exp.yaml", "--resume"])
+    assert resumed.exit_code == 0, resumed.output
+    assert not marker.exists()

@@ -82,7 +82,7 @@ def test_critic_phase_holds_out_problems_and_plots_calibration(tiny_model_dir, t
     split_of = {r["problem"]: r["split"] for r in out}
     assert all(split_of[r["problem"]] == r["split"] for r in out)  # a problem is wholly in one split
     assert (tmp_path / "critic" / "calibration.png").stat().st_size > 1000
-    assert (tmp_path / "critic" / "value_head.pt").is_file()
+    assert (tmp_path / "critic" / "value_head.safetensors").is_file()
     assert {"train_bce", "train_bce_floor", "train_ece", "holdout_bce", "holdout_mae"} <= set(metrics)
     assert {row["split"] for row in calibration} == {"train", "holdout"}
 

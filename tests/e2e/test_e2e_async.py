@@ -3,6 +3,7 @@ exactness at staleness 0, the staleness metrics, kill -9 and resume, Ctrl-C."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -158,7 +159,7 @@ def test_kill_9_then_resume_trains_no_sample_twice_and_none_from_after_the_check
     assert workers, "the run had no worker process"
     assert wait_gone(workers) == []  # the orphaned worker (and multiprocessing's helper) exit by themselves
 
-    state = torch.load(latest.parent / "step_000002" / "trainer_state.pt", weights_only=False)
+    state = json.loads((latest.parent / "step_000002" / "trainer_state.json").read_text())
     train(config, "--resume")
     h, run = histories(tmp_path)
     assert run.info.status == "FINISHED" and run.data.tags["dapo.resumed_from_step"] == "2"
@@ -167,7 +168,7 @@ def test_kill_9_then_resume_trains_no_sample_twice_and_none_from_after_the_check
     # The checkpoint's stream points just past the rounds steps 1-2 used, not past the round the killed run
     # had drawn ahead for step 3: that round is drawn again after the resume, and nothing is skipped.
     assert state["stream"] == {"epoch": 0, "position": rounds_through(h, 2)}
-    final = torch.load(latest.parent / f"step_{steps:06d}" / "trainer_state.pt", weights_only=False)
+    final = json.loads((latest.parent / f"step_{steps:06d}" / "trainer_state.json").read_text())
     assert final["stream"] == {"epoch": 0, "position": rounds_through(h, steps)}
     # Step 3 trains on rounds sampled with the checkpoint's weights (version 2): lag 0, nothing newer exists.
     assert dict(h["async/version_lag_max"])[3] == 0.0

@@ -97,7 +97,8 @@ def test_two_steps_record_params_metrics_samples_and_checkpoint(workdir, tiny_mo
     assert [a.path for a in client.list_artifacts(run.info.run_id, "samples")] == ["samples/step_000002.json"]
     ckpt = Path(tags["dapo.checkpoint"])
     assert ckpt.name == "model" and (ckpt / "model.safetensors").is_file()
-    assert (ckpt.parent / "trainer_state.pt").is_file()
+    assert (ckpt.parent / "trainer_state.json").is_file() and (ckpt.parent / "rng" / "rank_00000.safetensors").is_file()
+    assert (ckpt.parent / "engine" / "optimizer.safetensors").is_file() and not list(ckpt.parent.rglob("*.pt"))
     resolved = yaml.safe_load((ckpt.parents[2] / "config.yaml").read_text())
     assert resolved["algorithm"]["filter_groups"]["enable"] is False
 

@@ -201,3 +201,19 @@ def test_init_model_from_gguf_through_the_cli(written, tmp_path: Path, monkeypat
         bad = CliRunner().invoke(app, ["init-model", "--from-gguf", str(path), *args] if args[0] == "--dtype" else ["init-model", *args])
         lines = bad.stderr.strip().splitlines()
         assert bad.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], bad.output
+
+
+def test_the_header_check_reads_what_the_gguf_package_wrote_as_its_reader_does(written) -> None:
+    """The bounded header walk (``gguf_header.check_gguf``) against the gguf package's own reader, on its writer's file."""
+    import gguf
+
+    from dapo_cli.models.gguf_header import check_gguf
+
+    path, _, _ = written
+    header = check_gguf(path)
+    reader = gguf.GGUFReader(str(path))
+    assert header.metadata == len(reader.fields) - 3  # the reader also lists version, tensor count and metadata count
+    assert [(t.name, t.shape, t.nbytes) for t in header.tensors] == [
+        (t.name, tuple(int(d) for d in t.shape), int(t.n_bytes)) for t in reader.tensors
+    ]
+    assert header.data_start == reader.data_offset
