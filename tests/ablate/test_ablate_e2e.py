@@ -39,6 +39,19 @@ def write_config(tmp: Path, model_dir: Path) -> Path:
     return write_experiment(tmp, cfg, "e2e-ablate")
 
 
+def count_trains(monkeypatch) -> list[tuple[str, bool]]:
+    """``(variant, resume)`` of every child trained from now on (``run_train`` wrapped, still training)."""
+    calls: list[tuple[str, bool]] = []
+    real = dapo_cli.train.run_train
+
+    def counting(cfg, **kwargs):
+        calls.append((variant_name(technique_state(cfg)), kwargs["resume"]))
+        return real(cfg, **kwargs)
+
+    monkeypatch.setattr(dapo_cli.train, "run_train", counting)
+    return calls
+
+
 @pytest.fixture()
 def restore_threads():
     """run_train sets torch's process-wide thread count from engine.num_threads; give the suite its own back."""
@@ -71,14 +84,7 @@ def test_ladder_killed_mid_way_then_rerun_trains_only_what_was_missing(tmp_path,
     assert killed_at in ("step_000001", "step_000002")
 
     # 2. the same command again, counting what it trains
-    calls = []
-    real = dapo_cli.train.run_train
-
-    def counting(cfg, **kwargs):
-        calls.append((variant_name(technique_state(cfg)), kwargs["resume"]))
-        return real(cfg, **kwargs)
-
-    monkeypatch.setattr(dapo_cli.train, "run_train", counting)
+    calls = count_trains(monkeypatch)
     result = CliRunner().invoke(app, ["ablate", str(config), "--ladder", "--seeds", "1", "--quiet"], env={"COLUMNS": "250"})
     assert result.exit_code == 0, result.output
     assert calls == [(names[2], True), (names[3], False), (names[4], False), (names[5], False)]
@@ -208,14 +214,7 @@ def test_an_older_dapos_ablation_resumes_its_unfinished_child_safely_and_reuses_
 
     shutil.rmtree(unfinished / "checkpoints")
     shutil.copytree(pristine, unfinished / "checkpoints")
-    calls = []
-    real = dapo_cli.train.run_train
-
-    def counting(cfg, **kwargs):
-        calls.append((variant_name(technique_state(cfg)), kwargs["resume"]))
-        return real(cfg, **kwargs)
-
-    monkeypatch.setattr(dapo_cli.train, "run_train", counting)
+    calls = count_trains(monkeypatch)
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     assert calls == [(only[1], True)] and (unfinished / "summary.json").is_file()  # the finished child reused
