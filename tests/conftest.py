@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -84,6 +85,10 @@ def pytest_configure(config: pytest.Config) -> None:
     # COLUMNS (CliRunner env=) would stop counting. Without them every process sizes as a serial run does.
     for name in ("COLUMNS", "LINES"):
         os.environ.pop(name, None)
+    # pytest-xdist's workers ignore SIGINT (Ctrl-C is the controller's), and an ignored signal stays ignored
+    # in every process they start: the Ctrl-C tests (in-process, and dapo train subprocesses) need Python's own
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 NEEDS = {"vllm": ("vllm",), "gguf": ("gguf", "accelerate"), "lora": ("peft",)}
