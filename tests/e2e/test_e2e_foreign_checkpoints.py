@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from dapo_cli.cli import app
+from dapo_cli.config.versions import SCHEMA_VERSION
 from dapo_cli.data.schema import make_row, write_dapo_parquet
 
 RUN = "grpo+overlong_filtering+clip_higher+overlong_shaping+token_level_loss-s0"
@@ -137,7 +138,7 @@ def test_a_run_whose_config_an_older_dapo_saved_resumes_unless_a_missing_key_cha
     config, root, _ = trained
     path = root.parent / "config.yaml"
     mine = yaml.safe_load(path.read_text())
-    assert mine["schema_version"] == 1
+    assert mine["schema_version"] == SCHEMA_VERSION
     # saved before engine.shared_prompt_forward existed: that dapo ran the plain forward, this run's default differs
     path.write_text(yaml.safe_dump(as_written_by(mine, "18c86c5")))
     line = error_line(resume(config))
