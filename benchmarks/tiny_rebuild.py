@@ -1,4 +1,4 @@
-"""Rebuild the shipped tiny policy and compare it byte for byte (``make bench``; ~5-12 minutes on 2 cores).
+"""Rebuild the shipped tiny policy and compare it byte for byte (``make bench``; 7-12 minutes on 2 cores, measured).
 
 ``dapo_cli/models/shipped/tiny`` is what ``dapo init-model --force -o dapo_cli/models/shipped/tiny`` wrote
 on a 2-core AVX2 EPYC; ``make demo`` installs that copy instead of spending the warm-start. This script

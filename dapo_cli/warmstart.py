@@ -247,7 +247,8 @@ SHIPPED_TINY = Path(__file__).resolve().parent / "models" / "shipped" / "tiny"
 """The ``builtin:tiny`` policy of the default ``model.tiny`` settings as the package ships it: what
 :func:`warm_start` wrote (weights, tokenizer, :data:`~dapo_cli.models.loading.MODEL_CARD`) when it built
 them with ``dapo init-model --force -o dapo_cli/models/shipped/tiny`` on a 2-core AVX2 EPYC. The 600-step
-warm-start costs 5-7 minutes on 2 cores, most of ``make demo``; copying this folder costs milliseconds.
+warm-start costs 7-12 minutes on 2 cores (7 min 12 s on a quiet fresh machine, issue 34; 12 min 14 s here
+beside other jobs), most of ``make demo`` before; copying this folder costs milliseconds.
 ``benchmarks/tiny_rebuild.py`` (``make bench``) rebuilds it and compares the weights byte for byte."""
 
 SHIPPED_FILES = (
