@@ -120,6 +120,9 @@ bench: $(STAMP) $(VLLM_STAMP) smollm2
 	$(VLLM)/bin/python benchmarks/eval_speed.py --real
 	$(PY) benchmarks/update_throughput.py
 	$(PY) benchmarks/update_throughput.py --ragged
+	$(PY) benchmarks/logprob_chunk.py --real --chunks 0 256 1024 4096
+	$(PY) benchmarks/logprob_chunk.py --real --lengths 128 256 512 --chunks 0 1024 --micro 16
+	$(PY) benchmarks/decode_speed.py --real
 	$(PY) benchmarks/bf16_logprob_gap.py
 	$(PY) benchmarks/bf16_logprob_gap.py --real
 	$(PY) benchmarks/rl_step_vs_trl.py --pairs 3 --bf16

@@ -15,7 +15,9 @@ import platform
 import re
 import statistics
 import subprocess
+import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -103,6 +105,46 @@ def thread_env(threads: int) -> dict[str, str]:
     env.update({"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "PYTHONWARNINGS": "ignore",
                 "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
     return env
+
+
+@dataclass
+class Watched:
+    """A finished child process: its exit status, output and peak resident memory (bytes)."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+    peak: int
+
+
+def run_watched(cmd: Sequence[str], *, env: dict[str, str], cwd: Path | str | None = None, every: float = 0.2) -> Watched:
+    """Run ``cmd`` and read its ``VmHWM`` (the kernel's high-water mark of its resident memory) every ``every``
+    seconds until it exits: the peak of a process the kernel kills for memory is still known (the last read)."""
+    import subprocess
+    import tempfile
+    import threading
+
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(list(cmd), env=env, cwd=cwd, stdout=out, stderr=err, text=True)
+        peak = [0]
+        status = Path(f"/proc/{proc.pid}/status")
+
+        def watch() -> None:
+            while proc.poll() is None:
+                try:
+                    for line in status.read_text().splitlines():
+                        if line.startswith("VmHWM:"):
+                            peak[0] = max(peak[0], int(line.split()[1]) * 1024)
+                except OSError:
+                    return
+                time.sleep(every)
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        proc.wait()
+        watcher.join()
+        out.seek(0), err.seek(0)
+        return Watched(proc.returncode, out.read(), err.read(), peak[0])
 
 
 def run_dapo_in_process(words: Sequence[str]) -> None:

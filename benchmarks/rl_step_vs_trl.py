@@ -1,7 +1,7 @@
 """One RL step of dapo vs TRL's GRPOTrainer on the same model and work, alternated in one run.
 
     .venv/bin/python benchmarks/rl_step_vs_trl.py [--lengths 16 64] [--pairs 2] [--steps 20] [--threads 2] [--plain-forward] [--bf16]
-    .venv/bin/python benchmarks/rl_step_vs_trl.py --real [--lengths 64 128] [--pairs 1] [--steps 3] [--bf16]
+    .venv/bin/python benchmarks/rl_step_vs_trl.py --real [--lengths 64 128] [--dapo-lengths 256 512] [--pairs 1] [--steps 3] [--bf16]
 
 The work (the issue's setting): a random-init Qwen2 directory (hidden 128, 4 layers, the character
 vocabulary, ~1.06 M parameters) built once for both, or with ``--real`` SmolLM2-135M-Instruct
@@ -14,6 +14,12 @@ step per generation batch; AdamW lr 1e-4; float32; ``--threads`` torch threads e
 since TRL has none, no validation); TRL runs ``benchmarks/_trl_worker.py`` under ``.venv-trl``
 (created here on first use: ``trl==1.16.0`` with torch held at constraints.txt's version; TRL is a
 benchmark-only dependency).
+
+Every run is a child process whose peak resident memory (``VmHWM``, read every 0.2 s) is recorded; a
+run the kernel kills (SIGKILL, out of memory) keeps the last peak read and is printed as killed. At the
+``--dapo-lengths`` (``--real``: 256 and 512) dapo runs alone, in micro-batches of ``--alone-micro`` rows
+(default 16: the activations of 64 rows of up to 512 tokens do not fit 16 GB), so the memory curve against
+length reaches where TRL cannot; one ``peak memory (MODEL, L=…)`` line per length gives both sides.
 
 Runs alternate TRL, dapo, TRL, dapo ... (``--pairs`` pairs per length). A step's time is the
 wall time between the ends of consecutive optimizer steps (TRL: a ``TrainerCallback``; dapo: its
@@ -61,6 +67,7 @@ from common import (
     machine,
     median,
     run_dapo_in_process,
+    run_watched,
     table,
     thread_env,
 )
@@ -120,7 +127,8 @@ def write_prompts(path: Path, model: Path) -> list[int]:
 
 
 def dapo_words(
-    model: Path, work: Path, length: int, steps: int, threads: int, engine: str, shared: bool = True, autocast: str = "none"
+    model: Path, work: Path, length: int, steps: int, threads: int, engine: str, shared: bool = True, autocast: str = "none",
+    micro: int = 64,
 ) -> list[str]:
     sets = {
         "model.path": model, "data.train_files": "[synthetic:add-3digit]", "data.val_files": "[]",
@@ -129,7 +137,7 @@ def dapo_words(
         "rollout.top_p": 1.0, "rollout.top_k": 0,
         "algorithm.clip_ratio_low": 0.2, "algorithm.clip_ratio_high": 0.28, "algorithm.loss_agg_mode": "token-mean",
         "algorithm.overlong_buffer.enable": "false", "algorithm.overlong_filter": "true", "algorithm.use_kl_loss": "false",
-        "trainer.total_steps": steps, "trainer.ppo_mini_batch_size": 8, "trainer.ppo_micro_batch_size": 64,
+        "trainer.total_steps": steps, "trainer.ppo_mini_batch_size": 8, "trainer.ppo_micro_batch_size": micro,
         "trainer.ppo_epochs": 1, "trainer.lr": 1e-4, "trainer.lr_warmup_steps": 0, "trainer.weight_decay": 0.0,
         "trainer.grad_clip": 1.0, "trainer.save_freq": 0, "trainer.test_freq": 0, "trainer.log_samples_freq": 0,
         "trainer.collapse_patience": 0, "trainer.output_dir": work / "runs", "engine.device": "cpu",
@@ -169,18 +177,23 @@ def dapo_worker(spec: dict) -> None:
 
 
 def run_dapo(
-    model: Path, length: int, steps: int, threads: int, engine: str = "fast", shared: bool = True, autocast: str = "none"
+    model: Path, length: int, steps: int, threads: int, engine: str = "fast", shared: bool = True, autocast: str = "none",
+    micro: int = 64,
 ) -> dict:
     with tempfile.TemporaryDirectory(prefix="dapo-rl-bench-") as tmp:
         work = Path(tmp)
-        words = dapo_words(model, work, length, steps, threads, engine, shared, autocast)
+        words = dapo_words(model, work, length, steps, threads, engine, shared, autocast, micro)
         spec = {"words": [str(w) for w in words], "out": str(work / "out.json")}
-        proc = subprocess.run([sys.executable, __file__, "--dapo-worker", json.dumps(spec)], env=thread_env(threads),
-                              capture_output=True, text=True, cwd=work)
+        proc = run_watched([sys.executable, __file__, "--dapo-worker", json.dumps(spec)], env=thread_env(threads), cwd=work)
+        if proc.returncode in (-9, 137):
+            print(f"  L={length} dapo: killed by SIGKILL at {proc.peak / 1e9:.1f} GB (out of memory? see dmesg)",
+                  file=sys.stderr, flush=True)
+            return {"killed": True, "peak": proc.peak}
         if proc.returncode != 0:
             sys.exit(f"dapo run failed:\n{proc.stderr[-3000:]}")
         out = json.loads((work / "out.json").read_text())
         out["timing"] = mlflow_timing(work)
+        out["peak"] = proc.peak
     return out
 
 
@@ -196,22 +209,26 @@ def mlflow_timing(work: Path) -> dict[str, list[float]]:
     return out
 
 
-def run_trl(python: Path, model: Path, prompts: Path, length: int, steps: int, threads: int, bf16: bool = False) -> dict | None:
-    """TRL's step ends, vocabulary and metrics; None when the kernel killed it (SIGKILL: out of memory, as at
-    L=128 on SmolLM2-135M with 24 GB); any other failure exits with TRL's last lines."""
+def run_trl(python: Path, model: Path, prompts: Path, length: int, steps: int, threads: int, bf16: bool = False) -> dict:
+    """TRL's step ends, vocabulary, metrics and peak resident memory; ``{"killed": True, "peak": ...}`` when the
+    kernel killed it (SIGKILL: out of memory, as at L=128 on SmolLM2-135M with 24 GB); any other failure exits
+    with TRL's last lines."""
     with tempfile.TemporaryDirectory(prefix="trl-rl-bench-") as tmp:
         spec = {"model": str(model), "prompts": str(prompts), "length": length, "steps": steps, "threads": threads,
                 "seed": 0, "bf16": bf16, "out": str(Path(tmp) / "out.json")}
-        proc = subprocess.run([str(python), str(Path(__file__).with_name("_trl_worker.py")), json.dumps(spec)],
-                              env=thread_env(threads), capture_output=True, text=True, cwd=tmp)
+        proc = run_watched([str(python), str(Path(__file__).with_name("_trl_worker.py")), json.dumps(spec)],
+                           env=thread_env(threads), cwd=tmp)
         if proc.returncode in (-9, 137):
-            print(f"  L={length} TRL: killed by SIGKILL (out of memory? see dmesg)", file=sys.stderr, flush=True)
-            return None
+            print(f"  L={length} TRL: killed by SIGKILL at {proc.peak / 1e9:.1f} GB (out of memory? see dmesg)",
+                  file=sys.stderr, flush=True)
+            return {"killed": True, "peak": proc.peak}
         if proc.returncode != 0:
             killed = ""
             lines = [ln for ln in proc.stderr.splitlines() if ln.strip() and "it/s]" not in ln and "s/it]" not in ln]
             sys.exit(f"TRL run failed at L={length}{killed}:\n" + "\n".join(lines[-30:]))
-        return json.loads((Path(tmp) / "out.json").read_text())
+        out = json.loads((Path(tmp) / "out.json").read_text())
+        out["peak"] = proc.peak
+        return out
 
 
 def step_times(ends: list[float]) -> list[float]:
@@ -251,10 +268,10 @@ class Variant:
     bf16: bool = False  # TRL: bf16=True (accelerate's bf16 autocast); dapo: engine.autocast=bfloat16
     shared: bool = True  # dapo: engine.shared_prompt_forward
 
-    def run(self, python: Path, model: Path, prompts: Path, length: int, steps: int, threads: int) -> dict | None:
+    def run(self, python: Path, model: Path, prompts: Path, length: int, steps: int, threads: int, micro: int = 64) -> dict:
         if self.trl:
             return run_trl(python, model, prompts, length, steps, threads, bf16=self.bf16)
-        return run_dapo(model, length, steps, threads, shared=self.shared, autocast="bfloat16" if self.bf16 else "none")
+        return run_dapo(model, length, steps, threads, shared=self.shared, autocast="bfloat16" if self.bf16 else "none", micro=micro)
 
 
 def variants(plain_forward: bool, bf16: bool) -> tuple[list[Variant], list[tuple[str, str, str]]]:
@@ -317,6 +334,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--real", action="store_true", help=f"SmolLM2-135M-Instruct ({SMOLLM2}, make smollm2) instead of the 1 M model")
     parser.add_argument("--lengths", type=int, nargs="+", default=None, help="new-token limits (default 16 64; --real: 64 128)")
+    parser.add_argument("--dapo-lengths", type=int, nargs="*", default=None,
+                        help="limits run by dapo alone, for its memory curve (default none; --real: 256 512)")
+    parser.add_argument("--alone-micro", type=int, default=16,
+                        help="trainer.ppo_micro_batch_size of the --dapo-lengths runs (default 16; the paired runs use 64, as TRL)")
     parser.add_argument("--pairs", type=int, default=None, help="TRL/dapo pairs per length, alternated (default 2; --real: 1)")
     parser.add_argument("--steps", type=int, default=None, help="steps per run (default 20; --real: 3)")
     parser.add_argument("--skip", type=int, default=None, help="warm-up steps left out of the median (default 4; --real: 1)")
@@ -327,6 +348,8 @@ def main() -> None:
                         help="also run TRL with bf16=True and dapo with engine.autocast=bfloat16 in every pair")
     args = parser.parse_args()
     lengths = args.lengths or ([64, 128] if args.real else [16, 64])
+    alone = args.dapo_lengths if args.dapo_lengths is not None else ([256, 512] if args.real else [])
+    alone = [n for n in alone if n not in lengths]
     pairs = args.pairs or (1 if args.real else 2)
     steps = args.steps or (3 if args.real else 20)
     skip = args.skip if args.skip is not None else (1 if args.real else SKIP)
@@ -348,7 +371,7 @@ def main() -> None:
         params = count_parameters(setup.model)
         prompts = Path(tmp) / "prompts.jsonl"
         prompt_lens = write_prompts(prompts, setup.model)
-        results = measure(setup, python, prompts, runs, lengths, pairs, steps, args.threads)
+        results = measure(setup, python, prompts, runs, lengths, alone, pairs, steps, args.threads, args.alone_micro)
         shape = Shape.read(setup.model)
     import torch
 
@@ -364,12 +387,16 @@ def main() -> None:
     if skipped_bf16:
         print(skipped_bf16)
     print()
-    results.print_tables(runs, compare, lengths, pairs)
+    results.print_tables(runs, compare, lengths + alone, pairs)
     print()
-    print_floor(shape, results, runs, lengths, prompt_lens, max(rate, results.rate))
+    print_floor(shape, results, runs, lengths + alone, prompt_lens, max(rate, results.rate))
+    print()
+    results.print_memory(setup.name, runs, lengths, alone)
+    if alone:
+        print(f"(L={', '.join(map(str, alone))}: dapo alone, in micro-batches of {args.alone_micro} rows; the paired lengths in one of 64)")
     print()
     for label, t, d in compare:
-        for length in lengths:
+        for length in lengths:  # the paired lengths only
             ratios = [a / b for a, b in zip(results.seconds[length, t], results.seconds[length, d])]
             if any(r != r for r in ratios):
                 print(f"TRL step ratio ({setup.name}, L={length}, {label}): not measured (a run was killed: out of memory)")
@@ -385,37 +412,65 @@ class Results:
     seconds: dict = field(default_factory=dict)
     splits: dict = field(default_factory=dict)
     lengths: dict = field(default_factory=dict)
+    peaks: dict = field(default_factory=dict)
+    """(length, variant) -> [(peak resident bytes, killed by the kernel)] per run."""
     vocab: str = ""
     rate: float = 0.0
+
+    def cell(self, key: str, length: int, name: str, pair: int) -> float | str:
+        values = getattr(self, key).get((length, name))
+        return values[pair] if values else "-"  # "-": not run at this length (dapo alone)
 
     def print_tables(self, runs: list[Variant], compare: list[tuple[str, str, str]], lengths: list[int], pairs: int) -> None:
         rows = []
         for length in lengths:
             for pair in range(pairs):
-                cells = [self.seconds[length, v.name][pair] for v in runs]
-                ratios = [f"{self.seconds[length, t][pair] / self.seconds[length, d][pair]:.2f}x" for _, t, d in compare]
-                rows.append([f"L={length}", pair + 1, *cells, *ratios, *[self.lengths[length, v.name][pair] for v in runs]])
+                cells = [self.cell("seconds", length, v.name, pair) for v in runs]
+                ratios = []
+                for _, t, d in compare:
+                    a, b = self.cell("seconds", length, t, pair), self.cell("seconds", length, d, pair)
+                    ratios.append(f"{a / b:.2f}x" if isinstance(a, float) and isinstance(b, float) else "-")
+                rows.append([f"L={length}", pair + 1, *cells, *ratios, *[self.cell("lengths", length, v.name, pair) for v in runs]])
         print(table(["length", "pair", *[f"{v.name} s" for v in runs], *[f"{t}/{d}" for _, t, d in compare],
                      *[f"{v.name} len" for v in runs]], rows))
         print()
         print("dapo's step split (median over its runs; seconds):")
         keys = ["generation", "scoring", "old log-probs", "update", "other", "wall step"]
         print(table(["length", *keys], [[f"L={length}, {v.name}", *[median([s[k] for s in self.splits[length, v.name]]) for k in keys]]
-                                        for length in lengths for v in runs if not v.trl]))
+                                        for length in lengths for v in runs if not v.trl and self.splits.get((length, v.name))]))
+
+    def print_memory(self, name: str, runs: list[Variant], paired: list[int], alone: list[int]) -> None:
+        """One line per length: the float32 dapo and TRL runs' peak resident memory (median over pairs), or how
+        a run ended (killed by the kernel at its last peak; not run)."""
+        def side(variant: str, length: int, label: str) -> str:
+            runs_ = self.peaks.get((length, variant))
+            if not runs_:
+                return f"{label} not run"
+            killed = [p for p, k in runs_ if k]
+            if killed:
+                return f"{label} killed for memory at {max(killed) / 1e9:.1f} GB"
+            return f"{label} {median([p for p, _ in runs_]) / 1e9:.1f} GB"
+
+        for length in paired + alone:
+            print(f"peak memory ({name}, L={length}): {side('dapo', length, 'dapo')}, {side('TRL', length, 'TRL')}")
 
 
-def measure(setup: Setup, python: Path, prompts: Path, runs: list[Variant], lengths: list[int], pairs: int, steps: int,
-            threads: int) -> Results:
-    """Every run of every pair at every length, in order; the float32 matmul rate before the first."""
+def measure(setup: Setup, python: Path, prompts: Path, runs: list[Variant], lengths: list[int], alone: list[int], pairs: int,
+            steps: int, threads: int, alone_micro: int = 64) -> Results:
+    """Every run of every pair at every length, in order (at the ``alone`` lengths dapo's runs only); the float32
+    matmul rate before the first."""
     import torch
 
     torch.set_num_threads(threads)
     results = Results(rate=matmul_rate(torch.float32))
-    for length in lengths:
+    for length in lengths + alone:
         for _pair in range(pairs):
             for v in runs:
-                out = v.run(python, setup.model, prompts, length, steps, threads)
-                if out is None:  # killed: a NaN cell, and "killed" in the ratio line
+                if v.trl and length in alone:
+                    continue
+                out = v.run(python, setup.model, prompts, length, steps, threads, micro=alone_micro if length in alone else 64)
+                results.peaks.setdefault((length, v.name), []).append((out["peak"], bool(out.get("killed"))))
+                if out.get("killed"):  # a NaN cell, and "killed" in the ratio and memory lines
                     results.seconds.setdefault((length, v.name), []).append(float("nan"))
                     results.lengths.setdefault((length, v.name), []).append(float("nan"))
                     continue
@@ -441,7 +496,7 @@ def print_floor(shape: Shape, results: Results, runs: list[Variant], lengths: li
     rows = []
     for length in lengths:
         for v in runs:
-            if v.trl or v.bf16:
+            if v.trl or v.bf16 or not results.splits.get((length, v.name)):
                 continue
             mean_len = median(results.lengths[length, v.name])
             row_lens = [round(mean_len)] * 64

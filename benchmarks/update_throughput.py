@@ -102,7 +102,7 @@ def time_updates(path: Path, length: int, repeats: int, ragged: bool) -> dict[tu
         model, tokenizer = load_policy(path)
         engines[forward, separate, autocast] = TorchEngine(
             model, lr=1e-5, weight_decay=0.0, warmup_steps=0, grad_clip=1.0, shared_prompt_forward=forward == "shared prompt",
-            autocast=autocast,
+            logprob_chunk=cfg.engine.logprob_chunk, autocast=autocast,
         )
         assert engines[forward, separate, autocast].forward_module.uses_shared_prompt() == (forward == "shared prompt")
     times: dict[tuple[str, bool, str], list[float]] = {v: [] for v in VARIANTS}

@@ -90,8 +90,8 @@ def build_training_engine(
 
         adapters = LoraAdapters(model, rank=lora.rank, alpha=lora.alpha, target_modules=lora.target_modules, dropout=lora.dropout)
     return TorchEngine(
-        model, device=e.device, dist=dist, shared_prompt_forward=e.shared_prompt_forward, autocast=e.autocast,
-        adapters=adapters, base_reference=adapters is not None and load_reference is not None, **common,
+        model, device=e.device, dist=dist, shared_prompt_forward=e.shared_prompt_forward, logprob_chunk=e.logprob_chunk,
+        autocast=e.autocast, adapters=adapters, base_reference=adapters is not None and load_reference is not None, **common,
     )
 
 

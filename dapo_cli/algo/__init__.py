@@ -13,7 +13,7 @@ dicts of detached, namespaced floats out.
 
 from dapo_cli.algo.advantages import ADVANTAGE_ESTIMATORS, group_advantages
 from dapo_cli.algo.kl import KL_KINDS, kl_penalty
-from dapo_cli.algo.logits import entropy_from_logits, mean_token_prob, token_log_probs
+from dapo_cli.algo.logits import chunked_head_log_probs, entropy_from_logits, mean_token_prob, token_log_probs
 from dapo_cli.algo.losses import LOSS_AGG_MODES, aggregate_loss, global_counts, masked_mean, policy_loss
 from dapo_cli.algo.overlong import mask_responses, overlong_filter_mask, overlong_penalty
 from dapo_cli.algo.sampling import GroupBatchAssembler, informative_groups
@@ -24,6 +24,7 @@ __all__ = [
     "LOSS_AGG_MODES",
     "GroupBatchAssembler",
     "aggregate_loss",
+    "chunked_head_log_probs",
     "entropy_from_logits",
     "global_counts",
     "group_advantages",

@@ -542,6 +542,22 @@ def vllm_sleep_on_cpu(cfg: Config) -> list[Finding]:
     )]
 
 
+@rule("logits-unchunked")
+def logits_unchunked(cfg: Config) -> list[Finding]:
+    """``engine.logprob_chunk: 0`` on the torch engine holds every micro-batch's [tokens, vocabulary] float32
+    logits (~12 bytes a token per vocabulary entry with their copies) where chunks give the same log-probs
+    (``dapo train --dry-run`` prints both sizes)."""
+    t = cfg.trainer
+    if cfg.engine.name != "torch" or cfg.engine.logprob_chunk > 0:
+        return []
+    tokens = t.ppo_micro_batch_size * (cfg.rollout.max_response_length + 1)
+    return [Finding(
+        WARN, "engine.logprob_chunk", f"engine.logprob_chunk=0 keeps the full logits of up to {tokens} tokens per "
+        "micro-batch (tokens × vocabulary × ~12 bytes; --dry-run prints both sizes)",
+        "remove the setting (chunks give the same log-probs to float32 rounding), or set engine.logprob_chunk=1024",
+    )]
+
+
 def is_tiny_model(path: str) -> bool:
     """``builtin:tiny``, or a directory holding the tiny model's ``dapo_model.json``
     (``dapo init-model`` output, a tiny run's checkpoint or its ``model/``).

@@ -236,6 +236,11 @@ class EngineConfig:
         True, "torch engine, Llama/Qwen2: compute each distinct prompt of a micro-batch once (its rows' responses attend to "
         "its keys/values) and logits only at response positions; same log-probs and gradients (other models: plain forward)",
     )
+    logprob_chunk: int = setting(
+        1024, "torch engine: score the output head this many tokens at a time (log-probs and entropy, forward and "
+        "backward, each chunk's logits recomputed in the backward), so the [response tokens, vocabulary] logits never "
+        "exist at once; the same numbers to float32 rounding (0: all tokens at once, the full logits kept)",
+    )
     autocast: str = setting(
         "none", "torch engine: run the trainer's forwards (and so their backward) under torch.autocast in this dtype, "
         "parameters, gradients and AdamW staying float32 (mixed precision; TRL's default is bf16 autocast). Log-probs "

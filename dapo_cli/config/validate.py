@@ -222,6 +222,7 @@ def validate(cfg: Config) -> None:
         f"engine.zero_stage={engine.zero_stage} is not a ZeRO stage; use 0, 1, 2 or 3 (3 shards parameters too)",
     )
     require(engine.num_threads >= 0, f"engine.num_threads={engine.num_threads} must be >= 0 (0: torch's default)")
+    require(engine.logprob_chunk >= 0, f"engine.logprob_chunk={engine.logprob_chunk} must be >= 0 (0: the full logits at once)")
     require(
         engine.name != "deepspeed" or engine.autocast == "none",
         "engine.autocast is the torch engine's mixed precision; with DeepSpeed set model.dtype=bfloat16 (its bf16 mode) "

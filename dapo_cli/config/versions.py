@@ -24,8 +24,8 @@ from typing import Any
 
 from dapo_cli.config.schema import Config, ConfigError, flatten
 
-SCHEMA_VERSION = 2
-"""The version of the schema this dapo writes (2: rollout.kv_cache_gib; 1: the first recorded; 0: a config saved
+SCHEMA_VERSION = 3
+"""The version of the schema this dapo writes (3: engine.logprob_chunk; 2: rollout.kv_cache_gib; 1: the first recorded; 0: a config saved
 without one)."""
 VERSION_KEY = "schema_version"
 """The top-level key of a saved config that records its version (not a setting: never in :class:`Config`)."""
@@ -66,6 +66,10 @@ ADDED_KEYS: dict[str, Added] = {
     "engine.offload_params": Added(1, "DeepSpeed only; false: no offload, as before"),
     "engine.shared_prompt_forward": Added(
         1, "the plain forward ran before; the shared one gives the same log-probs to 1e-5, not bit for bit", before=False,
+    ),
+    "engine.logprob_chunk": Added(
+        3, "how the head's log-probs are computed, not which: the chunks give the full logits' numbers to float32 "
+        "rounding (as another CPU's matmul kernels would), so an older run resumes at the default",
     ),
     "engine.autocast": Added(1, "none: float32 forwards, as before"),
     "cluster": Added(1, "plans --dry-run only"),

@@ -43,8 +43,8 @@ import contextlib
 
 import torch
 
-from dapo_cli.algo.logits import entropy_from_logits, token_log_probs
-from dapo_cli.models.native import NativeLlama
+from dapo_cli.algo.logits import chunked_head_log_probs, entropy_from_logits, token_log_probs
+from dapo_cli.models.native import NativeLlama, is_lora, linear_params, lora_fusable
 
 
 AUTOCAST_DTYPES: dict[str, torch.dtype | None] = {"none": None, "bfloat16": torch.bfloat16}
@@ -63,18 +63,76 @@ def logits_to_log_probs(
     return logp, entropy_from_logits(logits) if with_entropy else None
 
 
+PLAIN_HEAD_TYPES = ("llama", "qwen2", "qwen3", "mistral", "gpt2")
+"""``config.model_type`` values whose causal-LM forward is ``lm_head(base_model(...).last_hidden_state)`` and
+nothing else (no logit scaling or soft-capping), so the plain forward may run the backbone and score the
+response positions through the chunked head (:func:`head_log_probs`)."""
+
+
+def chunkable_head(head: torch.nn.Module) -> bool:
+    """A head :func:`head_log_probs` may chunk: a plain ``nn.Linear`` or a fusable PEFT LoRA linear
+    (``models.native.linear_params`` builds its weight), with no forward hooks (tests and benchmarks
+    observe outputs through them: such a head runs as its module)."""
+    if head._forward_hooks or head._forward_pre_hooks:
+        return False
+    if is_lora(head):
+        return lora_fusable(head)
+    return type(head) is torch.nn.Linear
+
+
+def head_log_probs(
+    head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, *, temperature: float, with_entropy: bool, chunk: int,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log softmax(head(hidden) / T) of ``targets`` [K] and its entropy, for final hidden states [K, H].
+
+    ``chunk`` > 0 and a :func:`chunkable_head`: ``algo.logits.chunked_head_log_probs``, ``chunk`` rows at a
+    time (no [K, V] logits in the forward or the backward; under autocast the head's matmul runs in the
+    autocast dtype, as the module would). ``chunk`` 0 (or another head): the head's full logits, then
+    :func:`logits_to_log_probs`."""
+    if chunk > 0 and chunkable_head(head):
+        weight, bias = linear_params(head)
+        device = hidden.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+        return chunked_head_log_probs(hidden, weight, bias, targets, temperature=temperature, chunk=chunk,
+                                      with_entropy=with_entropy, compute_dtype=dtype)
+    logp, ent = logits_to_log_probs(head(hidden)[:, None], targets[:, None], temperature=temperature, with_entropy=with_entropy)
+    return logp[:, 0], (ent[:, 0] if ent is not None else None)
+
+
+def plain_backbone(model: torch.nn.Module) -> torch.nn.Module | None:
+    """``model.base_model`` when the plain forward may score through the chunked head (its type is one of
+    :data:`PLAIN_HEAD_TYPES` and its output head is :func:`chunkable_head`), else None."""
+    config = getattr(model, "config", None)
+    if getattr(config, "model_type", None) not in PLAIN_HEAD_TYPES or not hasattr(model, "get_output_embeddings"):
+        return None
+    head, backbone = model.get_output_embeddings(), getattr(model, "base_model", model)
+    if head is None or backbone is model or not chunkable_head(head):
+        return None
+    return backbone
+
+
 def plain_log_probs(
     model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, response_ids: torch.Tensor,
-    response_mask: torch.Tensor, *, temperature: float, with_entropy: bool,
+    response_mask: torch.Tensor, *, temperature: float, with_entropy: bool, chunk: int,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The model's forward on ``[prompt ; response]``: logit at position ``S - 1 + t`` predicts response
-    token ``t``; only the last ``T + 1`` positions' logits are materialised (``logits_to_keep``)."""
+    """The model's forward on ``[prompt ; response]``: the state at position ``S - 1 + t`` predicts response
+    token ``t``. With ``chunk`` > 0 and a :func:`plain_backbone`, the backbone runs and only the real
+    response positions go through :func:`head_log_probs` (the others return 0); otherwise the model's
+    own forward with the logits of the last ``T + 1`` positions materialised (``logits_to_keep``)."""
     input_ids = torch.cat([prompt_ids, response_ids], dim=1)
     attention = torch.cat([prompt_mask, response_mask], dim=1)
     position_ids = (attention.long().cumsum(-1) - 1).clamp(min=0)
-    t = response_ids.shape[1]
-    out = model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids, logits_to_keep=t + 1, use_cache=False)
-    return logits_to_log_probs(out.logits[:, :-1, :], response_ids, temperature=temperature, with_entropy=with_entropy)
+    n, t = response_ids.shape
+    backbone = plain_backbone(model) if chunk > 0 else None
+    if backbone is None:
+        out = model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids, logits_to_keep=t + 1, use_cache=False)
+        return logits_to_log_probs(out.logits[:, :-1, :], response_ids, temperature=temperature, with_entropy=with_entropy)
+    states = backbone(input_ids=input_ids, attention_mask=attention, position_ids=position_ids, use_cache=False).last_hidden_state
+    layout = Packing(response_mask.reshape(-1).nonzero().squeeze(1), n * t)
+    hidden = layout.pack(states[:, -(t + 1) : -1].reshape(n * t, -1))
+    logp, ent = head_log_probs(model.get_output_embeddings(), hidden, layout.pack(response_ids.reshape(-1)),
+                               temperature=temperature, with_entropy=with_entropy, chunk=chunk)
+    return layout.unpack(logp).view(n, t), (layout.unpack(ent).view(n, t) if ent is not None else None)
 
 
 def shared_prompt_supported(model: torch.nn.Module) -> bool:
@@ -119,7 +177,7 @@ def response_attention(prompt_mask: torch.Tensor, response_mask: torch.Tensor) -
 
 def shared_prompt_log_probs(
     model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, response_ids: torch.Tensor,
-    response_mask: torch.Tensor, *, temperature: float, with_entropy: bool,
+    response_mask: torch.Tensor, *, temperature: float, with_entropy: bool, chunk: int,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """:func:`plain_log_probs` with each distinct prompt computed once (see the module doc).
 
@@ -131,8 +189,8 @@ def shared_prompt_log_probs(
     [N, T-1] (zeros where an input is not fed: masked from every real query), applies RoPE so each
     query attends to ``[its prompt's keys ; its own response keys]`` under the additive bias
     ``[prompt mask | causal & response mask]``, and gathers the M outputs back; their final hidden
-    states give the logits of response tokens ``1 .. T-1``. lm_head runs on ``N + M`` hidden states.
-    Returns [N, T] log-probs (and entropies), 0 where a position was not computed.
+    states give the logits of response tokens ``1 .. T-1``. lm_head runs on ``N + M`` hidden states
+    (:func:`head_log_probs`: ``chunk`` rows at a time when ``chunk`` > 0). Returns [N, T] log-probs (and entropies), 0 where a position was not computed.
     """
     net = NativeLlama(model)
     p_ids, p_mask, of_row = distinct_prompts(prompt_ids, prompt_mask)
@@ -168,12 +226,12 @@ def shared_prompt_log_probs(
             values = torch.cat([pv.index_select(0, of_row), v], dim=2)
             att = net.attend(q, keys, values, bias).transpose(1, 2).reshape(n * width, net.heads * net.head_dim)
             x = net.finish_tokens(layer, x, layout.pack(att))
-        logits = net.lm_head(torch.cat([last[:, 0], net.rms_norm(net.norm, x)]))  # [N + M, V]
+        hidden = torch.cat([last[:, 0], net.rms_norm(net.norm, x)])  # [N + M, H]
         targets = torch.cat([response_ids[:, 0], layout.pack(response_ids[:, 1:].reshape(-1))])
-        logp, ent = logits_to_log_probs(logits[:, None], targets[:, None], temperature=temperature, with_entropy=with_entropy)
-        return rows_of(logp[:, 0], layout), (rows_of(ent[:, 0], layout) if ent is not None else None)
-    logits = net.lm_head(last)
-    return logits_to_log_probs(logits, response_ids, temperature=temperature, with_entropy=with_entropy)
+        logp, ent = head_log_probs(net.lm_head, hidden, targets, temperature=temperature, with_entropy=with_entropy, chunk=chunk)
+        return rows_of(logp, layout), (rows_of(ent, layout) if ent is not None else None)
+    logp, ent = head_log_probs(net.lm_head, last[:, 0], response_ids[:, 0], temperature=temperature, with_entropy=with_entropy, chunk=chunk)
+    return logp[:, None], (ent[:, None] if ent is not None else None)
 
 
 def needed_inputs(response_mask: torch.Tensor) -> torch.Tensor:
@@ -219,14 +277,16 @@ class PolicyLogProbs(torch.nn.Module):
     holds (checked at every call: gradient checkpointing or the train/eval mode may change),
     else :func:`plain_log_probs`. ``autocast``: "bfloat16" runs the forward under
     ``torch.autocast`` (matmuls in bfloat16, the residual stream, norms, softmax and the
-    log-softmax of the logits in float32; the backward follows), "none" in the parameters' dtype."""
+    log-softmax of the logits in float32; the backward follows), "none" in the parameters' dtype. ``chunk``:
+    the output head's rows per chunk (:func:`head_log_probs`; 0: the full logits at once)."""
 
-    def __init__(self, policy: torch.nn.Module, *, shared_prompt: bool, autocast: str = "none") -> None:
+    def __init__(self, policy: torch.nn.Module, *, shared_prompt: bool, chunk: int, autocast: str = "none") -> None:
         super().__init__()
         if autocast not in AUTOCAST_DTYPES:
             raise ValueError(f"autocast must be one of {', '.join(AUTOCAST_DTYPES)}, got {autocast!r}")
         self.policy = policy
         self.shared_prompt = shared_prompt
+        self.chunk = chunk
         self.autocast_dtype = AUTOCAST_DTYPES[autocast]
 
     def uses_shared_prompt(self) -> bool:
@@ -243,5 +303,5 @@ class PolicyLogProbs(torch.nn.Module):
         with mixed:
             return fn(
                 self.policy, prompt_ids, prompt_mask, response_ids, response_mask, temperature=temperature,
-                with_entropy=with_entropy,
+                with_entropy=with_entropy, chunk=self.chunk,
             )

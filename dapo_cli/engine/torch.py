@@ -50,30 +50,31 @@ def pick_device(name: str, local_rank: int = 0) -> torch.device:
 
 
 def policy_forward(
-    model: torch.nn.Module, batch: RolloutBatch, *, temperature: float, with_entropy: bool, device: torch.device
+    model: torch.nn.Module, batch: RolloutBatch, *, temperature: float, with_entropy: bool, device: torch.device, chunk: int = 0
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log π of each response token ``[N, T]`` (and entropy ``[N, T]`` of the sampling distribution).
 
     ``model``: a causal LM (its own forward, :func:`~dapo_cli.engine.forward.plain_log_probs`) or a
     :class:`~dapo_cli.engine.forward.PolicyLogProbs` (possibly inside DDP). Logit at position
     ``S - 1 + t`` predicts response token ``t``; logits are divided by ``temperature`` so the
-    log-probs are those of the distribution that sampled.
+    log-probs are those of the distribution that sampled. ``chunk``: the output head's rows per chunk for
+    a plain causal LM (a ``PolicyLogProbs`` carries its own; 0: the full logits).
     """
     tensors = (batch.prompt_ids.to(device), batch.prompt_mask.to(device), batch.response_ids.to(device), batch.response_mask.to(device))
     inner = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
     if isinstance(inner, PolicyLogProbs):
         return model(*tensors, temperature=temperature, with_entropy=with_entropy)
-    return plain_log_probs(model, *tensors, temperature=temperature, with_entropy=with_entropy)
+    return plain_log_probs(model, *tensors, temperature=temperature, with_entropy=with_entropy, chunk=chunk)
 
 
 @torch.no_grad()
 def reference_log_probs(
-    ref: torch.nn.Module | None, batch: RolloutBatch, *, temperature: float, device: torch.device
+    ref: torch.nn.Module | None, batch: RolloutBatch, *, temperature: float, device: torch.device, chunk: int = 0
 ) -> torch.Tensor:
     """log π_ref of the response tokens ``[N, T]`` under a frozen reference module (no grad)."""
     if ref is None:
         raise RuntimeError("this engine was built without a reference policy (algorithm.use_kl_loss is off)")
-    logp, _ = policy_forward(ref, batch, temperature=temperature, with_entropy=False, device=device)
+    logp, _ = policy_forward(ref, batch, temperature=temperature, with_entropy=False, device=device, chunk=chunk)
     return logp
 
 
@@ -105,6 +106,8 @@ class TorchEngine:
     supports it (``forward.shared_prompt_log_probs``; the same log-probs and gradients), for the
     policy and the reference alike. ``autocast`` ("none" or "bfloat16"): the forwards' mixed
     precision (``forward.PolicyLogProbs``); parameters, gradients and optimizer state keep their dtype.
+    ``logprob_chunk``: rows of the output head per chunk in every forward (``forward.head_log_probs``; the
+    logits of all response tokens never exist at once; 0: they do, the unchunked path).
     ``adapters``: LoRA adapters injected into ``model`` (their ``module`` is ``model``); only its parameters
     that require grad (the adapters) are trained. ``base_reference`` (with ``adapters``): the reference
     policy is the base, computed by the policy's own forward with the adapters off (no ``ref_model``)."""
@@ -121,6 +124,7 @@ class TorchEngine:
         dist: Collective | None = None,
         ref_model: torch.nn.Module | None = None,
         shared_prompt_forward: bool = True,
+        logprob_chunk: int = 0,
         autocast: str = "none",
         adapters: LoraAdapters | None = None,
         base_reference: bool = False,
@@ -136,7 +140,7 @@ class TorchEngine:
         self.module = model.to(self.device)
         self.module.train()
         self.grad_clip = grad_clip
-        self.forward_module = PolicyLogProbs(self.module, shared_prompt=shared_prompt_forward, autocast=autocast)
+        self.forward_module = PolicyLogProbs(self.module, shared_prompt=shared_prompt_forward, chunk=logprob_chunk, autocast=autocast)
         self._wrapped: torch.nn.Module = self.forward_module  # the forward DDP's reducer sees
         if self.dist.world_size > 1:
             from torch.nn.parallel import DistributedDataParallel
@@ -149,7 +153,7 @@ class TorchEngine:
         self.ref_model = frozen(ref_model.to(self.device)) if ref_model is not None else None
         self._ref_forward = None
         if self.ref_model is not None:
-            self._ref_forward = PolicyLogProbs(self.ref_model, shared_prompt=shared_prompt_forward, autocast=autocast)
+            self._ref_forward = PolicyLogProbs(self.ref_model, shared_prompt=shared_prompt_forward, chunk=logprob_chunk, autocast=autocast)
 
     # ------------------------------------------------------------ forward / backward / step
 

@@ -190,7 +190,7 @@ class NativeLlama:
 
     def project_qkv(self, layer: Layer, x: torch.Tensor) -> torch.Tensor:
         """The fused q/k/v projection of the normed ``x`` [..., H]: [..., (h + 2 kv_heads) * d]."""
-        return F.linear(self.rms_norm(layer.ln1, x), layer.qkv_w, layer.qkv_b)
+        return self.linear(self.rms_norm(layer.ln1, x), layer.qkv_w, layer.qkv_b)
 
     def split_heads(
         self, y: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
@@ -210,9 +210,13 @@ class NativeLlama:
         flattened to [B * kv_heads, 1, c] for one query per row. Query heads are grouped onto their
         key/value head (grouped-query attention) without copying keys.
 
-        Plain batched matmuls (for one query one ``baddbmm`` folds the scale and the mask in): several
-        times faster on CPU than ``scaled_dot_product_attention``'s kernels for one query per row
-        (measured 0.17 ms vs 0.7 ms per layer, 64 rows, 60 keys)."""
+        One query per row (decode): plain batched matmuls, one ``baddbmm`` folding the scale and the mask
+        in, several times faster on CPU than ``scaled_dot_product_attention``'s kernels there (measured
+        0.17 ms vs 0.7 ms per layer, 64 rows, 60 keys). Several queries (prefill, the trainer's forwards):
+        ``scaled_dot_product_attention`` (its fused CPU kernel, the mask as booleans), which keeps no
+        [B, h, q, c] attention matrix for the backward and ran forward + backward 1.8x (63 queries) to 3.5x
+        (255) faster than the two matmuls with a softmax between (64 rows x 9 heads, 40 prompt keys, 2 AVX2
+        cores; ``benchmarks/logprob_chunk.py`` times whole updates)."""
         b, h, length, d = q.shape
         kvh, c = keys.shape[1], keys.shape[2]
         g = h // kvh
@@ -220,10 +224,16 @@ class NativeLlama:
             k3, v3 = keys.reshape(b * kvh, c, d), values.reshape(b * kvh, c, d)  # views: (B, kv) strides merge
             scores = torch.baddbmm(bias, q.reshape(b * kvh, g, d), k3.transpose(1, 2), alpha=self.scaling)
             return torch.bmm(_softmax(scores), v3).view(b, h, 1, d)
+        if self.fused_attention:
+            return F.scaled_dot_product_attention(q, keys, values, attn_mask=bias == 0, scale=self.scaling, enable_gqa=g > 1)
         scores = torch.matmul(q.reshape(b, kvh, g * length, d), keys.transpose(-1, -2))  # [B, kvh, g*q, c]
         scores = scores.view(b, kvh, g, length, c).mul_(self.scaling).add_(bias.unsqueeze(2))
         weights = _softmax(scores).view(b, kvh, g * length, c)
         return torch.matmul(weights, values).view(b, h, length, d)
+
+    fused_attention = True
+    """Several queries through ``scaled_dot_product_attention`` (:meth:`attend`); False: two matmuls and a
+    softmax (dapo before it; a class switch so ``benchmarks/logprob_chunk.py`` times both)."""
 
     def finish(self, layer: Layer, x: torch.Tensor, att: torch.Tensor) -> torch.Tensor:
         """The rest of the layer: ``x`` + o_proj(``att`` [B, h, q, d]), then + SwiGLU MLP. [B, q, H]."""
@@ -232,9 +242,23 @@ class NativeLlama:
 
     def finish_tokens(self, layer: Layer, x: torch.Tensor, att: torch.Tensor) -> torch.Tensor:
         """:meth:`finish` on ``x`` [..., H] and the attention output with heads merged, ``att`` [..., h * d]."""
-        x = x + F.linear(att, layer.o_w, layer.o_b)
-        gate, up = F.linear(self.rms_norm(layer.ln2, x), layer.gate_up_w, layer.gate_up_b).split(self.inter, dim=-1)
-        return x + F.linear(layer.act(gate).mul_(up), layer.down_w, layer.down_b)
+        x = x + self.linear(att, layer.o_w, layer.o_b)
+        gate, up = self.linear(self.rms_norm(layer.ln2, x), layer.gate_up_w, layer.gate_up_b).split(self.inter, dim=-1)
+        return x + self.linear(layer.act(gate).mul_(up), layer.down_w, layer.down_b)
+
+    transposed_decode = True
+    """Decode projections as ``W xᵀ`` (:meth:`linear`); a class switch so benchmarks can time both."""
+
+    def linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+        """``x Wᵀ + b`` for ``x`` [..., in]. A decode step (one position per row, no autograd: the fast
+        sampler) computes it as ``(W xᵀ)ᵀ``, the same dot products, because with a few dozen rows MKL runs
+        ``W xᵀ`` [out, in] x [in, rows] faster than ``x Wᵀ`` (SmolLM2's projections, 64 rows, 2 AVX2 cores:
+        ~100 against 70-90 GFLOP/s; the lm_head the same way in ``rollout.fast.vocab_logits``)."""
+        if not (self.transposed_decode and x.dim() == 3 and x.shape[1] == 1 and not torch.is_grad_enabled()):
+            return F.linear(x, w, b)
+        rows = x.reshape(x.shape[0], x.shape[2])
+        out = torch.mm(w, rows.t()).t() if b is None else torch.addmm(b[:, None], w, rows.t()).t()
+        return out.contiguous().view(x.shape[0], 1, w.shape[0])
 
     def causal_bias(self, mask: torch.Tensor) -> torch.Tensor:
         """Additive bias [P, 1, S, S] of left-padded sequences ``mask`` [P, S]: a real query sees the real

@@ -23,7 +23,9 @@ layers, ``h`` hidden size, ``I`` MLP width, ``q``/``kv`` the query / key-value w
 - logits of the kept positions ``m·(R+1)·V·c``: the model's output (``b``), the fp32 scaled
   copy autograd keeps (4) and one fp32 transient (4: logsumexp's buffer / its gradient), so
   ``c = b + 8``; + 4 for the softmax when entropy is computed (always for old log-probs,
-  in the update when ``entropy_coeff > 0``);
+  in the update when ``entropy_coeff > 0``). The torch engine scores the head in chunks
+  (``engine.logprob_chunk``): ``k·V·c'`` for ``k = min(logprob_chunk, m·(R+1))`` rows at a time
+  (:func:`logits_term`), whatever the length; the DeepSpeed engine still holds the full logits;
 - vLLM (``rollout.engine=vllm``) takes ``gpu_memory_utilization × GPU`` while awake: its weights
   ``P·b/TP`` and a KV cache of the rest, ``2·L·(kv_heads/TP)·head_dim·b`` bytes a token; asleep,
   level 1 frees the KV cache and moves the weights to CPU memory, level 2 drops both;
@@ -285,9 +287,10 @@ class _Estimator:
 
         gathered = [st["gathered"]] if "gathered" in st else []
         mo = self.rows(s, update=False)
+        chunk = self.cfg.engine.logprob_chunk if s.engine == "torch" else 0
         old = list(resident) + gathered + [
             Term("activations", f"activations, no grad ({mo} × {self.S})", mo * self.S * A, "m·S·A"),
-            Term("logits", "logits + entropy", mo * (self.R + 1) * V * (b + 12), "m·(R+1)·V·(b+12)"),
+            logits_term(mo * (self.R + 1), V, b, entropy=True, chunk=chunk, grad=False),
         ] + vllm_term(s.sleep_level)
         phases.append(Phase("old log-probs", old, gpu))
 
@@ -295,11 +298,11 @@ class _Estimator:
             act = Term("activations", f"activations, checkpointed ({m} × {self.S})", m * self.S * (L * h * b + 2 * A), "m·S·(L·h·b + 2A)")
         else:
             act = Term("activations", f"activations ({m} × {self.S})", m * self.S * L * A, "m·S·L·A")
-        c = b + 8 + (4 if self.cfg.algorithm.entropy_coeff > 0 else 0)
         update_core = list(resident) + [st["gradients"]]
         if gathered:
             update_core.append(Term("gathered", "ZeRO-3 gathered parameters + grads", 2 * gathered[0].gpu, "2·(2 layers + V·h)·b"))
-        update_core += [act, Term("logits", "logits", m * (self.R + 1) * V * c, "m·(R+1)·V·(b+" + ("12)" if c - b == 12 else "8)"))]
+        entropy = self.cfg.algorithm.entropy_coeff > 0
+        update_core += [act, logits_term(m * (self.R + 1), V, b, entropy=entropy, chunk=chunk, grad=True)]
         phases.append(Phase("update", update_core + vllm_term(s.sleep_level), gpu))
         alternatives: list[Phase] = []
         if info is not None:
@@ -307,6 +310,27 @@ class _Estimator:
             label = "update, vLLM awake" if other == 0 else "update, vLLM asleep (sleep_level 1)"
             alternatives.append(Phase(label, update_core + vllm_term(other), gpu))
         return phases, alternatives, info
+
+
+def logits_term(tokens: int, V: int, b: int, *, entropy: bool, chunk: int, grad: bool) -> Term:
+    """The logits of ``tokens`` scored positions (``m·(R+1)``) over the vocabulary ``V``.
+
+    Full (``chunk`` 0, or the DeepSpeed engine): ``tokens·V·c``, ``c = b + 8`` (the model's output, the fp32
+    scaled copy autograd keeps, one fp32 transient) + 4 for the softmax with entropy (always for old
+    log-probs). Chunked (``engine.logprob_chunk`` > 0, the torch engine): only ``k = min(chunk, tokens)``
+    rows at a time, and nothing kept for the backward (``algo.logits.chunked_head_log_probs``):
+    ``k·V·c'`` with ``c' = 8`` (the fp32 scaled logits and one fp32 transient: logsumexp's, or the
+    backward's gradient) + 4 for the entropy's probabilities + ``b`` for the head's output when it is 16-bit.
+    The term's name prints the full size beside the chunked one."""
+    full_c = b + 8 + (4 if entropy else 0)
+    full = tokens * V * full_c
+    what = "logits + entropy" if entropy and not grad else "logits"
+    if chunk <= 0:
+        return Term("logits", what, full, f"m·(R+1)·V·(b+{full_c - b})")
+    k = min(chunk, tokens)
+    c = 8 + (4 if entropy else 0) + (b if b < 4 else 0)
+    return Term("logits", f"{what}, {k}-token chunks (full: {full / GIB:.1f} GiB)", k * V * c,
+                f"k·V·{c}, k = min(logprob_chunk, m·(R+1))")
 
 
 # ---------------------------------------------------------------- verdicts and knobs

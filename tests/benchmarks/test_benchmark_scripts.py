@@ -8,6 +8,7 @@ engine, the step windows are the steps the docs name, and every script starts.
 from __future__ import annotations
 
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +23,8 @@ import common
 import rl_step_vs_trl
 
 SCRIPTS = ["rl_step_vs_trl.py", "rollout_vs_generate.py", "update_throughput.py", "dynamic_sampling_overhead.py",
-           "tracking_overhead.py", "prepare_data_speed.py", "async_rollout.py", "lora_vs_full.py", "bf16_logprob_gap.py"]
+           "tracking_overhead.py", "prepare_data_speed.py", "async_rollout.py", "lora_vs_full.py", "bf16_logprob_gap.py",
+           "logprob_chunk.py", "decode_speed.py"]
 
 
 @pytest.fixture(scope="module")
@@ -158,3 +160,26 @@ def test_the_trl_worker_imports_nothing_but_the_standard_library_at_module_level
     source = (BENCH / "_trl_worker.py").read_text()
     top = [line for line in source.splitlines() if line.startswith(("import ", "from "))]
     assert all(line.split()[1].split(".")[0] in {"__future__", "json", "re", "sys", "tempfile", "time"} for line in top), top
+
+
+def test_a_watched_child_reports_its_peak_memory_even_when_killed():
+    # 200 MB touched then freed: the high-water mark keeps it; a child killed by SIGKILL still has its last peak
+    grow = "b = bytearray(200 * 2**20); del b; import time; time.sleep(0.5)"
+    done = common.run_watched([sys.executable, "-c", grow], env=dict(os.environ), every=0.05)
+    assert done.returncode == 0 and done.peak >= 200 * 2**20
+    killed = common.run_watched([sys.executable, "-c", grow + "; import os, signal; os.kill(os.getpid(), signal.SIGKILL)"],
+                                env=dict(os.environ), every=0.05)
+    assert killed.returncode == -9 and killed.peak >= 200 * 2**20
+
+
+def test_the_memory_lines_say_how_each_side_ended(capsys):
+    results = rl_step_vs_trl.Results()
+    results.peaks = {(64, "dapo"): [(5.0e9, False)], (64, "TRL"): [(9.04e9, False)], (128, "dapo"): [(6.2e9, False)],
+                     (128, "TRL"): [(23.7e9, True)], (512, "dapo"): [(15.0e9, False)]}
+    runs, _ = rl_step_vs_trl.variants(plain_forward=False, bf16=False)
+    results.print_memory("SmolLM2-135M", runs, [64, 128], [512])
+    assert capsys.readouterr().out.splitlines() == [
+        "peak memory (SmolLM2-135M, L=64): dapo 5.0 GB, TRL 9.0 GB",
+        "peak memory (SmolLM2-135M, L=128): dapo 6.2 GB, TRL killed for memory at 23.7 GB",
+        "peak memory (SmolLM2-135M, L=512): dapo 15.0 GB, TRL not run",
+    ]

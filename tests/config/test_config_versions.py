@@ -64,8 +64,8 @@ def test_a_config_saved_before_lora_staleness_and_autocast_upgrades_to_their_old
     version, data = split_version(saved("4e22362.yaml"))
     upgraded, filled, missing = upgrade(data, version)
     assert version == 0 and missing == []
-    # v1.yaml holds every key of version 1; rollout.kv_cache_gib came with version 2
-    assert sorted(filled) == sorted(leaf_keys(saved("v1.yaml")) - leaf_keys(data) - {"schema_version"} | {"rollout.kv_cache_gib"})
+    # v1.yaml holds every key of version 1; rollout.kv_cache_gib came with version 2, engine.logprob_chunk with 3
+    assert sorted(filled) == sorted(leaf_keys(saved("v1.yaml")) - leaf_keys(data) - {"schema_version"} | set(AFTER_V1))
     assert {k: filled[k] for k in ("rollout.max_staleness", "rollout.worker", "model.lora.rank", "engine.autocast",
                                    "model.tiny.sft_loop_frac", "ablate.jobs")} == {
         "rollout.max_staleness": 0, "rollout.worker": "auto", "model.lora.rank": 0, "engine.autocast": "none",
@@ -129,8 +129,12 @@ def test_a_version_this_dapo_cannot_read_is_one_line(tmp_path: Path, version, me
         resume_blockers(yaml.safe_load(path.read_text()), to_dict(load_config(None)))
 
 
-def test_a_version_1_config_gets_the_kv_cache_size_of_version_2_at_its_default() -> None:
+AFTER_V1 = {"rollout.kv_cache_gib": None, "engine.logprob_chunk": 1024}
+"""The keys added after version 1 and what a version-1 config gets for them (their defaults)."""
+
+
+def test_a_version_1_config_gets_the_keys_added_later_at_their_defaults() -> None:
     version, data = split_version(saved("v1.yaml"))
     upgraded, filled, missing = upgrade(data, version)
-    assert version == 1 and missing == [] and filled == {"rollout.kv_cache_gib": None}
-    assert upgraded["rollout"]["kv_cache_gib"] is None
+    assert version == 1 and missing == [] and filled == AFTER_V1
+    assert upgraded["rollout"]["kv_cache_gib"] is None and upgraded["engine"]["logprob_chunk"] == 1024

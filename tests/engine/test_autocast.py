@@ -17,7 +17,7 @@ from dapo_cli.engine.forward import PolicyLogProbs
 from dapo_cli.engine.torch import TorchEngine
 from dapo_cli.errors import UserError
 
-from test_shared_prompt_forward import batch_of, build, forward_and_grads, ragged_rows
+from test_shared_prompt_forward import CHUNK, batch_of, build, forward_and_grads, ragged_rows
 
 
 @pytest.mark.parametrize("shared", [True, False])
@@ -26,8 +26,8 @@ def test_bfloat16_autocast_moves_log_probs_by_bfloat16_rounding_only(shared):
     rows = ragged_rows()
     mask = rows[3]
     with torch.no_grad():
-        full, full_ent = PolicyLogProbs(model, shared_prompt=shared)(*rows, temperature=0.7, with_entropy=True)
-        mixed, mixed_ent = PolicyLogProbs(model, shared_prompt=shared, autocast="bfloat16")(
+        full, full_ent = PolicyLogProbs(model, shared_prompt=shared, chunk=CHUNK)(*rows, temperature=0.7, with_entropy=True)
+        mixed, mixed_ent = PolicyLogProbs(model, shared_prompt=shared, chunk=CHUNK, autocast="bfloat16")(
             *rows, temperature=0.7, with_entropy=True
         )
     assert mixed.dtype == mixed_ent.dtype == torch.float32  # the log-softmax of the logits runs in float32
@@ -41,9 +41,9 @@ def test_bfloat16_autocast_moves_log_probs_by_bfloat16_rounding_only(shared):
 def test_shared_and_plain_forwards_agree_under_autocast():
     model = build("llama-tied-gqa")
     rows = ragged_rows()
-    mixed = {s: PolicyLogProbs(model, shared_prompt=s, autocast="bfloat16") for s in (True, False)}
+    mixed = {s: PolicyLogProbs(model, shared_prompt=s, chunk=CHUNK, autocast="bfloat16") for s in (True, False)}
     assert mixed[True].uses_shared_prompt() and not mixed[False].uses_shared_prompt()
-    lp = {s: forward_and_grads(lambda m, *r, **k: mixed[s](*r, **k), model, rows) for s in (True, False)}
+    lp = {s: forward_and_grads(lambda m, *r, chunk, **k: mixed[s](*r, **k), model, rows) for s in (True, False)}
     mask = rows[3]
     assert float((lp[True][0] - lp[False][0])[mask].abs().max()) < 5e-2
     for key, g in lp[False][2].items():
@@ -68,7 +68,7 @@ def test_the_engine_keeps_float32_parameters_gradients_and_optimizer_state():
 
 def test_an_unknown_autocast_dtype_is_refused():
     with pytest.raises(ValueError, match="autocast must be one of none, bfloat16"):
-        PolicyLogProbs(build("llama-untied"), shared_prompt=True, autocast="float16")
+        PolicyLogProbs(build("llama-untied"), shared_prompt=True, chunk=CHUNK, autocast="float16")
     with pytest.raises(UserError, match="engine.autocast"):
         load_config(None, ["engine.autocast=float16"])
 

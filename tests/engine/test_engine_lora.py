@@ -23,7 +23,7 @@ import torch
 from dapo_cli.engine.forward import PolicyLogProbs
 from dapo_cli.engine.torch import TorchEngine, policy_forward
 
-from test_shared_prompt_forward import batch_of, build, ragged_rows
+from test_shared_prompt_forward import CHUNK, batch_of, build, ragged_rows
 
 pytestmark = pytest.mark.lora
 
@@ -73,7 +73,7 @@ def hand_loss(plain, w0: dict[str, torch.Tensor], leaves: dict[str, tuple[torch.
     params = {f"policy.{k}": v for k, v in w0.items()}
     for key, (a, b) in leaves.items():
         params[f"policy.{key}"] = w0[key] + SCALE * b @ a
-    forward = PolicyLogProbs(plain, shared_prompt=shared)
+    forward = PolicyLogProbs(plain, shared_prompt=shared, chunk=CHUNK)
     rows = (batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask)
     logp, _ = torch.func.functional_call(forward, params, rows, {"temperature": 1.0, "with_entropy": False})
     return -(logp * batch.advantages[:, None] * batch.loss_mask).sum() / batch.loss_mask.sum()
@@ -142,14 +142,14 @@ def test_log_probs_include_the_adapters(shared):
     model, adapters, plain = lora_model(dtype=torch.float64)
     rows = ragged_rows()
     mask = rows[3]
-    policy = PolicyLogProbs(model, shared_prompt=shared)
+    policy = PolicyLogProbs(model, shared_prompt=shared, chunk=CHUNK)
     assert policy.uses_shared_prompt() is shared
     merged = copy.deepcopy(plain)
     merged.load_state_dict(merged_by_hand(plain, adapter_tensors(model)))
     with torch.no_grad():
         lp, _ = policy(*rows, temperature=0.7, with_entropy=False)
-        base_lp, _ = PolicyLogProbs(plain, shared_prompt=shared)(*rows, temperature=0.7, with_entropy=False)
-        merged_lp, _ = PolicyLogProbs(merged, shared_prompt=shared)(*rows, temperature=0.7, with_entropy=False)
+        base_lp, _ = PolicyLogProbs(plain, shared_prompt=shared, chunk=CHUNK)(*rows, temperature=0.7, with_entropy=False)
+        merged_lp, _ = PolicyLogProbs(merged, shared_prompt=shared, chunk=CHUNK)(*rows, temperature=0.7, with_entropy=False)
         assert float((lp - base_lp)[mask].abs().max()) > 1e-2  # the adapters change the policy ...
         torch.testing.assert_close(lp[mask], merged_lp[mask], rtol=0, atol=1e-10)  # ... into the merged one
         for layer in adapters.layers().values():  # B = 0 (PEFT's init): the base policy exactly
@@ -163,7 +163,7 @@ def test_adapter_dropout_falls_back_to_the_models_own_forward():
 
     model = build("llama-untied")
     LoraAdapters(model, rank=RANK, alpha=ALPHA, target_modules=["q_proj", "v_proj"], dropout=0.1)
-    policy = PolicyLogProbs(model, shared_prompt=True)
+    policy = PolicyLogProbs(model, shared_prompt=True, chunk=CHUNK)
     assert not policy.uses_shared_prompt()  # random dropout is not in the fused weights
     model.eval()
     assert policy.uses_shared_prompt()  # no dropout in eval mode
@@ -244,7 +244,7 @@ def test_the_kl_reference_is_the_base_with_the_adapters_off(shared):
     batch = batch_of(ragged_rows())
     mask = batch.response_mask
     with torch.no_grad():
-        base, _ = PolicyLogProbs(plain, shared_prompt=shared)(batch.prompt_ids, batch.prompt_mask, batch.response_ids, mask,
+        base, _ = PolicyLogProbs(plain, shared_prompt=shared, chunk=CHUNK)(batch.prompt_ids, batch.prompt_mask, batch.response_ids, mask,
                                                               temperature=0.7, with_entropy=False)
         ref = engine.ref_log_probs(batch, temperature=0.7)
         policy, _ = engine.log_probs(batch, temperature=0.7)  # the adapters are on again after it

@@ -34,6 +34,8 @@ from dapo_cli.engine.torch import TorchEngine
 from dapo_cli.update import micro_slices
 
 VOCAB, PAD = 40, 0
+CHUNK = 5
+"""Output-head rows per chunk in these tests (engine.logprob_chunk): the batches here span several chunks."""
 COMMON = {"vocab_size": VOCAB, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
           "num_attention_heads": 4, "max_position_embeddings": 64, "pad_token_id": PAD}
 CONFIGS = {
@@ -69,11 +71,11 @@ def ragged_rows(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
     return ids[of_row], mask[of_row], response, r_mask
 
 
-def forward_and_grads(fn, model, rows, temperature=0.7):
+def forward_and_grads(fn, model, rows, temperature=0.7, chunk=CHUNK):
     """log-probs, entropies and the gradient of a loss that uses both (every real position weighted;
     losses never read padding, which the shared forward does not compute)."""
     model.zero_grad(set_to_none=True)
-    logp, ent = fn(model, *rows, temperature=temperature, with_entropy=True)
+    logp, ent = fn(model, *rows, temperature=temperature, with_entropy=True, chunk=chunk)
     weights = torch.randn(logp.shape, generator=torch.Generator().manual_seed(1))
     ((logp * weights * rows[3]).sum() + 0.3 * (ent * rows[3]).sum()).backward()
     grads = {k: p.grad.detach().clone() for k, p in model.named_parameters()}
@@ -118,10 +120,10 @@ def test_each_prompt_is_computed_once_and_logits_only_at_response_positions():
     model.lm_head.register_forward_hook(lambda m, a, out: seen["head"].append(tuple(a[0].shape[:-1])))
     prompt = torch.randint(1, VOCAB, (1, 5)).expand(8, 5)
     rows = (prompt, torch.ones(8, 5, dtype=torch.bool), torch.randint(1, VOCAB, (8, 4)), torch.ones(8, 4, dtype=torch.bool))
-    shared, _ = shared_prompt_log_probs(model, *rows, temperature=1.0, with_entropy=False)
+    shared, _ = shared_prompt_log_probs(model, *rows, temperature=1.0, with_entropy=False, chunk=CHUNK)
     assert seen == {"embed": [(1, 5), (24,)], "head": [(32,)]}
     seen["embed"].clear(), seen["head"].clear()
-    plain, _ = plain_log_probs(model, *rows, temperature=1.0, with_entropy=False)
+    plain, _ = plain_log_probs(model, *rows, temperature=1.0, with_entropy=False, chunk=0)
     assert seen == {"embed": [(8, 9)], "head": [(8, 5)]}
     assert float((shared - plain).detach().abs().max()) < 1e-5
 
@@ -140,11 +142,11 @@ def test_padding_of_ragged_responses_is_never_fed():
     response = torch.randint(1, VOCAB, (4, 4)).masked_fill(~r_mask, PAD)
     prompt = torch.randint(1, VOCAB, (2, 5)).repeat_interleave(2, 0)
     rows = (prompt, torch.ones(4, 5, dtype=torch.bool), response, r_mask)
-    shared, ent = shared_prompt_log_probs(model, *rows, temperature=1.0, with_entropy=True)
+    shared, ent = shared_prompt_log_probs(model, *rows, temperature=1.0, with_entropy=True, chunk=CHUNK)
     assert seen == {"embed": [(2, 5), (6,)], "head": [(10,)]}
     assert needed_inputs(r_mask).sum(-1).tolist() == [3, 0, 2, 1]
     assert torch.equal(shared[~r_mask], torch.zeros(6)) and torch.equal(ent[~r_mask], torch.zeros(6))
-    plain, plain_ent = plain_log_probs(model, *rows, temperature=1.0, with_entropy=True)
+    plain, plain_ent = plain_log_probs(model, *rows, temperature=1.0, with_entropy=True, chunk=0)
     assert float((shared - plain)[r_mask].detach().abs().max()) < 1e-5
     assert float((ent - plain_ent)[r_mask].detach().abs().max()) < 1e-5
 
@@ -226,7 +228,7 @@ def checkpointed_llama():
 def test_unsupported_models_fall_back_to_the_plain_forward(make, monkeypatch):
     model = make().train()
     assert not shared_prompt_supported(model)
-    module = PolicyLogProbs(model, shared_prompt=True)
+    module = PolicyLogProbs(model, shared_prompt=True, chunk=CHUNK)
     assert not module.uses_shared_prompt()
 
     def must_not_run(*args, **kwargs):
@@ -240,7 +242,7 @@ def test_unsupported_models_fall_back_to_the_plain_forward(make, monkeypatch):
     torch.manual_seed(3)
     logp, _ = module(*rows, temperature=1.0, with_entropy=False)
     torch.manual_seed(3)
-    ref, _ = plain_log_probs(model, *rows, temperature=1.0, with_entropy=False)
+    ref, _ = plain_log_probs(model, *rows, temperature=1.0, with_entropy=False, chunk=CHUNK)
     assert torch.equal(logp, ref)
 
 
@@ -250,8 +252,8 @@ def test_supported_model_uses_the_shared_forward_unless_switched_off(monkeypatch
     real = shared_prompt_log_probs
     monkeypatch.setattr("dapo_cli.engine.forward.shared_prompt_log_probs", lambda *a, **k: calls.append(1) or real(*a, **k))
     rows = ragged_rows()
-    PolicyLogProbs(model, shared_prompt=True)(*rows, temperature=1.0, with_entropy=False)
-    PolicyLogProbs(model, shared_prompt=False)(*rows, temperature=1.0, with_entropy=False)
+    PolicyLogProbs(model, shared_prompt=True, chunk=CHUNK)(*rows, temperature=1.0, with_entropy=False)
+    PolicyLogProbs(model, shared_prompt=False, chunk=CHUNK)(*rows, temperature=1.0, with_entropy=False)
     assert calls == [1]
 
 

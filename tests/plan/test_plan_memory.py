@@ -107,6 +107,23 @@ def test_logits_term() -> None:
     assert gpu(long, "update", "logits") == 31_144_227_840
 
 
+def test_the_torch_engine_plans_one_chunk_of_logits() -> None:
+    # engine.logprob_chunk 1024 (the default), bf16 (b = 2): k·V·(8 + b) = 1024·152064·10 = 1,557,135,360 bytes
+    # for the update of one 20k-token response, where the full logits take 31,144,227,840 (above); the old
+    # log-probs add the entropy's 4: 1024·152064·14 = 2,179,989,504. The name prints the full size.
+    q32 = KNOWN_MODELS["Qwen/Qwen2.5-32B"]
+    plan = memory_plan(cfg("engine.name=torch", "trainer.ppo_micro_batch_size=1", "rollout.max_response_length=20480"), q32, world_size=1)
+    assert gpu(plan, "update", "logits") == 1_557_135_360
+    assert gpu(plan, "old log-probs", "logits") == 2_179_989_504
+    assert "1024-token chunks (full: 29.0 GiB)" in phase(plan, "update").term("logits").name
+    # fewer tokens than a chunk: all of them at once; chunk 0: the full term again
+    short = memory_plan(cfg("engine.name=torch", "trainer.ppo_micro_batch_size=4"), SHAPE, world_size=1)
+    assert gpu(short, "update", "logits") == 4 * 65 * 32000 * 10
+    off = memory_plan(cfg("engine.name=torch", "engine.logprob_chunk=0", "trainer.ppo_micro_batch_size=1",
+                          "rollout.max_response_length=20480"), q32, world_size=1)
+    assert gpu(off, "update", "logits") == 31_144_227_840
+
+
 def q32_cfg(*overrides: str):
     return cfg(
         "engine.zero_stage=3", "engine.gradient_checkpointing=true", "rollout.engine=vllm", "rollout.tensor_parallel_size=4",
