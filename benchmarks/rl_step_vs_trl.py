@@ -336,6 +336,8 @@ def main() -> None:
     parser.add_argument("--lengths", type=int, nargs="+", default=None, help="new-token limits (default 16 64; --real: 64 128)")
     parser.add_argument("--dapo-lengths", type=int, nargs="*", default=None,
                         help="limits run by dapo alone, for its memory curve (default none; --real: 256 512)")
+    parser.add_argument("--no-trl", action="store_true",
+                        help="dapo's runs only, every length as a --dapo-lengths one (its memory curve and floors; no ratios)")
     parser.add_argument("--alone-micro", type=int, default=16,
                         help="trainer.ppo_micro_batch_size of the --dapo-lengths runs (default 16; the paired runs use 64, as TRL)")
     parser.add_argument("--pairs", type=int, default=None, help="TRL/dapo pairs per length, alternated (default 2; --real: 1)")
@@ -350,13 +352,15 @@ def main() -> None:
     lengths = args.lengths or ([64, 128] if args.real else [16, 64])
     alone = args.dapo_lengths if args.dapo_lengths is not None else ([256, 512] if args.real else [])
     alone = [n for n in alone if n not in lengths]
+    if args.no_trl:
+        lengths, alone = [], lengths + alone
     pairs = args.pairs or (1 if args.real else 2)
     steps = args.steps or (3 if args.real else 20)
     skip = args.skip if args.skip is not None else (1 if args.real else SKIP)
     last = min(steps, LAST) if not args.real else steps
     if not 1 <= skip < last:
         parser.error(f"--skip must be at least 1 and below the last step timed ({last}; --steps {steps})")
-    python = trl_python()
+    python = trl_python() if lengths else Path(sys.executable)
     header = machine()
     skipped_bf16 = bf16_skip_note(args.threads) if args.bf16 else None
     started = time.perf_counter()

@@ -214,7 +214,7 @@ class NativeLlama:
         in, several times faster on CPU than ``scaled_dot_product_attention``'s kernels there (measured
         0.17 ms vs 0.7 ms per layer, 64 rows, 60 keys). Several queries (prefill, the trainer's forwards):
         ``scaled_dot_product_attention`` (its fused CPU kernel, the mask as booleans), which keeps no
-        [B, h, q, c] attention matrix for the backward and ran forward + backward 1.8x (63 queries) to 3.5x
+        [B, h, q, c] attention matrix for the backward and ran forward + backward 1.8x (63 queries) to 2.7x
         (255) faster than the two matmuls with a softmax between (64 rows x 9 heads, 40 prompt keys, 2 AVX2
         cores; ``benchmarks/logprob_chunk.py`` times whole updates)."""
         b, h, length, d = q.shape

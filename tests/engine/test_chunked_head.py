@@ -143,6 +143,7 @@ def test_the_schema_default_chunks():
 
 
 @pytest.mark.slow
+@pytest.mark.gguf  # the smollm2_dir fixture imports the GGUF file (.venv-vllm has the gguf package)
 def test_smollm2_chunked_equals_full_logits(smollm2_dir):
     from dapo_cli.models import load_policy
 
