@@ -1,0 +1,40 @@
+"""``dapo lint`` rules about the policy loss and the rollout correction (registered into
+:data:`dapo_cli.config.lint_base.RULES` after the paper's rules: :mod:`dapo_cli.config.lint` imports this module last).
+
+Sources: GSPO is Zheng et al. 2025 (arXiv:2507.18071), whose objective averages responses; the settings each loss
+and each correction reads are :mod:`dapo_cli.config.objectives`'.
+"""
+
+from __future__ import annotations
+
+from dapo_cli.config.lint_base import WARN, Finding, rule
+from dapo_cli.config.objectives import ignored_settings
+from dapo_cli.config.schema import Config
+
+
+@rule("setting-ignored")
+def setting_ignored(cfg: Config) -> list[Finding]:
+    """A loss or correction setting changed from its default that the chosen ``algorithm.policy_loss`` or
+    ``algorithm.rollout_is.mode`` does not read (:func:`~dapo_cli.config.objectives.ignored_settings`): e.g.
+    ``algorithm.clip_ratio_c`` (DAPO's dual clip) with ``policy_loss: gspo``, ``algorithm.gspo.*`` with ``dapo``,
+    ``rollout_is.cap`` with ``geo_mask``, or any correction setting when no correction runs. The run would not do
+    what the setting says. Warning, one per key."""
+    return [
+        Finding(WARN, key, f"{key} is set but {why}", fix) for key, why, fix in ignored_settings(cfg)
+    ]
+
+
+@rule("gspo-token-mean")
+def gspo_token_mean(cfg: Config) -> list[Finding]:
+    """``policy_loss: gspo`` with a ``loss_agg_mode`` other than ``seq-mean-token-mean``: GSPO's objective is a
+    mean over responses of one clipped term each; ``token-mean`` (DAPO's default) weights each response by its
+    length instead, another objective (exact, but not the paper's GSPO; docs/objectives.md). Warning."""
+    algo = cfg.algorithm
+    if algo.policy_loss != "gspo" or algo.loss_agg_mode == "seq-mean-token-mean":
+        return []
+    return [Finding(
+        WARN, "algorithm.loss_agg_mode",
+        f"policy_loss=gspo with loss_agg_mode={algo.loss_agg_mode}: GSPO averages one clipped term per response, and "
+        "this mode weights each response's term by its length, so it is not the paper's objective",
+        "set algorithm.loss_agg_mode=seq-mean-token-mean (--no-token-level-loss)",
+    )]
