@@ -6,6 +6,8 @@
   (Zheng et al. 2025); settings ``clip_ratio_low``, ``clip_ratio_high`` (of the sequence ratio).
 - ``cispo``: :func:`~dapo_cli.algo.cispo.cispo_loss`, the detached importance weight clipped, never the gradient
   (MiniMax-M1, Chen et al. 2025); settings ``clip_ratio_low`` (None: no lower bound), ``clip_ratio_high``.
+- ``gmpo``: :func:`~dapo_cli.algo.gmpo.gmpo_loss`, the geometric mean of each response's token-clipped terms
+  (GMPO, Zhao et al. 2025); settings ``log_clip_low``, ``log_clip_high`` (the clip range in log space).
 
 Every loss takes ``(log_prob, old_log_prob, advantages, mask)`` (``[B, T]``, ``[B, T]``, ``[B]``, ``[B, T]``), its own
 hyper-parameters as keywords (their defaults are the schema's, ``config/schema.py``: each loss has its paper's),
@@ -22,12 +24,13 @@ from collections.abc import Callable
 import torch
 
 from dapo_cli.algo.cispo import cispo_loss
+from dapo_cli.algo.gmpo import gmpo_loss
 from dapo_cli.algo.gspo import gspo_loss
 from dapo_cli.algo.losses import policy_loss
 
 PolicyLoss = Callable[..., tuple[torch.Tensor, dict[str, float]]]
 
-POLICY_LOSSES: dict[str, PolicyLoss] = {"dapo": policy_loss, "gspo": gspo_loss, "cispo": cispo_loss}
+POLICY_LOSSES: dict[str, PolicyLoss] = {"dapo": policy_loss, "gspo": gspo_loss, "cispo": cispo_loss, "gmpo": gmpo_loss}
 """The registry: ``algorithm.policy_loss`` → its function."""
 POLICY_LOSS_NAMES: tuple[str, ...] = tuple(POLICY_LOSSES)
 

@@ -28,6 +28,7 @@ from typing import Any
 
 from dapo_cli.algo.importance import SAMPLER_LOGPROB_TOL
 from dapo_cli.config.lint_base import ERROR, RULES, WARN, Finding, Rule, rule  # noqa: F401 (re-exported)
+from dapo_cli.config.objectives import SEQUENCE_MEAN_LOSSES
 from dapo_cli.config.schema import Config, behaviour_correction, old_log_probs_from_update
 from dapo_cli.config.techniques import PAPER_CLIP_RATIO_HIGH, technique_state
 from dapo_cli.hardware import CpuBf16, cpu_bf16
@@ -179,7 +180,8 @@ def technique_off(cfg: Config) -> list[Finding]:
     fine for an ablation rung, not DAPO. Overlong *filtering* is not among them: the paper's
     best run does without it (verl recipe/dapo README). An inverted clip is
     ``clip-inverted`` instead. Clip-higher is not judged when ``algorithm.policy_loss`` is not ``dapo`` (that loss
-    does not read DAPO's clip: ``setting-ignored``), nor the token-level loss under ``gspo`` (``gspo-token-mean``)."""
+    does not read DAPO's clip: ``setting-ignored``), nor the token-level loss under ``gspo`` or ``gmpo``
+    (``sequence-loss-aggregation``)."""
     state = technique_state(cfg)
     algo = cfg.algorithm
     out = []
@@ -188,8 +190,8 @@ def technique_off(cfg: Config) -> list[Finding]:
             continue
         if technique == "clip_higher" and (algo.clip_ratio_high < algo.clip_ratio_low or algo.policy_loss != "dapo"):
             continue  # inverted: clip-inverted; another loss does not read DAPO's clip: setting-ignored
-        if technique == "token_level_loss" and algo.policy_loss == "gspo":
-            continue  # GSPO's own objective is the sequence mean: gspo-token-mean
+        if technique == "token_level_loss" and algo.policy_loss in SEQUENCE_MEAN_LOSSES:
+            continue  # their own objective is the sequence mean: sequence-loss-aggregation
         if technique == "token_level_loss":
             what = f"loss_agg_mode={algo.loss_agg_mode}: " + what
         out.append(Finding(WARN, key, what, fix))

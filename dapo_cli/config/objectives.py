@@ -2,7 +2,8 @@
 
 Each loss has its own paper's defaults, in its own section of the schema (``config/schema.py``): DAPO's clip is
 ``algorithm.clip_ratio_low`` / ``clip_ratio_high`` / ``clip_ratio_c`` (0.2 / 0.28 / off), GSPO's is
-``algorithm.gspo.*`` (3e-4 / 4e-4), CISPO's ``algorithm.cispo.*`` (no lower bound / 3.0). :data:`LOSS_SETTINGS` lists
+``algorithm.gspo.*`` (3e-4 / 4e-4), CISPO's ``algorithm.cispo.*`` (no lower bound / 3.0), GMPO's ``algorithm.gmpo.*``
+(0.4 / 0.4 in log space). :data:`LOSS_SETTINGS` lists
 the keys each reads; :func:`loss_args` turns them into the keyword arguments of its function in
 :mod:`dapo_cli.algo.objectives` (a key's last part is the argument's name). The rollout corrections of
 ``algorithm.rollout_is.mode`` the same way (:data:`CORRECTION_SETTINGS`, :func:`correction_args`).
@@ -22,8 +23,13 @@ LOSS_SETTINGS: dict[str, tuple[str, ...]] = {
     "dapo": ("algorithm.clip_ratio_low", "algorithm.clip_ratio_high", "algorithm.clip_ratio_c"),
     "gspo": ("algorithm.gspo.clip_ratio_low", "algorithm.gspo.clip_ratio_high"),
     "cispo": ("algorithm.cispo.clip_ratio_low", "algorithm.cispo.clip_ratio_high"),
+    "gmpo": ("algorithm.gmpo.log_clip_low", "algorithm.gmpo.log_clip_high"),
 }
 """``algorithm.policy_loss`` → the keys its function reads."""
+
+SEQUENCE_MEAN_LOSSES: tuple[str, ...] = ("gspo", "gmpo")
+"""Losses whose paper's objective is a mean over responses of one term each: ``loss_agg_mode:
+seq-mean-token-mean`` is that objective, the other modes weight each response's term by its length."""
 
 CORRECTION_SETTINGS: dict[str, tuple[str, ...]] = {
     "token_tis": ("algorithm.rollout_is.cap",),

@@ -159,7 +159,7 @@ class FilterGroupsConfig:
     on_exhausted: str = setting("train", "when rounds run out: train on the groups kept so far, or stop with an error", choices=("train", "error"))
 
 
-POLICY_LOSSES: tuple[str, ...] = ("dapo", "gspo", "cispo")
+POLICY_LOSSES: tuple[str, ...] = ("dapo", "gspo", "cispo", "gmpo")
 """``algorithm.policy_loss`` values (the registry ``algo/objectives.POLICY_LOSSES``; its settings: ``config/objectives.py``)."""
 ROLLOUT_CORRECTIONS: tuple[str, ...] = ("token_tis", "seq_tis", "geo_mask", "opsm")
 """``algorithm.rollout_is.mode`` values (the registry ``algo/rollout_correction.ROLLOUT_CORRECTIONS``)."""
@@ -216,18 +216,28 @@ class CispoConfig:
 
 
 @dataclass
+class GmpoConfig:
+    """GMPO (Zhao et al. 2025, arXiv:2507.20673): read only with ``algorithm.policy_loss: gmpo``."""
+
+    log_clip_low: float = setting(0.4, "epsilon_low of GMPO's per-token clip in log space: ratios kept above exp(-epsilon_low) (paper: 0.4)")
+    log_clip_high: float = setting(0.4, "epsilon_high of GMPO's per-token clip in log space: ratios kept below exp(epsilon_high) (paper: 0.4)")
+
+
+@dataclass
 class AlgorithmConfig:
     adv_estimator: str = setting("grpo", "group advantage estimator", choices=("grpo", "dr_grpo", "rloo"))
     policy_loss: str = setting(
         "dapo", "the policy loss: dapo (decoupled token clip, DAPO Eq. 10: clip_ratio_low/high/c), gspo (one ratio and "
         "one clip per response: algorithm.gspo), cispo (clipped IS weight times log-prob, every token keeps its "
-        "gradient: algorithm.cispo); docs/objectives.md", choices=POLICY_LOSSES,
+        "gradient: algorithm.cispo), gmpo (geometric mean of each response's token-clipped terms: algorithm.gmpo); "
+        "docs/objectives.md", choices=POLICY_LOSSES,
     )
     clip_ratio_low: float = setting(0.2, "policy_loss dapo: epsilon_low of the decoupled clip (DAPO Eq. 10)")
     clip_ratio_high: float = setting(0.28, "policy_loss dapo: epsilon_high of the decoupled clip; = clip_ratio_low turns clip-higher off")
     clip_ratio_c: float | None = setting(None, "policy_loss dapo: dual-clip bound c > 1 for negative advantages (null = off)")
     gspo: GspoConfig = setting(GspoConfig(), "GSPO's sequence-level clip (policy_loss: gspo)")
     cispo: CispoConfig = setting(CispoConfig(), "CISPO's clipped IS weight (policy_loss: cispo)")
+    gmpo: GmpoConfig = setting(GmpoConfig(), "GMPO's log-space token clip (policy_loss: gmpo)")
     loss_agg_mode: str = setting(
         "token-mean",
         "loss aggregation; token-mean is DAPO's token-level loss, seq-mean-token-mean is GRPO's",

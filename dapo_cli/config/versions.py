@@ -64,6 +64,7 @@ ADDED_KEYS: dict[str, Added] = {
     "algorithm.policy_loss": Added(3, "dapo: the decoupled clip, the only policy loss before"),
     "algorithm.gspo": Added(3, "read only with policy_loss: gspo"),
     "algorithm.cispo": Added(3, "read only with policy_loss: cispo"),
+    "algorithm.gmpo": Added(3, "read only with policy_loss: gmpo"),
     "algorithm.rollout_is.mode": Added(3, "token_tis: min(pi_old / pi_rollout, cap) per token, the only correction before"),
     "algorithm.rollout_is.geo_bound": Added(3, "read only with rollout_is.mode: geo_mask"),
     "algorithm.rollout_is.opsm_delta": Added(3, "read only with rollout_is.mode: opsm"),

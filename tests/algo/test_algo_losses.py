@@ -178,11 +178,13 @@ LOSS_ARGS = {
     "dapo": {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "clip_ratio_c": 1.4},
     "gspo": {"clip_ratio_low": 0.05, "clip_ratio_high": 0.08},
     "cispo": {"clip_ratio_low": 0.3, "clip_ratio_high": 0.4},
+    "gmpo": {"log_clip_low": 0.2, "log_clip_high": 0.2},
 }
 CLIP_METRICS = {
     "dapo": ("actor/clipfrac_high", "actor/clipfrac_low", "actor/pg_clipfrac_lower"),
     "gspo": ("actor/seq_clipfrac_high", "actor/seq_clipfrac_low"),
     "cispo": ("actor/is_clipfrac_high", "actor/is_clipfrac_low"),
+    "gmpo": ("actor/clipfrac_high", "actor/clipfrac_low"),
 }
 
 

@@ -107,7 +107,7 @@ ONE_RIGHT = {
 }
 
 
-@pytest.mark.parametrize("loss", ["dapo", "gspo", "cispo"])
+@pytest.mark.parametrize("loss", ["dapo", "gspo", "cispo", "gmpo"])
 @pytest.mark.parametrize("estimator", ["grpo", "dr_grpo", "rloo"])
 def test_a_group_with_one_right_answer_is_kept_and_trained_under_every_estimator_and_loss(estimator, loss):
     from dapo_cli.algo.advantages import ADVANTAGE_ESTIMATORS, group_advantages
@@ -122,12 +122,13 @@ def test_a_group_with_one_right_answer_is_kept_and_trained_under_every_estimator
     torch.testing.assert_close(adv, torch.tensor(ONE_RIGHT[estimator], dtype=torch.float64), rtol=0, atol=1e-12)
     assert bool((adv != 0).all())
     # at the policy that sampled (ratio 1), one token each: every loss's gradient is -A_i / 4 (DAPO: -A r / N;
-    # GSPO: -A s_i / N with s_i = 1; CISPO: -sg(1) A / N), non-zero on every kept response
+    # GSPO: -A s_i / N with s_i = 1; CISPO: -sg(1) A / N; GMPO: -A e^0 / N), non-zero on every kept response
     old = torch.full((4, 1), -0.7, dtype=torch.float64)
     log_prob = old.clone().requires_grad_(True)
     settings = {"dapo": {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "clip_ratio_c": None},
                 "gspo": {"clip_ratio_low": 3e-4, "clip_ratio_high": 4e-4},
-                "cispo": {"clip_ratio_low": None, "clip_ratio_high": 3.0}}[loss]
+                "cispo": {"clip_ratio_low": None, "clip_ratio_high": 3.0},
+                "gmpo": {"log_clip_low": 0.4, "log_clip_high": 0.4}}[loss]
     value, _ = get_policy_loss(loss)(log_prob, old, adv, torch.ones(4, 1, dtype=torch.bool), loss_agg_mode="token-mean",
                                      **settings)
     (grad,) = torch.autograd.grad(value, log_prob)

@@ -30,7 +30,7 @@ def keyword_only(fn) -> set[str]:
 
 
 def test_the_schemas_choices_are_the_registries():
-    assert SCHEMA_LOSSES == POLICY_LOSS_NAMES == tuple(LOSS_SETTINGS) == ("dapo", "gspo", "cispo")
+    assert SCHEMA_LOSSES == POLICY_LOSS_NAMES == tuple(LOSS_SETTINGS) == ("dapo", "gspo", "cispo", "gmpo")
     assert SCHEMA_CORRECTIONS == ROLLOUT_CORRECTION_NAMES == tuple(CORRECTION_SETTINGS)
     assert ROW_DROPPING_CORRECTIONS == tuple(ROW_FILTERS) == ("geo_mask",)
 
@@ -52,6 +52,7 @@ def test_each_loss_gets_its_own_papers_defaults():
     assert loss_args(load_config(TINY)) == {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "clip_ratio_c": None}
     assert loss_args(load_config(TINY, ["algorithm.policy_loss=gspo"])) == {"clip_ratio_low": 3e-4, "clip_ratio_high": 4e-4}
     assert loss_args(load_config(TINY, ["algorithm.policy_loss=cispo"])) == {"clip_ratio_low": None, "clip_ratio_high": 3.0}
+    assert loss_args(load_config(TINY, ["algorithm.policy_loss=gmpo"])) == {"log_clip_low": 0.4, "log_clip_high": 0.4}
     # the DAPO clip keys do not move GSPO's
     cfg = load_config(TINY, ["algorithm.policy_loss=gspo", "algorithm.clip_ratio_high=0.4", "algorithm.gspo.clip_ratio_high=1e-3"])
     assert loss_args(cfg) == {"clip_ratio_low": 3e-4, "clip_ratio_high": 1e-3}
@@ -96,6 +97,7 @@ def test_a_row_dropping_correction_needs_the_old_log_probs_before_the_update():
     ("algorithm.cispo.clip_ratio_high=0", "algorithm.cispo.clip_ratio_high=0.0 must be > 0"),
     ("algorithm.cispo.clip_ratio_low=0", "algorithm.cispo.clip_ratio_low=0.0 must be in (0, 1]"),
     ("algorithm.rollout_is.geo_bound=0.999", "algorithm.rollout_is.geo_bound=0.999 must be > 1"),
+    ("algorithm.gmpo.log_clip_low=0", "algorithm.gmpo.log_clip_low=0.0 must be > 0"),
     ("algorithm.rollout_is.opsm_delta=-1", "algorithm.rollout_is.opsm_delta=-1.0 must be >= 0"),
 ])
 def test_bad_values_are_one_line_errors_naming_the_key(override, message):

@@ -141,6 +141,7 @@ def test_a_version_1_config_gets_the_kv_cache_size_of_version_2_and_the_registri
         # version 3: the policy-loss registry (dapo, the only loss before) and the rollout corrections (token_tis)
         "algorithm.policy_loss": "dapo", "algorithm.gspo.clip_ratio_low": 3e-4, "algorithm.gspo.clip_ratio_high": 4e-4,
         "algorithm.cispo.clip_ratio_low": None, "algorithm.cispo.clip_ratio_high": 3.0,
+        "algorithm.gmpo.log_clip_low": 0.4, "algorithm.gmpo.log_clip_high": 0.4,
         "algorithm.rollout_is.mode": "token_tis", "algorithm.rollout_is.geo_bound": 1.001,
         "algorithm.rollout_is.opsm_delta": 1e-4,
     }

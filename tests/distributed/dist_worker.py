@@ -39,6 +39,8 @@ OBJECTIVE_CASES = {
     "gspo": ["algorithm.policy_loss=gspo", "algorithm.loss_agg_mode=seq-mean-token-mean",
              "algorithm.gspo.clip_ratio_low=0.01", "algorithm.gspo.clip_ratio_high=0.01"],
     "cispo": ["algorithm.policy_loss=cispo", "algorithm.cispo.clip_ratio_high=0.05"],
+    "gmpo": ["algorithm.policy_loss=gmpo", "algorithm.loss_agg_mode=seq-mean-token-mean",
+             "algorithm.gmpo.log_clip_low=0.05", "algorithm.gmpo.log_clip_high=0.05"],
     "opsm": ["algorithm.rollout_is.enable=true", "algorithm.rollout_is.mode=opsm", "algorithm.rollout_is.opsm_delta=0.01"],
     "geo_mask": ["algorithm.rollout_is.enable=true", "algorithm.rollout_is.mode=geo_mask", "algorithm.rollout_is.geo_bound=1.02"],
 }

@@ -106,6 +106,7 @@ def test_logged_loss_metrics_do_not_depend_on_micro_batches_or_ranks(one, two):
 OBJECTIVE_KEYS = {
     "gspo": ["actor/pg_loss", "actor/seq_clipfrac", "actor/seq_clipfrac_high", "actor/seq_ratio_dev", "actor/ppo_kl"],
     "cispo": ["actor/pg_loss", "actor/is_clipfrac_high", "actor/is_weight_mean", "actor/ppo_kl"],
+    "gmpo": ["actor/pg_loss", "actor/pg_clipfrac", "actor/clipfrac_high", "actor/ppo_kl"],
     "opsm": ["rollout/masked_seq_frac", "rollout/token_prob_ratio_min", "rollout/token_prob_ratio_max",
              "rollout/token_prob_ratio_mean", "rollout/token_prob_ratio_mult_error", "rollout/geo_mask_seq_frac",
              "rollout/opsm_seq_frac"],

@@ -53,12 +53,13 @@ def train(tmp: Path, model_dir: Path, **algorithm: object) -> dict[str, list[tup
      ["actor/clipfrac_high", "actor/is_weight_mean"]),
     ("cispo", ["actor/is_weight_mean", "actor/is_clipfrac_high", "actor/is_clipfrac_low"],
      ["actor/clipfrac_high", "actor/seq_clipfrac"]),
+    ("gmpo", ["actor/clipfrac_high", "actor/clipfrac_low", "actor/pg_clipfrac"], ["actor/seq_clipfrac", "actor/is_weight_mean"]),
 ])
 def test_each_policy_loss_trains_and_logs_its_own_clip_metrics(tiny_model_dir, tmp_path, loss, own, not_logged):
     metrics = train(tmp_path, tiny_model_dir, policy_loss=loss)
     for key in (*own, "actor/pg_loss", "actor/ppo_kl", "rollout/token_prob_ratio_mean", "rollout/logprob_diff_mean"):
         assert [s for s, _ in metrics[key]] == list(range(1, STEPS + 1)), key
-    assert not set(not_logged) & set(metrics)  # DAPO's token clip fractions belong to the dapo loss
+    assert not set(not_logged) & set(metrics)  # each loss logs its own clip at its own level, not the others
     # the rollout engine samples with the trainer's weights and float32 numbers: the ratio is 1 to about 1e-5
     assert all(abs(v - 1) < 1e-4 for _, v in metrics["rollout/token_prob_ratio_mean"])
     assert all(v >= 1 for _, v in metrics["rollout/token_prob_ratio_mult_error"])

@@ -121,6 +121,7 @@ def test_the_condition_is_one_optimizer_step_without_kl_or_truncated_is():
     ["rollout.max_staleness=1"],  # asynchronous rollouts: the decoupled objective, pi_prox from the update's forward
     ["algorithm.policy_loss=gspo", "algorithm.loss_agg_mode=seq-mean-token-mean"],  # every registered loss
     ["algorithm.policy_loss=cispo"],
+    ["algorithm.policy_loss=gmpo", "algorithm.loss_agg_mode=seq-mean-token-mean"],
     ["algorithm.rollout_is.enable=true", "algorithm.rollout_is.mode=seq_tis"],  # the corrections that allow it
     ["rollout.max_staleness=1", "algorithm.rollout_is.mode=opsm", "algorithm.policy_loss=gspo"],
 ])

@@ -75,6 +75,7 @@ SPLIT_CASES = [
     ("seq-mean-token-mean", ["algorithm.policy_loss=gspo", "algorithm.gspo.clip_ratio_low=0.01", "algorithm.gspo.clip_ratio_high=0.01"]),
     ("token-mean", ["algorithm.policy_loss=gspo", "algorithm.gspo.clip_ratio_low=0.01", "algorithm.gspo.clip_ratio_high=0.01"]),
     ("token-mean", ["algorithm.policy_loss=cispo", "algorithm.cispo.clip_ratio_high=0.05"]),
+    ("seq-mean-token-mean", ["algorithm.policy_loss=gmpo", "algorithm.gmpo.log_clip_low=0.05", "algorithm.gmpo.log_clip_high=0.05"]),
     ("token-mean", ["algorithm.rollout_is.enable=true", "algorithm.rollout_is.mode=seq_tis"]),
     ("token-mean", ["algorithm.rollout_is.enable=true", "algorithm.rollout_is.mode=geo_mask", "algorithm.rollout_is.geo_bound=1.02"]),
     ("seq-mean-token-mean", ["algorithm.policy_loss=gspo", "algorithm.rollout_is.enable=true", "algorithm.rollout_is.mode=opsm",
