@@ -168,7 +168,7 @@ NON_TRIGGERS = [
     ("sequence-loss-aggregation", ["algorithm.policy_loss=gspo", "algorithm.loss_agg_mode=seq-mean-token-mean"]),
     ("sequence-loss-aggregation", ["algorithm.loss_agg_mode=seq-mean-token-sum"]),
     ("sequence-loss-aggregation", ["algorithm.policy_loss=cispo"]),
-    # DAPO's technique toggles are not judged where the loss does not read them (setting-ignored, gspo-token-mean say it)
+    # DAPO's technique toggles are not judged where the loss does not read them (setting-ignored, sequence-loss-aggregation say it)
     ("technique-off", ["algorithm.policy_loss=cispo", "algorithm.clip_ratio_high=0.2"]),
     ("technique-off", ["algorithm.policy_loss=gspo", "algorithm.loss_agg_mode=seq-mean-token-mean"]),
     ("technique-off", ["algorithm.policy_loss=gmpo", "algorithm.loss_agg_mode=seq-mean-token-mean", "algorithm.clip_ratio_high=0.2"]),
