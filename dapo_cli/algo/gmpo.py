@@ -36,7 +36,7 @@ from dapo_cli.algo.losses import (
     apply_token_weights,
     clamped_log_ratio,
     masked_mean,
-    row_mean,
+    sequence_token_form,
     token_advantages,
 )
 
@@ -76,8 +76,7 @@ def gmpo_loss(
     log_ratio = clamped_log_ratio(log_prob, old_log_prob)  # [B, T]
     adv = token_advantages(advantages, log_prob)  # [B, T]
     log_m = torch.where(adv > 0, torch.clamp(log_ratio, max=log_clip_high), torch.clamp(log_ratio, min=-log_clip_low))  # [B, T]
-    mean_log_m = row_mean(log_m.detach(), mask)  # [B]
-    term = torch.exp(mean_log_m.unsqueeze(-1) + log_m - log_m.detach())  # [B, T]  value exp(mean log m_i)
+    term = sequence_token_form(log_m, mask)  # [B, T]  value exp(mean_t log m_i), gradient that times ∇log m_t
     loss_mat = apply_token_weights(-adv * term, token_weights)  # [B, T]
     loss = aggregate_loss(
         loss_mat, mask, loss_agg_mode, global_tokens=global_tokens, global_seqs=global_seqs, norm_length=norm_length

@@ -46,6 +46,7 @@ from dapo_cli.algo.losses import (
     masked_mean,
     row_mean,
     seq_mean,
+    sequence_token_form,
     token_advantages,
 )
 
@@ -85,7 +86,7 @@ def gspo_loss(
         raise ValueError(f"GSPO needs 0 <= clip_ratio_low < 1 and clip_ratio_high >= 0; got {clip_ratio_low}, {clip_ratio_high}")
     log_ratio = clamped_log_ratio(log_prob, old_log_prob)  # [B, T]
     seq_log_ratio = row_mean(log_ratio.detach(), mask)  # [B]  log s_i
-    token_ratio = torch.exp(seq_log_ratio.unsqueeze(-1) + log_ratio - log_ratio.detach())  # [B, T]  s_{i,t}: value s_i
+    token_ratio = sequence_token_form(log_ratio, mask)  # [B, T]  s_{i,t}: value s_i, gradient s_i ∇log π_t
     adv = token_advantages(advantages, log_prob)  # [B, T]
     loss_unclipped = -adv * token_ratio  # [B, T]
     loss_clipped = -adv * torch.clamp(token_ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)  # [B, T]

@@ -214,6 +214,15 @@ def row_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return _masked_sum(values, weights, dim=-1) / _positive(weights.sum(-1), values)
 
 
+def sequence_token_form(log_terms: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The token form of a per-response geometric mean (GSPO-token, GMPO): ``[B, T]`` entries
+    :math:`\\exp(\\operatorname{sg}[\\bar x_i] + x_{i,t} - \\operatorname{sg}[x_{i,t}])` of ``log_terms`` ``[B, T]`` (with
+    grad), :math:`\\bar x_i` its row mean over ``mask``. Every token of row ``i`` carries the value
+    :math:`e^{\\bar x_i}`, and its gradient is :math:`e^{\\bar x_i} \\nabla x_{i,t}`: a row's token mean of them is
+    :math:`\\nabla e^{\\bar x_i}`, so aggregated by the sequence mean they are the sequence formula exactly."""
+    return torch.exp(row_mean(log_terms.detach(), mask).unsqueeze(-1) + log_terms - log_terms.detach())
+
+
 def seq_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
     """Detached mean of per-row ``values`` ``[B]`` (or flags) over the rows of ``mask`` ``[B, T]`` holding a token
     (0.0 when none): a *sequence* mean, where :func:`masked_mean` is a token mean."""
