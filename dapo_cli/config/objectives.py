@@ -40,18 +40,25 @@ CORRECTION_SETTINGS: dict[str, tuple[str, ...]] = {
 """``algorithm.rollout_is.mode`` → the keys its correction reads."""
 
 
-def _args(values: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
-    return {key.rsplit(".", 1)[1]: values[key] for key in keys}
+def _args(cfg: Config, keys: tuple[str, ...]) -> dict[str, Any]:
+    """``{last part of key: value}`` for dotted ``keys`` of ``cfg`` (read by attribute: called per micro-batch)."""
+    out = {}
+    for key in keys:
+        node: Any = cfg
+        for part in key.split("."):
+            node = getattr(node, part)
+        out[key.rsplit(".", 1)[1]] = node
+    return out
 
 
 def loss_args(cfg: Config) -> dict[str, Any]:
     """The chosen policy loss's own keyword arguments, e.g. ``{"clip_ratio_low": 3e-4, "clip_ratio_high": 4e-4}`` for gspo."""
-    return _args(flatten(cfg), LOSS_SETTINGS[cfg.algorithm.policy_loss])
+    return _args(cfg, LOSS_SETTINGS[cfg.algorithm.policy_loss])
 
 
 def correction_args(cfg: Config) -> dict[str, Any]:
     """The chosen rollout correction's own keyword arguments, e.g. ``{"cap": 2.0}`` for token_tis."""
-    return _args(flatten(cfg), CORRECTION_SETTINGS[cfg.algorithm.rollout_is.mode])
+    return _args(cfg, CORRECTION_SETTINGS[cfg.algorithm.rollout_is.mode])
 
 
 def ignored_settings(cfg: Config) -> list[tuple[str, str, str]]:
