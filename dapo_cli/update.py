@@ -7,9 +7,14 @@
     update_policy                    schedule_minibatches → micro_loss per micro-batch → engine.step per mini-batch
     rollout_mismatch                 |log π_old − log π_rollout| and the IS correction's effect (metrics)
 
-With :func:`~dapo_cli.config.schema.behaviour_correction` (``algorithm.rollout_is`` or asynchronous rollouts) each token's loss is
-weighted by min(π_old / π_rollout, C): the decoupled objective of :mod:`dapo_cli.algo.staleness`, π_old
-being the proximal policy (the weights being updated) and π_rollout the behaviour policy that sampled.
+The policy loss is the one ``algorithm.policy_loss`` names (:mod:`dapo_cli.algo.objectives`: dapo, gspo, cispo), with
+its own settings (:func:`~dapo_cli.config.objectives.loss_args`). With
+:func:`~dapo_cli.config.schema.behaviour_correction` (``algorithm.rollout_is`` or asynchronous rollouts) it is the
+decoupled objective of :mod:`dapo_cli.algo.staleness`, π_old being the proximal policy (the weights being updated)
+and π_rollout the behaviour policy that sampled, corrected by ``algorithm.rollout_is.mode``
+(:mod:`dapo_cli.algo.rollout_correction`; by default each token weighted by min(π_old / π_rollout, C)). A
+correction that drops responses (``geo_mask``) drops them before the update (:func:`trained_mask`), so the global
+counts never hold them.
 
 Every function here is exact under any micro-batch or rank split (``tests/train/``, ``tests/distributed/``).
 """
@@ -20,12 +25,15 @@ from dataclasses import dataclass
 
 import torch
 
-from dapo_cli.algo.importance import mismatch_sums
+from dapo_cli.algo.importance import mismatch_sums, ratio_sums
 from dapo_cli.algo.kl import kl_penalty
-from dapo_cli.algo.losses import LOG_RATIO_CLAMP, aggregate_loss, global_counts, masked_mean, policy_loss
+from dapo_cli.algo.losses import aggregate_loss, global_counts, masked_mean
+from dapo_cli.algo.objectives import SEQUENCE_METRICS, get_policy_loss
+from dapo_cli.algo.rollout_correction import ROW_FILTERS, correction_sums, geo_mask_keep, opsm_keep
 from dapo_cli.algo.staleness import decoupled_policy_loss
 from dapo_cli.batch import RolloutBatch
 from dapo_cli.config import Config
+from dapo_cli.config.objectives import correction_args, loss_args
 from dapo_cli.config.schema import behaviour_correction
 from dapo_cli.engine.base import TrainingEngine
 from dapo_cli.engine.dist import Collective, reduce_sums
@@ -60,35 +68,72 @@ def fill_old_log_probs(engine: TrainingEngine, batch: RolloutBatch, cfg: Config)
 
 def rollout_mismatch(batch: RolloutBatch, cfg: Config, dist: Collective) -> dict[str, float]:
     """How far the rollout engine's log-probs of its samples are from the trainer's old log-probs
-    (over all ranks' trained responses), and what the truncated-IS correction did.
+    (over all ranks' trained responses), and what the corrections do or would do.
 
-    ``rollout/logprob_diff_mean`` / ``_max``: mean / max of |log π_old − log π_rollout| per token;
-    with :func:`behaviour_correction`: ``rollout/is_weight_mean`` (of min(π_old / π_rollout, C) over the trained
-    tokens, the weights the loss used) and ``rollout/is_truncated_frac`` (share of them whose ratio exceeded C).
+    Always (when the rollout engine gave log-probs): ``rollout/logprob_diff_mean`` / ``_max``, the mean / max of
+    |log π_old − log π_rollout| per token; the token probability ratio ρ = π_old / π_rollout over the same tokens,
+    ``rollout/token_prob_ratio_mean`` / ``_min`` / ``_max`` and ``rollout/token_prob_ratio_mult_error`` (mean of
+    e^|log ρ|, NeMo-RL's token_mult_prob_error); the share of trained responses each masking correction masks with
+    its configured bound, at π_θ = π_old (the update's start): ``rollout/geo_mask_seq_frac`` and
+    ``rollout/opsm_seq_frac``. With :func:`behaviour_correction` and ``token_tis``: ``rollout/is_weight_mean`` (of
+    min(ρ, C) over the trained tokens, the weights the loss used) and ``rollout/is_truncated_frac`` (share of them
+    whose ratio exceeded C); with ``seq_tis`` the same at its own level, over trained responses and their sequence
+    ratios. Every value is exact under any rank split (sums, min, max reduced over ranks).
     """
     if batch.rollout_log_probs is None:
         return {}
-    old, rollout = batch.old_log_probs, batch.rollout_log_probs
-    local = mismatch_sums(old, rollout, batch.response_mask)
-    biggest = float(dist.all_reduce(torch.tensor([local.pop("max_abs_diff")], dtype=torch.float64), "max").item())
-    out: dict[str, float] = {}
-    sums = {**local}
-    ris, corrected = cfg.algorithm.rollout_is, behaviour_correction(cfg)
-    if corrected:
-        keep = batch.loss_mask.bool()
-        ratio = torch.exp(torch.clamp(old - rollout, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
-        sums.update({
-            "is_weight": float(torch.clamp(ratio[keep], max=ris.cap).double().sum()),
-            "is_truncated": float((ratio[keep] > ris.cap).sum()),
-            "is_tokens": float(keep.sum()),
+    old, rollout, ris = batch.old_log_probs, batch.rollout_log_probs, cfg.algorithm.rollout_is
+    local = {**mismatch_sums(old, rollout, batch.response_mask), **ratio_sums(old, rollout, batch.response_mask)}
+    biggest, highest = (float(dist.all_reduce(torch.tensor([local.pop(k)], dtype=torch.float64), "max").item())
+                        for k in ("max_abs_diff", "ratio_max"))
+    lowest = -float(dist.all_reduce(torch.tensor([-local.pop("ratio_min")], dtype=torch.float64), "max").item())
+    trained = batch.loss_mask.bool()
+    rows = trained.any(-1)
+    local["seqs"] = float(rows.sum())
+    local["geo_masked"] = float((rows & ~geo_mask_keep(old, rollout, trained, geo_bound=ris.geo_bound)).sum())
+    opsm = opsm_keep(old, rollout, batch.advantages, trained, opsm_delta=ris.opsm_delta) | ~trained
+    local["opsm_masked"] = float((rows & ~opsm.all(-1)).sum())
+    if behaviour_correction(cfg):
+        local.update({f"is_{k}": v for k, v in correction_sums(ris.mode, old, rollout, trained, **correction_args(cfg)).items()})
+    total = reduce_sums(dist, local)
+    out = {
+        "rollout/logprob_diff_mean": total["abs_diff"] / total["tokens"] if total["tokens"] else 0.0,
+        "rollout/logprob_diff_max": biggest,
+    }
+    if total["tokens"]:
+        out.update({
+            "rollout/token_prob_ratio_mean": total["ratio"] / total["tokens"],
+            "rollout/token_prob_ratio_min": lowest,
+            "rollout/token_prob_ratio_max": highest,
+            "rollout/token_prob_ratio_mult_error": total["mult_error"] / total["tokens"],
         })
-    total = reduce_sums(dist, sums)
-    out["rollout/logprob_diff_mean"] = total["abs_diff"] / total["tokens"] if total["tokens"] else 0.0
-    out["rollout/logprob_diff_max"] = biggest
-    if corrected and total["is_tokens"]:
-        out["rollout/is_weight_mean"] = total["is_weight"] / total["is_tokens"]
-        out["rollout/is_truncated_frac"] = total["is_truncated"] / total["is_tokens"]
+    if total["seqs"]:
+        out["rollout/geo_mask_seq_frac"] = total["geo_masked"] / total["seqs"]
+        out["rollout/opsm_seq_frac"] = total["opsm_masked"] / total["seqs"]
+    if total.get("is_count"):
+        out["rollout/is_weight_mean"] = total["is_weight"] / total["is_count"]
+        out["rollout/is_truncated_frac"] = total["is_truncated"] / total["is_count"]
     return out
+
+
+def trained_mask(batch: RolloutBatch, cfg: Config) -> torch.Tensor:
+    """``batch.loss_mask`` ``[N, T]`` without the responses a row-dropping correction drops (``geo_mask``, from π_old
+    and π_rollout): the tokens the loss and its global counts hold."""
+    mode = cfg.algorithm.rollout_is.mode
+    if not (behaviour_correction(cfg) and mode in ROW_FILTERS and batch.rollout_log_probs is not None):
+        return batch.loss_mask
+    keep = ROW_FILTERS[mode](batch.old_log_probs, batch.rollout_log_probs, batch.loss_mask, **correction_args(cfg))
+    return batch.loss_mask.bool() & keep.unsqueeze(-1)
+
+
+def dropped_rows(batch: RolloutBatch, cfg: Config, dist: Collective) -> dict[str, float]:
+    """``rollout/masked_seq_frac`` of a row-dropping correction: the share of all ranks' trained responses it dropped."""
+    if not (behaviour_correction(cfg) and cfg.algorithm.rollout_is.mode in ROW_FILTERS):
+        return {}
+    rows = batch.loss_mask.bool().any(-1)
+    kept = trained_mask(batch, cfg).bool().any(-1)
+    total = reduce_sums(dist, {"rows": float(rows.sum()), "dropped": float((rows & ~kept).sum())})
+    return {"rollout/masked_seq_frac": total["dropped"] / total["rows"]} if total["rows"] else {}
 
 
 @dataclass
@@ -152,15 +197,15 @@ def update_policy(
     skipped = 0  # mini-batches whose gradient was not finite: no update
     for mb in schedule:
         mini = batch.select(mb.rows)
-        counts = {**reduce_sums(dist, global_counts(mini.loss_mask, algo.loss_agg_mode)), "norm_length": norm_length}
+        counts = {**reduce_sums(dist, global_counts(trained_mask(mini, cfg), algo.loss_agg_mode)), "norm_length": norm_length}
         for i in range(mb.lockstep):
             micro = mini.select(mb.micro[i]) if i < len(mb.micro) else blank_micro(batch)
             if algo.loss_norm == "micro_batch":  # each micro-batch its own mean: not exact, for reproduction
-                counts = {**global_counts(micro.loss_mask, algo.loss_agg_mode), "norm_length": norm_length}
+                counts = {**global_counts(trained_mask(micro, cfg), algo.loss_agg_mode), "norm_length": norm_length}
             with engine.accumulate(last=i == mb.lockstep - 1):
-                loss, m, weight = micro_loss(engine, micro, cfg, counts, old_from_update=old_from_update)
+                loss, m, weights = micro_loss(engine, micro, cfg, counts, old_from_update=old_from_update)
                 engine.backward(loss)
-            add_weighted(sums, m, weight)
+            add_weighted(sums, m, *weights)
             if old_from_update and i < len(mb.micro):
                 keep_old_from_update(batch, mb.rows[mb.micro[i]], micro)
         norm, applied = engine.step()
@@ -170,7 +215,8 @@ def update_policy(
             skipped += 1
     if old_from_update and batch.old_log_probs is None:  # this rank trained no rows
         batch.old_log_probs, batch.entropy = torch.zeros(batch.response_ids.shape), torch.zeros(batch.response_ids.shape)
-    return update_metrics(sums, grad_norms, skipped=skipped, optimizer_steps=len(schedule), lr=engine.lr, dist=dist)
+    metrics = update_metrics(sums, grad_norms, skipped=skipped, optimizer_steps=len(schedule), lr=engine.lr, dist=dist)
+    return {**metrics, **dropped_rows(batch, cfg, dist)}
 
 
 def keep_old_from_update(batch: RolloutBatch, rows: torch.Tensor, micro: RolloutBatch) -> None:
@@ -185,12 +231,13 @@ def keep_old_from_update(batch: RolloutBatch, rows: torch.Tensor, micro: Rollout
 def update_metrics(
     sums: dict[str, float], grad_norms: list[float], *, skipped: int, optimizer_steps: int, lr: float, dist: Collective
 ) -> dict[str, float]:
-    """The update's logged values from every rank's token-weighted sums (:func:`add_weighted`): token means,
-    ``actor/pg_loss`` per optimizer step, the mean gradient norm of the steps taken, and the counts."""
+    """The update's logged values from every rank's weighted sums (:func:`add_weighted`): token means (and, for
+    :data:`~dapo_cli.algo.objectives.SEQUENCE_METRICS`, sequence means), ``actor/pg_loss`` per optimizer step, the
+    mean gradient norm of the steps taken, and the counts."""
     totals = reduce_sums(dist, sums) if sums or dist.world_size > 1 else {}
-    tokens = totals.pop("tokens", 0.0)
+    tokens, seqs = totals.pop("tokens", 0.0), totals.pop("seqs", 0.0)
     pg_loss_sum = totals.pop("actor/pg_loss", 0.0)
-    metrics = {k: v / tokens for k, v in totals.items()} if tokens else {}
+    metrics = {k: v / (seqs if k in SEQUENCE_METRICS else tokens) for k, v in totals.items()} if tokens else {}
     if tokens:
         metrics["actor/pg_loss"] = pg_loss_sum / optimizer_steps
     metrics["actor/grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else float("nan")
@@ -202,42 +249,48 @@ def update_metrics(
 
 def micro_loss(
     engine: TrainingEngine, micro: RolloutBatch, cfg: Config, counts: dict[str, float], *, old_from_update: bool = False
-) -> tuple[torch.Tensor, dict[str, float], float]:
-    """One micro-batch's term of the mini-batch loss (decoupled clip, optional entropy and KL terms),
-    its detached metrics (token means) and its token count.
+) -> tuple[torch.Tensor, dict[str, float], tuple[float, float]]:
+    """One micro-batch's term of the mini-batch loss (the chosen policy loss, optional entropy and KL terms),
+    its detached metrics (token means, and sequence means for :data:`~dapo_cli.algo.objectives.SEQUENCE_METRICS`)
+    and the tokens and responses they are means over.
 
     ``old_from_update``: this forward is π_old's (see :func:`old_log_probs_from_update`); its detached
     log-probs become ``micro.old_log_probs`` (ratio exactly 1) and its entropy ``micro.entropy``.
-    With :func:`behaviour_correction` the clip term is the decoupled one (π_old = π_prox, the rollout
-    engine's log-probs = π_behav; ``algo.staleness.decoupled_policy_loss``)."""
+    With :func:`behaviour_correction` the loss is the decoupled one (π_old = π_prox, the rollout
+    engine's log-probs = π_behav; ``algo.staleness.decoupled_policy_loss``) with ``algorithm.rollout_is.mode``."""
     algo = cfg.algorithm
     with_entropy = algo.entropy_coeff > 0 or old_from_update
     logp, ent = engine.log_probs(micro, temperature=cfg.rollout.temperature, with_entropy=with_entropy)
     if old_from_update:
         micro.old_log_probs, micro.entropy = logp.detach(), ent.detach()
-    mask = micro.loss_mask.to(logp.device)
-    clip = dict(clip_ratio_low=algo.clip_ratio_low, clip_ratio_high=algo.clip_ratio_high, clip_ratio_c=algo.clip_ratio_c,
-                loss_agg_mode=algo.loss_agg_mode, **counts)
+    mask = trained_mask(micro, cfg).to(logp.device)
+    args = {**loss_args(cfg), "loss_agg_mode": algo.loss_agg_mode, **counts}
     old, adv = micro.old_log_probs.to(logp.device), micro.advantages.to(logp.device)
     if behaviour_correction(cfg) and micro.rollout_log_probs is not None:  # π_old is π_prox, the rollout engine's π_behav
         behav = micro.rollout_log_probs.to(logp.device)
-        loss, m = decoupled_policy_loss(logp, old, behav, adv, mask, cap=algo.rollout_is.cap, **clip)
+        loss, m = decoupled_policy_loss(
+            logp, old, behav, adv, mask, correction=algo.rollout_is.mode, correction_args=correction_args(cfg),
+            loss=algo.policy_loss, **args,
+        )
     else:
-        loss, m = policy_loss(logp, old, adv, mask, **clip)
+        loss, m = get_policy_loss(algo.policy_loss)(logp, old, adv, mask, **args)
     if algo.entropy_coeff > 0:
         loss = loss - algo.entropy_coeff * aggregate_loss(ent, mask, algo.loss_agg_mode, **counts)
     if algo.use_kl_loss:
         kl = kl_penalty(logp, micro.ref_log_probs.to(logp.device), kind=algo.kl_loss_type)
         loss = loss + algo.kl_loss_coef * aggregate_loss(kl, mask, algo.loss_agg_mode, **counts)
         m["actor/kl_loss"] = masked_mean(kl.detach(), mask)
-    return loss, m, float(mask.sum())
+    return loss, m, (float(mask.sum()), float(mask.bool().any(-1).sum()))
 
 
-def add_weighted(sums: dict[str, float], m: dict[str, float], weight: float) -> None:
-    """Accumulate token-weighted means (and the raw ``actor/pg_loss`` term, a sum by construction)."""
-    sums["tokens"] = sums.get("tokens", 0.0) + weight
+def add_weighted(sums: dict[str, float], m: dict[str, float], tokens: float, seqs: float) -> None:
+    """Accumulate means weighted by what they are means over: ``tokens``, or ``seqs`` (the micro-batch's responses
+    holding a token) for :data:`~dapo_cli.algo.objectives.SEQUENCE_METRICS`; ``actor/pg_loss`` raw (a sum by
+    construction)."""
+    sums["tokens"] = sums.get("tokens", 0.0) + tokens
+    sums["seqs"] = sums.get("seqs", 0.0) + seqs
     for key, value in m.items():
-        term = value if key == "actor/pg_loss" else value * weight
+        term = value if key == "actor/pg_loss" else value * (seqs if key in SEQUENCE_METRICS else tokens)
         sums[key] = sums.get(key, 0.0) + term
 
 

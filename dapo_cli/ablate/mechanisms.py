@@ -8,7 +8,11 @@ the variant's seeds that logged the metric; NaN (shown "—") when none did:
 * ``entropy_start`` / ``entropy_end``: mean ``actor/entropy`` (nats/token) over the first and the last
   :data:`ENTROPY_WINDOW` logged steps. Clip-higher's target: the entropy collapse of Naive GRPO;
 * ``clip_high`` / ``clip_low``: mean over steps of ``actor/clipfrac_high`` / ``actor/clipfrac_low``, the
-  share of tokens whose ratio hit the upper / lower clip bound (clip-higher raises the upper one);
+  share of tokens whose ratio hit the upper / lower clip bound (clip-higher raises the upper one); a child trained
+  with another policy loss logs its own at its own level instead (:data:`CLIP_KEYS`): GSPO the share of responses
+  its sequence clip bound, CISPO the share of tokens whose IS weight hit a bound;
+* ``masked``: mean over steps of ``rollout/masked_seq_frac``, the share of trained responses a rollout correction
+  dropped (``geo_mask``) or masked (``opsm``);
 * ``truncated_early`` / ``truncated_late``: mean ``overlong/truncated_frac`` over the first and the last
   :data:`EARLY_LATE_WINDOW` steps (what the soft punishment pushes down; the results table has the mean
   over all steps);
@@ -56,6 +60,12 @@ from dapo_cli.ablate.stats import mean_or_nan, mean_per_problem
 from dapo_cli.eval.compare import compare_accuracies
 
 ENTROPY, CLIP_HIGH, CLIP_LOW = "actor/entropy", "actor/clipfrac_high", "actor/clipfrac_low"
+CLIP_KEYS = {
+    CLIP_HIGH: (CLIP_HIGH, "actor/seq_clipfrac_high", "actor/is_clipfrac_high"),
+    CLIP_LOW: (CLIP_LOW, "actor/seq_clipfrac_low", "actor/is_clipfrac_low"),
+}
+"""A clip fraction and its counterparts under the other policy losses (gspo, cispo), the first a child logged."""
+MASKED = "rollout/masked_seq_frac"
 TRUNCATED_ON_PATH, TRUNCATED_LOOPING = "overlong/truncated_on_correct_path_frac", "overlong/truncated_looping_frac"
 LENGTH_SPREAD, LENGTH = "response_length/group_std_mean", "response_length/mean"
 KEPT, TRUNCATED = "train/kept_group_frac", "overlong/truncated_frac"
@@ -104,6 +114,10 @@ def mechanism_row(row: VariantRow, results: Sequence[ChildResult]) -> MechanismR
     def per_seed(key: str, stat: Callable[[dict[int, float]], float]) -> float:
         return mean_or_nan([stat(r.curves.get(key, {})) for r in results])
 
+    def clip(key: str) -> float:  # each child's own loss's clip fraction
+        own = [next((r.curves[k] for k in CLIP_KEYS[key] if r.curves.get(k)), {}) for r in results]
+        return mean_or_nan([whole(c) for c in own])
+
     def whole(curve: dict[int, float]) -> float:
         return mean_or_nan(training_values(curve))
 
@@ -120,8 +134,9 @@ def mechanism_row(row: VariantRow, results: Sequence[ChildResult]) -> MechanismR
         seeds=len(results),
         entropy_start=per_seed(ENTROPY, lambda c: window_mean(c, ENTROPY_WINDOW)),
         entropy_end=per_seed(ENTROPY, lambda c: window_mean(c, ENTROPY_WINDOW, last=True)),
-        clip_high=per_seed(CLIP_HIGH, whole),
-        clip_low=per_seed(CLIP_LOW, whole),
+        clip_high=clip(CLIP_HIGH),
+        clip_low=clip(CLIP_LOW),
+        masked=per_seed(MASKED, whole),
         truncated_early=per_seed(TRUNCATED, early),
         truncated_late=per_seed(TRUNCATED, late),
         truncated_on_path=per_seed(TRUNCATED_ON_PATH, whole),
@@ -146,8 +161,11 @@ def _arrow(a: float, b: float, spec: str, scale: float = 1.0) -> str:
 MECHANISM_LEGEND = {
     "entropy start→end (nats/token)": "clip-higher: actor/entropy, mean of the first and of the last 5 steps "
                                       "(Naive GRPO's entropy collapses)",
-    "clip high %": "clip-higher: tokens whose ratio hit the upper bound 1+ε_high (actor/clipfrac_high)",
-    "clip low %": "clip-higher: tokens whose ratio hit the lower bound 1−ε_low (actor/clipfrac_low)",
+    "clip high %": "clip-higher: tokens whose ratio hit the upper bound 1+ε_high (actor/clipfrac_high; policy_loss gspo: "
+                   "responses, actor/seq_clipfrac_high; cispo: tokens whose IS weight was capped, actor/is_clipfrac_high)",
+    "clip low %": "clip-higher: tokens whose ratio hit the lower bound 1−ε_low (actor/clipfrac_low; gspo and cispo: "
+                  "their own, as for clip high)",
+    "masked %": "rollout correction: trained responses geo_mask dropped or opsm masked (rollout/masked_seq_frac)",
     "truncated % early→late": "overlong filtering / shaping: responses cut at the length limit, first and last 10 "
                               "steps (overlong/truncated_frac)",
     "truncated on a correct path %": "overlong filtering: truncated responses doing the work of a correct response "
@@ -172,6 +190,7 @@ def mechanism_table_rows(report: AblationReport) -> list[dict[str, str]]:
         "entropy start→end (nats/token)": _arrow(m.entropy_start, m.entropy_end, ".3f"),
         "clip high %": _fmt(m.clip_high, ".2f", 100),
         "clip low %": _fmt(m.clip_low, ".2f", 100),
+        "masked %": _fmt(m.masked, ".1f", 100),
         "truncated % early→late": _arrow(m.truncated_early, m.truncated_late, ".1f", 100),
         "truncated on a correct path %": _fmt(m.truncated_on_path, ".1f", 100),
         "truncated looping %": _fmt(m.truncated_looping, ".1f", 100),

@@ -26,6 +26,15 @@ CURVE_METRICS = (
     "response_length/group_std_mean",
 )
 """The metrics a :class:`ChildResult` carries as curves (besides :data:`SAMPLES_METRIC`): one PNG each."""
+MECHANISM_METRICS = (
+    "actor/seq_clipfrac_high",
+    "actor/seq_clipfrac_low",
+    "actor/is_clipfrac_high",
+    "actor/is_clipfrac_low",
+    "rollout/masked_seq_frac",
+)
+"""Histories a :class:`ChildResult` also carries for the mechanisms table only (not drawn): the clip fractions of
+the other policy losses (GSPO's per response, CISPO's capped weights) and what a rollout correction masked."""
 
 
 @dataclass
@@ -92,6 +101,7 @@ class MechanismRow:
     entropy_end: float
     clip_high: float
     clip_low: float
+    masked: float
     truncated_early: float
     truncated_late: float
     truncated_on_path: float

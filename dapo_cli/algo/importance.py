@@ -57,3 +57,20 @@ def mismatch_sums(
     if diff.numel() == 0:
         return {"abs_diff": 0.0, "tokens": 0.0, "max_abs_diff": 0.0}
     return {"abs_diff": float(diff.double().sum()), "tokens": float(diff.numel()), "max_abs_diff": float(diff.max())}
+
+
+def ratio_sums(old_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """The token probability ratio :math:`\\rho = \\pi_{old} / \\pi_{rollout}` (log-ratio clamped to ±20) over ``mask``
+    ``[B, T]``, as values to reduce over micro-batches and ranks: ``ratio`` = Σ ρ and ``mult_error`` = Σ
+    :math:`e^{|\\log\\rho|}` (NeMo-RL's token_mult_prob_error: 1 when the engines agree, 1.01 for a 1% gap either way)
+    with sum; ``ratio_min`` (reduce with min) and ``ratio_max`` (with max), +inf / -inf when empty (neutral under
+    those reductions). ``E_rollout[ρ] = 1``, so
+    a mean of ``ratio`` far from 1 says the two engines do not sample the same distribution."""
+    keep = mask.bool()
+    log_ratio = torch.clamp(old_log_prob.detach() - rollout_log_prob.detach(), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)[keep]
+    if log_ratio.numel() == 0:
+        return {"ratio": 0.0, "mult_error": 0.0, "ratio_min": float("inf"), "ratio_max": float("-inf")}
+    log_ratio = log_ratio.double()
+    ratio = torch.exp(log_ratio)
+    return {"ratio": float(ratio.sum()), "mult_error": float(torch.exp(log_ratio.abs()).sum()),
+            "ratio_min": float(ratio.min()), "ratio_max": float(ratio.max())}

@@ -179,6 +179,58 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
     return float((_masked_sum(values, weights) / total).item())
 
 
+def clamped_log_ratio(log_prob: torch.Tensor, old_log_prob: torch.Tensor) -> torch.Tensor:
+    """:math:`\\operatorname{clamp}(\\log\\pi - \\log\\pi_{old}, -20, 20)` ``[B, T]`` (gradient through ``log_prob`` only).
+
+    Both must be ``[B, T]`` of one shape (ValueError otherwise); the clamp keeps ``exp`` finite on garbage padding.
+    """
+    if old_log_prob.shape != log_prob.shape or log_prob.dim() != 2:
+        raise ValueError(
+            f"log_prob and old_log_prob must both be [B, T]; got {list(log_prob.shape)}, {list(old_log_prob.shape)}"
+        )
+    return torch.clamp(log_prob - old_log_prob.detach(), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+
+
+def token_advantages(advantages: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """Advantages ``[B]`` (one per response) or ``[B, T]`` as a detached ``[B, T]`` tensor of ``like``'s dtype."""
+    adv = advantages.detach().to(like.dtype)
+    if adv.dim() == 1:
+        adv = adv.unsqueeze(-1)
+    return adv.expand_as(like)
+
+
+def apply_token_weights(loss_mat: torch.Tensor, token_weights: torch.Tensor | None) -> torch.Tensor:
+    """``loss_mat * token_weights`` (both ``[B, T]``; the weights are constants), or ``loss_mat`` when None."""
+    if token_weights is None:
+        return loss_mat
+    if token_weights.shape != loss_mat.shape:
+        raise ValueError(f"token_weights shape {list(token_weights.shape)} does not match {list(loss_mat.shape)}")
+    return loss_mat * token_weights.detach().to(loss_mat.dtype)
+
+
+def row_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Per-row mean ``[B]`` of ``values`` ``[B, T]`` over ``mask`` ``[B, T]`` (0 for an empty row; keeps the gradient)."""
+    weights = _weights(mask, values)
+    return _masked_sum(values, weights, dim=-1) / _positive(weights.sum(-1), values)
+
+
+def sequence_token_form(log_terms: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The token form of a per-response geometric mean (GSPO-token, GMPO): ``[B, T]`` entries
+    :math:`\\exp(\\operatorname{sg}[\\bar x_i] + x_{i,t} - \\operatorname{sg}[x_{i,t}])` of ``log_terms`` ``[B, T]`` (with
+    grad), :math:`\\bar x_i` its row mean over ``mask``. Every token of row ``i`` carries the value
+    :math:`e^{\\bar x_i}`, and its gradient is :math:`e^{\\bar x_i} \\nabla x_{i,t}`: a row's token mean of them is
+    :math:`\\nabla e^{\\bar x_i}`, so aggregated by the sequence mean they are the sequence formula exactly."""
+    return torch.exp(row_mean(log_terms.detach(), mask).unsqueeze(-1) + log_terms - log_terms.detach())
+
+
+def seq_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
+    """Detached mean of per-row ``values`` ``[B]`` (or flags) over the rows of ``mask`` ``[B, T]`` holding a token
+    (0.0 when none): a *sequence* mean, where :func:`masked_mean` is a token mean."""
+    rows = (mask != 0).any(dim=-1)
+    count = int(rows.sum())
+    return float(values.detach().to(torch.float64)[rows].sum() / count) if count else 0.0
+
+
 def policy_loss(
     log_prob: torch.Tensor,
     old_log_prob: torch.Tensor,
@@ -222,16 +274,8 @@ def policy_loss(
     if clip_ratio_c is not None and clip_ratio_c <= 1.0:
         raise ValueError(f"clip_ratio_c must be > 1 for the dual clip, got {clip_ratio_c}")
     _check_mode(loss_agg_mode)
-    if old_log_prob.shape != log_prob.shape or log_prob.dim() != 2:
-        raise ValueError(
-            f"log_prob and old_log_prob must both be [B, T]; got {list(log_prob.shape)}, {list(old_log_prob.shape)}"
-        )
-    adv = advantages.detach().to(log_prob.dtype)
-    if adv.dim() == 1:
-        adv = adv.unsqueeze(-1)
-    adv = adv.expand_as(log_prob)
-
-    log_ratio = torch.clamp(log_prob - old_log_prob.detach(), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    log_ratio = clamped_log_ratio(log_prob, old_log_prob)  # [B, T], with grad
+    adv = token_advantages(advantages, log_prob)  # [B, T]
     ratio = torch.exp(log_ratio)
     loss_unclipped = -adv * ratio
     loss_clipped = -adv * torch.clamp(ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
@@ -241,10 +285,7 @@ def policy_loss(
         loss_dual = -adv * clip_ratio_c
         dual_hit = (adv < 0) & (loss_dual < loss_mat)
         loss_mat = torch.where(dual_hit, loss_dual, loss_mat)
-    if token_weights is not None:
-        if token_weights.shape != loss_mat.shape:
-            raise ValueError(f"token_weights shape {list(token_weights.shape)} does not match {list(loss_mat.shape)}")
-        loss_mat = loss_mat * token_weights.detach().to(loss_mat.dtype)
+    loss_mat = apply_token_weights(loss_mat, token_weights)
 
     loss = aggregate_loss(
         loss_mat, mask, loss_agg_mode, global_tokens=global_tokens, global_seqs=global_seqs, norm_length=norm_length

@@ -23,20 +23,24 @@ the proximal policy and the behaviour mismatch is corrected by an importance wei
     \\quad w_t = \\min\\Big(\\frac{\\pi_{prox}(o_t \\mid q, o_{<t})}{\\pi_{behav}(o_t \\mid q, o_{<t})},\\ C\\Big)
 
 aggregated like every other loss here (token-mean for DAPO's Eq. 12). AReaL uses the plain
-ratio as :math:`w_t`; here it is truncated at ``C`` (``algorithm.rollout_is.cap``), the
-truncated importance weight of :mod:`dapo_cli.algo.importance` (Yao et al. 2025), which also
-absorbs the rollout engine's numerical mismatch. With a lag of 0 on the rollout engine's own
-kernels :math:`w_t \\approx 1` and the objective is DAPO's.
+ratio as :math:`w_t`; here the weight is whichever rollout correction ``algorithm.rollout_is.mode`` names
+(:mod:`dapo_cli.algo.rollout_correction`: by default min(ratio, C), the truncated importance weight of
+:mod:`dapo_cli.algo.importance` (Yao et al. 2025), which also absorbs the rollout engine's numerical mismatch;
+or a sequence-level weight, or a mask), and the clipped term is whichever policy loss ``algorithm.policy_loss``
+names (:mod:`dapo_cli.algo.objectives`: DAPO's above, GSPO's, CISPO's). With a lag of 0 on the rollout engine's own
+kernels :math:`w_t \\approx 1` and the objective is the policy loss's own.
 
 Shapes: ``N`` responses, ``B`` rows of a micro-batch, ``T`` response tokens.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 
-from dapo_cli.algo.importance import truncated_is_weights
-from dapo_cli.algo.losses import policy_loss
+from dapo_cli.algo.objectives import get_policy_loss
+from dapo_cli.algo.rollout_correction import rollout_correction
 
 
 def version_lag(policy_version: int, versions: torch.Tensor) -> torch.Tensor:
@@ -59,8 +63,10 @@ def decoupled_policy_loss(
     advantages: torch.Tensor,
     mask: torch.Tensor,
     *,
-    cap: float,
-    **clip_and_counts: object,
+    correction: str,
+    correction_args: Mapping[str, float],
+    loss: str,
+    **loss_args: object,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The decoupled PPO loss :math:`-J(\\theta)` of the module docstring.
 
@@ -68,8 +74,17 @@ def decoupled_policy_loss(
     prox_log_prob:  ``[B, T]`` log π_prox, the old log-probs recomputed with the weights being updated (constant).
     behav_log_prob: ``[B, T]`` log π_behav, the rollout engine's log-probs of its own samples (constant).
     advantages:     ``[B]`` or ``[B, T]``; mask: ``[B, T]``.
-    ``clip_and_counts``: :func:`~dapo_cli.algo.losses.policy_loss`'s clip, aggregation and global-count
-    arguments. Returns ``(loss [], metrics)`` as ``policy_loss`` does.
+    correction:     the rollout correction (:data:`~dapo_cli.algo.rollout_correction.ROLLOUT_CORRECTIONS`) and
+                    ``correction_args`` its settings (``{"cap": C}`` for ``token_tis``).
+    loss:           the policy loss (:data:`~dapo_cli.algo.objectives.POLICY_LOSSES`) and ``loss_args`` its clip,
+                    aggregation and global-count arguments.
+    A correction that drops rows (``geo_mask``) drops them from ``mask`` here; a caller splitting a mini-batch
+    computes its global counts without them (:data:`~dapo_cli.algo.rollout_correction.ROW_FILTERS`).
+    Returns ``(loss [], metrics)``: the policy loss's, and the correction's.
     """
-    weights = truncated_is_weights(prox_log_prob, behav_log_prob, mask, cap=cap)
-    return policy_loss(log_prob, prox_log_prob, advantages, mask, token_weights=weights, **clip_and_counts)  # type: ignore[arg-type]
+    kept, weights, corrected = rollout_correction(
+        correction, log_prob=log_prob, old_log_prob=prox_log_prob, rollout_log_prob=behav_log_prob,
+        advantages=advantages, mask=mask, **correction_args,
+    )
+    value, metrics = get_policy_loss(loss)(log_prob, prox_log_prob, advantages, kept, token_weights=weights, **loss_args)
+    return value, {**metrics, **corrected}

@@ -23,75 +23,21 @@ the project's runs of the ~1 M-parameter ``builtin:tiny`` policy on 2 CPU cores.
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from dapo_cli.algo.importance import SAMPLER_LOGPROB_TOL
+from dapo_cli.config.lint_base import ERROR, RULES, WARN, Finding, Rule, rule  # noqa: F401 (re-exported)
+from dapo_cli.config.objectives import SEQUENCE_MEAN_LOSSES
 from dapo_cli.config.schema import Config, behaviour_correction, old_log_probs_from_update
 from dapo_cli.config.techniques import PAPER_CLIP_RATIO_HIGH, technique_state
 from dapo_cli.hardware import CpuBf16, cpu_bf16
-
-ERROR = "error"
-WARN = "warn"
 
 PAPER_EVAL_TOP_P = 0.7
 """Nucleus sampling of the paper's AIME evaluation (§4.1); training rollouts use 1.0."""
 
 PAPER_UPDATES_PER_ROLLOUT = 16
 """Paper §4.1: 512 prompts per step, mini-batches of 32 prompts: 16 optimizer steps per rollout step."""
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One thing a config does that the paper does not, or that is likely a mistake."""
-
-    severity: str
-    """:data:`ERROR` (breaks the paper's method) or :data:`WARN` (questionable)."""
-    key: str
-    """The dotted config key to change, e.g. ``algorithm.use_kl_loss``."""
-    message: str
-    """What is wrong, with the config's values."""
-    fix: str
-    """How to fix it (a ``--set`` or a toggle)."""
-    id: str = ""
-    """Stable id of the rule that found it (stamped by :func:`rule`)."""
-
-    def line(self) -> str:
-        """``WARN key: what is wrong — fix [id]`` (one line, plain text)."""
-        return f"{self.severity.upper()} {self.key}: {self.message} — {self.fix} [{self.id}]"
-
-    def to_dict(self) -> dict[str, str]:
-        return {"id": self.id, "severity": self.severity, "key": self.key, "message": self.message, "fix": self.fix}
-
-
-Rule = Callable[..., list[Finding]]
-"""``fn(cfg)``, or ``fn(cfg, cpu)`` for a rule that reads the machine (``cpu``: None = read it when needed)."""
-
-RULES: dict[str, Callable[..., list[Finding]]] = {}
-"""Every lint rule's check ``(cfg, *, cpu=None) -> list[Finding]`` by id, in the order they are checked."""
-
-
-def rule(rule_id: str, *, reads_machine: bool = False) -> Callable[[Rule], Callable[..., list[Finding]]]:
-    """Register ``fn`` as rule ``rule_id``; its findings carry that id. ``reads_machine``: ``fn`` also gets
-    the check's ``cpu`` (a :class:`~dapo_cli.hardware.CpuBf16`; None: this machine's, read by the rule)."""
-
-    def register(fn: Rule) -> Callable[..., list[Finding]]:
-        if rule_id in RULES:
-            raise ValueError(f"lint rule {rule_id!r} is registered twice")
-
-        @functools.wraps(fn)
-        def checked(cfg: Config, *, cpu: CpuBf16 | None = None) -> list[Finding]:
-            found = fn(cfg, cpu) if reads_machine else fn(cfg)
-            return [dataclasses.replace(f, id=rule_id) for f in found]
-
-        RULES[rule_id] = checked
-        return checked
-
-    return register
 
 
 def lint(cfg: Config, *, cpu: CpuBf16 | None = None) -> list[Finding]:
@@ -233,15 +179,19 @@ def technique_off(cfg: Config) -> list[Finding]:
     token-level loss, soft overlong punishment), as :func:`technique_state` defines them:
     fine for an ablation rung, not DAPO. Overlong *filtering* is not among them: the paper's
     best run does without it (verl recipe/dapo README). An inverted clip is
-    ``clip-inverted`` instead."""
+    ``clip-inverted`` instead. Clip-higher is not judged when ``algorithm.policy_loss`` is not ``dapo`` (that loss
+    does not read DAPO's clip: ``setting-ignored``), nor the token-level loss under ``gspo`` or ``gmpo``
+    (``sequence-loss-aggregation``)."""
     state = technique_state(cfg)
     algo = cfg.algorithm
     out = []
     for technique, (key, what, fix) in _TECHNIQUE_OFF.items():
         if state[technique]:
             continue
-        if technique == "clip_higher" and algo.clip_ratio_high < algo.clip_ratio_low:
-            continue
+        if technique == "clip_higher" and (algo.clip_ratio_high < algo.clip_ratio_low or algo.policy_loss != "dapo"):
+            continue  # inverted: clip-inverted; another loss does not read DAPO's clip: setting-ignored
+        if technique == "token_level_loss" and algo.policy_loss in SEQUENCE_MEAN_LOSSES:
+            continue  # their own objective is the sequence mean: sequence-loss-aggregation
         if technique == "token_level_loss":
             what = f"loss_agg_mode={algo.loss_agg_mode}: " + what
         out.append(Finding(WARN, key, what, fix))
@@ -598,3 +548,6 @@ def lr_range(cfg: Config) -> list[Finding]:
 def findings_json(findings: list[Finding]) -> list[dict[str, Any]]:
     """The findings as plain dicts (``dapo lint --json``)."""
     return [f.to_dict() for f in findings]
+
+
+from dapo_cli.config import lint_objectives  # noqa: E402,F401  (registers its rules after this module's)

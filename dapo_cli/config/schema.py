@@ -159,18 +159,85 @@ class FilterGroupsConfig:
     on_exhausted: str = setting("train", "when rounds run out: train on the groups kept so far, or stop with an error", choices=("train", "error"))
 
 
+POLICY_LOSSES: tuple[str, ...] = ("dapo", "gspo", "cispo", "gmpo")
+"""``algorithm.policy_loss`` values (the registry ``algo/objectives.POLICY_LOSSES``; its settings: ``config/objectives.py``)."""
+ROLLOUT_CORRECTIONS: tuple[str, ...] = ("token_tis", "seq_tis", "geo_mask", "opsm")
+"""``algorithm.rollout_is.mode`` values (the registry ``algo/rollout_correction.ROLLOUT_CORRECTIONS``)."""
+ROW_DROPPING_CORRECTIONS: tuple[str, ...] = ("geo_mask",)
+"""Corrections that drop whole responses from the loss's denominators, decided from π_old before the update
+(``algo/rollout_correction.ROW_FILTERS``)."""
+
+
 @dataclass
 class RolloutISConfig:
-    enable: bool = setting(False, "truncated importance sampling: weight each token's loss by min(pi_old / pi_rollout, cap) (Yao et al. 2025)")
-    cap: float = setting(2.0, "upper bound C of the truncated importance weight")
+    enable: bool = setting(
+        False, "correct the loss for the rollout engine's log-probs differing from the trainer's, with the correction "
+        "named by mode (always on with rollout.max_staleness > 0: the decoupled objective's behaviour weights)",
+    )
+    mode: str = setting(
+        "token_tis", "the correction: token_tis (each token weighted by min(pi_old / pi_rollout, cap); Yao et al. 2025), "
+        "seq_tis (each response by min(its sequence ratio, cap)), geo_mask (a response whose geometric-mean ratio leaves "
+        "[1/geo_bound, geo_bound] is dropped from the loss), opsm (a negative-advantage response whose mean "
+        "log(pi_rollout / pi_theta) exceeds opsm_delta is masked; DeepSeek-V3.2)", choices=ROLLOUT_CORRECTIONS,
+    )
+    cap: float = setting(2.0, "token_tis / seq_tis: upper bound C of the truncated weight (per token / per response; verl's rollout_is_threshold 2.0)")
+    geo_bound: float = setting(
+        1.001, "geo_mask: bound c > 1 on a response's geometric-mean ratio pi_old / pi_rollout (verl's geometric rejection "
+        "preset: 1.001, i.e. a mean per-token gap of 0.1%)",
+    )
+    opsm_delta: float = setting(
+        1e-4, "opsm: divergence threshold delta on a response's mean log(pi_rollout / pi_theta) (DeepSeek-V3.2 publishes no "
+        "value; 1e-4 is slime's --opsm-delta default)",
+    )
+
+
+@dataclass
+class GspoConfig:
+    """GSPO (Zheng et al. 2025, arXiv:2507.18071): read only with ``algorithm.policy_loss: gspo``."""
+
+    clip_ratio_low: float = setting(
+        3e-4, "epsilon_low of GSPO's clip of the sequence ratio s_i = exp(mean log-ratio) (paper: 3e-4; a geometric mean "
+        "moves ~1e-4 per update where token ratios move ~0.1)",
+    )
+    clip_ratio_high: float = setting(4e-4, "epsilon_high of GSPO's sequence-level clip (paper: 4e-4)")
+
+
+@dataclass
+class CispoConfig:
+    """CISPO (MiniMax-M1, Chen et al. 2025, arXiv:2506.13585): read only with ``algorithm.policy_loss: cispo``."""
+
+    clip_ratio_low: float | None = setting(
+        None, "epsilon_low of the clipped IS weight's lower bound 1 - epsilon_low (null: no lower bound, as MiniMax-M1 sets it)",
+    )
+    clip_ratio_high: float = setting(
+        3.0, "epsilon_high of the IS weight's upper bound 1 + epsilon_high (MiniMax-M1 tunes only this and gives no value; "
+        "3.0 caps the weight at 4, the bound Tinker documents as CISPO's default, after ScaleRL)",
+    )
+
+
+@dataclass
+class GmpoConfig:
+    """GMPO (Zhao et al. 2025, arXiv:2507.20673): read only with ``algorithm.policy_loss: gmpo``."""
+
+    log_clip_low: float = setting(0.4, "epsilon_low of GMPO's per-token clip in log space: ratios kept above exp(-epsilon_low) (paper: 0.4)")
+    log_clip_high: float = setting(0.4, "epsilon_high of GMPO's per-token clip in log space: ratios kept below exp(epsilon_high) (paper: 0.4)")
 
 
 @dataclass
 class AlgorithmConfig:
     adv_estimator: str = setting("grpo", "group advantage estimator", choices=("grpo", "dr_grpo", "rloo"))
-    clip_ratio_low: float = setting(0.2, "epsilon_low of the decoupled clip (DAPO Eq. 10)")
-    clip_ratio_high: float = setting(0.28, "epsilon_high of the decoupled clip; = clip_ratio_low turns clip-higher off")
-    clip_ratio_c: float | None = setting(None, "dual-clip bound c > 1 for negative advantages (null = off)")
+    policy_loss: str = setting(
+        "dapo", "the policy loss: dapo (decoupled token clip, DAPO Eq. 10: clip_ratio_low/high/c), gspo (one ratio and "
+        "one clip per response: algorithm.gspo), cispo (clipped IS weight times log-prob, every token keeps its "
+        "gradient: algorithm.cispo), gmpo (geometric mean of each response's token-clipped terms: algorithm.gmpo); "
+        "docs/objectives.md", choices=POLICY_LOSSES,
+    )
+    clip_ratio_low: float = setting(0.2, "policy_loss dapo: epsilon_low of the decoupled clip (DAPO Eq. 10)")
+    clip_ratio_high: float = setting(0.28, "policy_loss dapo: epsilon_high of the decoupled clip; = clip_ratio_low turns clip-higher off")
+    clip_ratio_c: float | None = setting(None, "policy_loss dapo: dual-clip bound c > 1 for negative advantages (null = off)")
+    gspo: GspoConfig = setting(GspoConfig(), "GSPO's sequence-level clip (policy_loss: gspo)")
+    cispo: CispoConfig = setting(CispoConfig(), "CISPO's clipped IS weight (policy_loss: cispo)")
+    gmpo: GmpoConfig = setting(GmpoConfig(), "GMPO's log-space token clip (policy_loss: gmpo)")
     loss_agg_mode: str = setting(
         "token-mean",
         "loss aggregation; token-mean is DAPO's token-level loss, seq-mean-token-mean is GRPO's",
@@ -188,7 +255,10 @@ class AlgorithmConfig:
         "denominator of the loss mean: the whole mini-batch over all ranks (exact) or each micro-batch (what some frameworks do; for reproduction only)",
         choices=("mini_batch", "micro_batch"),
     )
-    rollout_is: RolloutISConfig = setting(RolloutISConfig(), "correction for the rollout engine's log-probs differing from the trainer's")
+    rollout_is: RolloutISConfig = setting(
+        RolloutISConfig(), "correction for samples drawn by another policy than pi_old: the rollout engine's numbers, or "
+        "stale weights (docs/objectives.md)",
+    )
 
 
 @dataclass
@@ -382,9 +452,10 @@ change on ``--resume``, and absent from configs saved before they existed."""
 
 
 def behaviour_correction(cfg: Config) -> bool:
-    """True when the loss weights each token by min(π_old / π_rollout, C) (``algorithm.rollout_is.cap``):
-    with ``algorithm.rollout_is.enable``, and always with asynchronous rollouts (``rollout.max_staleness > 0``),
-    whose stale samples need the decoupled objective (:mod:`dapo_cli.algo.staleness`)."""
+    """True when the loss corrects for π_rollout ≠ π_old with ``algorithm.rollout_is.mode`` (by default each token
+    weighted by min(π_old / π_rollout, C)): with ``algorithm.rollout_is.enable``, and always with asynchronous
+    rollouts (``rollout.max_staleness > 0``), whose stale samples need the decoupled objective
+    (:mod:`dapo_cli.algo.staleness`)."""
     return cfg.algorithm.rollout_is.enable or cfg.rollout.max_staleness > 0
 
 
@@ -396,12 +467,14 @@ def old_log_probs_from_update(cfg: Config) -> bool:
     π_old itself: its log-probs, detached, ARE the old log-probs (the ratio is exactly 1) and its
     entropy is the old policy's; with :func:`behaviour_correction` the same detached log-probs are
     π_prox of the decoupled objective, so its weights come from that forward too. Not with the KL
-    term (its reference forward stays in :func:`dapo_cli.update.fill_old_log_probs`). Decided from the config alone,
-    so every rank agrees.
+    term (its reference forward stays in :func:`dapo_cli.update.fill_old_log_probs`), nor with a correction that
+    drops responses (:data:`ROW_DROPPING_CORRECTIONS`: which ones it drops must be known from π_old before the
+    update's denominators). Decided from the config alone, so every rank agrees.
     """
     t = cfg.trainer
     most_groups = max(cfg.data.train_batch_size, cfg.data.gen_batch_size)  # trained groups in a step, at most
-    return t.ppo_epochs == 1 and most_groups <= t.ppo_mini_batch_size and not cfg.algorithm.use_kl_loss
+    drops = behaviour_correction(cfg) and cfg.algorithm.rollout_is.mode in ROW_DROPPING_CORRECTIONS
+    return t.ppo_epochs == 1 and most_groups <= t.ppo_mini_batch_size and not cfg.algorithm.use_kl_loss and not drops
 
 
 class ConfigError(UserError):

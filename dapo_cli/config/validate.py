@@ -144,6 +144,20 @@ def validate(cfg: Config) -> None:
         "set rollout.engine=fast (or rollout.max_staleness=0 and rollout.worker=auto)",
     )
     require(algo.rollout_is.cap >= 1.0, f"algorithm.rollout_is.cap={algo.rollout_is.cap} must be >= 1 (weights above it are truncated; 2.0 is common)")
+    ris, gspo, cispo, gmpo = algo.rollout_is, algo.gspo, algo.cispo, algo.gmpo
+    require(ris.geo_bound > 1.0, f"algorithm.rollout_is.geo_bound={ris.geo_bound} must be > 1 (responses whose geometric-mean ratio leaves [1/c, c] are dropped; verl uses 1.001)")
+    require(ris.opsm_delta >= 0.0, f"algorithm.rollout_is.opsm_delta={ris.opsm_delta} must be >= 0 (slime's default 1e-4)")
+    require(0.0 <= gspo.clip_ratio_low < 1.0, f"algorithm.gspo.clip_ratio_low={gspo.clip_ratio_low} must be in [0, 1); the GSPO paper uses 3e-4")
+    require(
+        gspo.clip_ratio_high >= 0.0, f"algorithm.gspo.clip_ratio_high={gspo.clip_ratio_high} must be >= 0; the GSPO paper uses 4e-4",
+    )
+    require(cispo.clip_ratio_high > 0.0, f"algorithm.cispo.clip_ratio_high={cispo.clip_ratio_high} must be > 0 (the IS weight's cap is 1 + it; 3.0 caps it at 4)")
+    require(
+        cispo.clip_ratio_low is None or 0.0 < cispo.clip_ratio_low <= 1.0,
+        f"algorithm.cispo.clip_ratio_low={cispo.clip_ratio_low} must be in (0, 1], or null for no lower bound (MiniMax-M1's choice)",
+    )
+    for side, value in (("log_clip_low", gmpo.log_clip_low), ("log_clip_high", gmpo.log_clip_high)):
+        require(value > 0.0, f"algorithm.gmpo.{side}={value} must be > 0 (the clip range in log space; the GMPO paper uses 0.4)")
     require(bool(data.train_files), "data.train_files is empty; give at least one dataset")
     cluster = cfg.cluster
     require(cluster.world_size >= 0, f"cluster.world_size={cluster.world_size} must be >= 0 (0: $WORLD_SIZE, else 1)")

@@ -25,8 +25,8 @@ from typing import Any
 from dapo_cli.config.schema import Config, ConfigError, flatten
 
 SCHEMA_VERSION = 3
-"""The version of the schema this dapo writes (3: engine.logprob_chunk; 2: rollout.kv_cache_gib; 1: the first recorded; 0: a config saved
-without one)."""
+"""The version of the schema this dapo writes (3: engine.logprob_chunk, the policy-loss and rollout-correction registries; 2:
+rollout.kv_cache_gib; 1: the first recorded; 0: a config saved without one)."""
 VERSION_KEY = "schema_version"
 """The top-level key of a saved config that records its version (not a setting: never in :class:`Config`)."""
 
@@ -61,6 +61,13 @@ ADDED_KEYS: dict[str, Added] = {
     "algo": Added(1, "dapo, the only algorithm before"),
     "algorithm.rollout_is": Added(1, "enable false: no importance weights, as before (cap is read only with them)"),
     "algorithm.loss_norm": Added(1, "mini_batch: the loss mean over the whole mini-batch, as before"),
+    "algorithm.policy_loss": Added(3, "dapo: the decoupled clip, the only policy loss before"),
+    "algorithm.gspo": Added(3, "read only with policy_loss: gspo"),
+    "algorithm.cispo": Added(3, "read only with policy_loss: cispo"),
+    "algorithm.gmpo": Added(3, "read only with policy_loss: gmpo"),
+    "algorithm.rollout_is.mode": Added(3, "token_tis: min(pi_old / pi_rollout, cap) per token, the only correction before"),
+    "algorithm.rollout_is.geo_bound": Added(3, "read only with rollout_is.mode: geo_mask"),
+    "algorithm.rollout_is.opsm_delta": Added(3, "read only with rollout_is.mode: opsm"),
     "direct_advantage": Added(1, "read only with algo: direct-advantage"),
     "engine.offload_optimizer": Added(1, "DeepSpeed only; false: no offload, as before"),
     "engine.offload_params": Added(1, "DeepSpeed only; false: no offload, as before"),

@@ -86,11 +86,20 @@ def test_mechanism_numbers_per_child_then_mean_over_seeds() -> None:
     assert cells == {
         "rung": "1", "variant": "v", "paper row": "+ Something",
         "entropy start→end (nats/token)": "0.330→0.260",
-        "clip high %": "0.30", "clip low %": "—",
+        "clip high %": "0.30", "clip low %": "—", "masked %": "—",
         "truncated % early→late": "30.0→0.0", "truncated on a correct path %": "75.0", "truncated looping %": "25.0",
         "length spread early→late (tokens)": "27.5→27.5", "length (tokens)": "150.0",
         "informative groups % early→late": "70.0→40.0", "samples": "400",
     }
+
+
+def test_the_clip_columns_read_each_childs_own_loss_and_the_masked_share_its_correction() -> None:
+    # a GSPO child logs its clip per response, a CISPO child its capped weights: each shows under "clip high %";
+    # seed 0 (gspo) .10 and .30 -> .2; seed 1 (cispo) .4 -> mean over seeds .3; masked: seed 0 .5, seed 1 none -> .5
+    a = child(0, steps=2, actor__seq_clipfrac_high={1: 0.1, 2: 0.3}, rollout__masked_seq_frac={1: 0.5, 2: 0.5})
+    b = child(1, steps=2, actor__is_clipfrac_high={1: 0.4}, actor__is_clipfrac_low={1: 0.0})
+    m = mechanism_row(vrow([a, b]), [a, b])
+    assert m.clip_high == pytest.approx(0.3) and m.clip_low == pytest.approx(0.0) and m.masked == pytest.approx(0.5)
 
 
 def test_a_variant_that_never_logged_a_diagnostic_shows_dashes() -> None:

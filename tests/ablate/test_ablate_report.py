@@ -242,7 +242,7 @@ def test_report_files_show_the_mechanisms_and_the_equal_samples_delta(store) -> 
     out = tmp / "runs" / "abl" / plan.name / "report"
     md = (out / "report.md").read_text()
     assert "## Mechanisms (what each technique acts on)" in md
-    assert "| 0 | grpo (Naive GRPO) | 0.611→0.611 | 1.00 | 2.00 | 20.0→20.0 | — | — | — | 12.0 | 25.0→25.0 | 48 |" in md
+    assert "| 0 | grpo (Naive GRPO) | 0.611→0.611 | 1.00 | 2.00 | — | 20.0→20.0 | — | — | — | 12.0 | 25.0→25.0 | 48 |" in md
     assert "- **clip high %**: clip-higher" in md and "Δ equal samples" in md and "5% slack" in md
     assert "| +15.0 | [+5.0, +25.0] | @3 vs @3 | 48 |" in md  # the rung-1 row's equal-samples columns
     data = json.loads((out / "report.json").read_text())

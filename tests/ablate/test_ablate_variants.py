@@ -24,7 +24,7 @@ from dapo_cli.ablate.variants import (
 from dapo_cli.ablate.child import train_words
 from dapo_cli.cli.options import resolve
 from dapo_cli.config import TECHNIQUES, load_config, technique_state
-from dapo_cli.config.load import build_config
+from dapo_cli.config.load import build_config, override_config
 from dapo_cli.errors import UserError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -276,6 +276,25 @@ def test_bad_axes_are_one_line_errors(cfg, axes, sets, message) -> None:
     with pytest.raises(UserError, match=re.escape(message)) as err:
         parse_axes(axes, cfg, sets)
     assert "\n" not in str(err.value)
+
+
+def test_the_policy_loss_and_the_rollout_correction_are_axes(cfg) -> None:
+    # --axis algorithm.policy_loss=dapo,gspo,cispo: one row per loss, each child with its loss's own paper defaults;
+    # --axis algorithm.rollout_is.mode=...: one row per correction (on stale samples, so that it acts)
+    from dapo_cli.config.objectives import correction_args, loss_args
+
+    losses = make_ablation(cfg, mode="grid", techniques=("clip_higher",), axes=parse_axes(["algorithm.policy_loss=dapo,gspo,cispo"], cfg))
+    assert [v.name for v in losses.variants][3:] == [f"dapo@policy_loss={n}" for n in ("dapo", "gspo", "cispo")]
+    assert [child_label(v, 0) for v in losses.variants][3:] == ["DAPO@pl=dapo s0", "DAPO@pl=gspo s0", "DAPO@pl=cispo s0"]
+    children = {c.variant.name: losses.child_config(c) for c in losses.children()}
+    assert loss_args(children["dapo@policy_loss=gspo"]) == {"clip_ratio_low": 3e-4, "clip_ratio_high": 4e-4}
+    assert loss_args(children["dapo@policy_loss=dapo"])["clip_ratio_high"] == 0.28
+    stale = ["rollout.max_staleness=1"]
+    base = override_config(cfg, stale)
+    modes = make_ablation(base, mode="ladder", only=[f"dapo@mode={m}" for m in ("token_tis", "opsm")],
+                          axes=parse_axes(["algorithm.rollout_is.mode=token_tis,seq_tis,geo_mask,opsm"], base, stale))
+    assert [v.name for v in modes.variants] == ["dapo@mode=token_tis", "dapo@mode=opsm"]
+    assert [correction_args(modes.child_config(c)) for c in modes.children()] == [{"cap": 2.0}, {"opsm_delta": 1e-4}]
 
 
 def test_an_axis_value_the_child_config_rejects_fails_before_anything_runs(cfg) -> None:

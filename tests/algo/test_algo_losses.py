@@ -1,4 +1,5 @@
-"""Tests for dapo_cli.algo.losses: every clip branch, every aggregation mode, micro-batch invariance."""
+"""Tests for dapo_cli.algo.losses: every clip branch, every aggregation mode, micro-batch invariance (of every
+registered policy loss, ``algo/objectives.POLICY_LOSSES``)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pytest
 import torch
 
 from dapo_cli.algo.losses import LOSS_AGG_MODES, aggregate_loss, global_counts, masked_mean, policy_loss
+from dapo_cli.algo.objectives import POLICY_LOSS_NAMES, SEQUENCE_METRICS, get_policy_loss
 
 # Six tokens in one response, eps_low = 0.2, eps_high = 0.28 (clip range [0.8, 1.28]), c = 3.
 #   tok  A    r     -A*r   -A*clip(r)   max (PPO)        dual clip (A<0): min(., -A*c = 3|A|)
@@ -171,32 +173,62 @@ def _minibatch():
     return log_prob, old, adv, mask
 
 
-def _summed_grad(mode, num_micro, use_global):
+LOSS_ARGS = {
+    # hyper-parameters chosen so that every clip of every loss binds on this mini-batch (checked below)
+    "dapo": {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "clip_ratio_c": 1.4},
+    "gspo": {"clip_ratio_low": 0.05, "clip_ratio_high": 0.08},
+    "cispo": {"clip_ratio_low": 0.3, "clip_ratio_high": 0.4},
+    "gmpo": {"log_clip_low": 0.2, "log_clip_high": 0.2},
+}
+CLIP_METRICS = {
+    "dapo": ("actor/clipfrac_high", "actor/clipfrac_low", "actor/pg_clipfrac_lower"),
+    "gspo": ("actor/seq_clipfrac_high", "actor/seq_clipfrac_low"),
+    "cispo": ("actor/is_clipfrac_high", "actor/is_clipfrac_low"),
+    "gmpo": ("actor/clipfrac_high", "actor/clipfrac_low"),
+}
+
+
+def _summed_grad(mode, num_micro, use_global, loss="dapo"):
+    """The summed micro-batch loss, its gradient, and the micro-batches' metrics combined as the update combines
+    them (token means weighted by tokens, SEQUENCE_METRICS by the rows holding a token, pg_loss summed)."""
     log_prob, old, adv, mask = _minibatch()
     log_prob.requires_grad_(True)
     counts = global_counts(mask, mode) if use_global else {}
     total = torch.zeros((), dtype=torch.float64)
+    sums: dict[str, float] = {}
     for rows in torch.arange(8).chunk(num_micro):
-        loss, _ = policy_loss(log_prob[rows], old[rows], adv[rows], mask[rows], loss_agg_mode=mode,
-                              clip_ratio_c=3.0, **counts)
-        total = total + loss
+        value, metrics = get_policy_loss(loss)(log_prob[rows], old[rows], adv[rows], mask[rows], loss_agg_mode=mode,
+                                               **LOSS_ARGS[loss], **counts)
+        total = total + value
+        tokens, seqs = float(mask[rows].sum()), float(mask[rows].any(-1).sum())
+        for key, v in metrics.items():
+            weight = 1.0 if key == "actor/pg_loss" else seqs if key in SEQUENCE_METRICS else tokens
+            sums[key] = sums.get(key, 0.0) + v * weight
     total.backward()
-    return total.detach(), log_prob.grad
+    tokens, seqs = float(mask.sum()), float(mask.any(-1).sum())
+    combined = {k: v if k == "actor/pg_loss" else v / (seqs if k in SEQUENCE_METRICS else tokens) for k, v in sums.items()}
+    return total.detach(), log_prob.grad, combined
 
 
+@pytest.mark.parametrize("loss", POLICY_LOSS_NAMES)
 @pytest.mark.parametrize("mode", LOSS_AGG_MODES)
-def test_microbatch_split_with_global_counts_matches_whole_minibatch(mode):
-    whole_loss, whole_grad = _summed_grad(mode, 1, use_global=False)
+def test_microbatch_split_with_global_counts_matches_whole_minibatch(mode, loss):
+    whole_loss, whole_grad, whole_metrics = _summed_grad(mode, 1, use_global=False, loss=loss)
     assert whole_grad.abs().sum() > 0
+    assert all(whole_metrics[key] > 0 for key in CLIP_METRICS[loss]), whole_metrics  # every clip binds somewhere
     for num_micro in (1, 2, 4):
-        loss, grad = _summed_grad(mode, num_micro, use_global=True)
-        torch.testing.assert_close(loss, whole_loss, rtol=0, atol=1e-6)
+        value, grad, metrics = _summed_grad(mode, num_micro, use_global=True, loss=loss)
+        torch.testing.assert_close(value, whole_loss, rtol=0, atol=1e-6)
         torch.testing.assert_close(grad, whole_grad, rtol=0, atol=1e-6)
+        assert metrics.keys() == whole_metrics.keys()
+        for key, v in whole_metrics.items():
+            assert metrics[key] == pytest.approx(v, rel=1e-9, abs=1e-12), (num_micro, key)
 
 
+@pytest.mark.parametrize("loss", POLICY_LOSS_NAMES)
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
-def test_microbatch_split_without_global_counts_differs(mode):
+def test_microbatch_split_without_global_counts_differs(mode, loss):
     # Local counts differ per micro-batch (ragged rows, an empty row), so summing local means is wrong.
-    _, whole_grad = _summed_grad(mode, 1, use_global=False)
-    _, split_grad = _summed_grad(mode, 4, use_global=False)
-    assert (split_grad - whole_grad).abs().max() > 1e-2
+    _, whole_grad, _ = _summed_grad(mode, 1, use_global=False, loss=loss)
+    _, split_grad, _ = _summed_grad(mode, 4, use_global=False, loss=loss)
+    assert (split_grad - whole_grad).abs().max() > 1e-3

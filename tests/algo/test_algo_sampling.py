@@ -88,3 +88,48 @@ def test_unlimited_rounds_never_exhaust(max_rounds):
 def test_invalid_target():
     with pytest.raises(ValueError, match="target_groups"):
         GroupBatchAssembler(target_groups=0, max_num_gen_batches=1)
+
+
+# ---------------------------------------------------------------- every estimator, every loss
+
+# One round of three groups of G = 4: group 0 has one right answer [1, 0, 0, 0], group 1 is all right, group 2 all
+# wrong. Dynamic sampling keeps group 0 whole (its raw accuracy varies), and under every advantage estimator every
+# member of it gets a non-zero advantage: the group is informative whatever the baseline. (NeMo-RL PR 3469: a filter
+# on the row-wise std of something other than the group's raw accuracy emptied such groups.) Scores are ±1:
+#   grpo:    mean -0.5, centred [1.5, -0.5, -0.5, -0.5], unbiased std sqrt((2.25 + 3 * 0.25) / 3) = 1
+#            -> [1.5, -0.5, -0.5, -0.5] / (1 + 1e-6)
+#   dr_grpo: [1.5, -0.5, -0.5, -0.5] (no std division)
+#   rloo:    1 - mean(-1, -1, -1) = 2;  -1 - mean(1, -1, -1) = -2/3  -> [2, -2/3, -2/3, -2/3]
+ONE_RIGHT = {
+    "grpo": [1.5 / (1 + 1e-6), -0.5 / (1 + 1e-6), -0.5 / (1 + 1e-6), -0.5 / (1 + 1e-6)],
+    "dr_grpo": [1.5, -0.5, -0.5, -0.5],
+    "rloo": [2.0, -2 / 3, -2 / 3, -2 / 3],
+}
+
+
+@pytest.mark.parametrize("loss", ["dapo", "gspo", "cispo", "gmpo"])
+@pytest.mark.parametrize("estimator", ["grpo", "dr_grpo", "rloo"])
+def test_a_group_with_one_right_answer_is_kept_and_trained_under_every_estimator_and_loss(estimator, loss):
+    from dapo_cli.algo.advantages import ADVANTAGE_ESTIMATORS, group_advantages
+    from dapo_cli.algo.objectives import POLICY_LOSS_NAMES, get_policy_loss
+
+    assert set(ONE_RIGHT) == set(ADVANTAGE_ESTIMATORS) and loss in POLICY_LOSS_NAMES  # the table covers them all
+    acc = torch.tensor([1, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0], dtype=torch.float64)
+    ids = torch.arange(3).repeat_interleave(4)
+    keep = GroupBatchAssembler(target_groups=1, max_num_gen_batches=1).add(acc, ids)
+    assert keep.tolist() == [0, 1, 2, 3]  # group 0, whole
+    adv = group_advantages((2 * acc - 1)[keep], ids[keep], estimator=estimator)
+    torch.testing.assert_close(adv, torch.tensor(ONE_RIGHT[estimator], dtype=torch.float64), rtol=0, atol=1e-12)
+    assert bool((adv != 0).all())
+    # at the policy that sampled (ratio 1), one token each: every loss's gradient is -A_i / 4 (DAPO: -A r / N;
+    # GSPO: -A s_i / N with s_i = 1; CISPO: -sg(1) A / N; GMPO: -A e^0 / N), non-zero on every kept response
+    old = torch.full((4, 1), -0.7, dtype=torch.float64)
+    log_prob = old.clone().requires_grad_(True)
+    settings = {"dapo": {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "clip_ratio_c": None},
+                "gspo": {"clip_ratio_low": 3e-4, "clip_ratio_high": 4e-4},
+                "cispo": {"clip_ratio_low": None, "clip_ratio_high": 3.0},
+                "gmpo": {"log_clip_low": 0.4, "log_clip_high": 0.4}}[loss]
+    value, _ = get_policy_loss(loss)(log_prob, old, adv, torch.ones(4, 1, dtype=torch.bool), loss_agg_mode="token-mean",
+                                     **settings)
+    (grad,) = torch.autograd.grad(value, log_prob)
+    torch.testing.assert_close(grad, -adv.unsqueeze(-1) / 4, rtol=0, atol=1e-12)

@@ -44,7 +44,7 @@ def mech(r: VariantRow) -> MechanismRow:
     """The widest mechanism cells: entropy ≥ 10 nats, 100% shares, 5-digit token counts."""
     return MechanismRow(
         position=r.position, name=r.name, label=r.label, seeds=3, entropy_start=11.932, entropy_end=0.079,
-        clip_high=0.1234, clip_low=1.0, truncated_early=1.0, truncated_late=0.999, truncated_on_path=1.0,
+        clip_high=0.1234, clip_low=1.0, masked=1.0, truncated_early=1.0, truncated_late=0.999, truncated_on_path=1.0,
         truncated_looping=0.999, spread_early=10240.0, spread_late=10239.9, length_mean=20480.0, informative_early=1.0, informative_late=0.999, samples=r.samples,
     )
 

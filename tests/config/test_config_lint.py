@@ -107,6 +107,19 @@ TRIGGERS = [
     ("bf16-emulated-cpu", ["engine.name=torch", "engine.device=cpu"], [(WARN, "model.dtype")]),  # the preset's bf16 policy
     ("lr-range", ["trainer.lr=1e-4"], [(WARN, "trainer.lr")]),
     ("lr-range", ["trainer.lr=5e-8"], [(WARN, "trainer.lr")]),
+    # a setting the chosen loss or correction does not read
+    ("setting-ignored", ["algorithm.policy_loss=gspo", "algorithm.clip_ratio_c=3.0"], [(WARN, "algorithm.clip_ratio_c")]),
+    ("setting-ignored", ["algorithm.gspo.clip_ratio_low=0.001"], [(WARN, "algorithm.gspo.clip_ratio_low")]),
+    ("setting-ignored", ["algorithm.policy_loss=gspo", "algorithm.cispo.clip_ratio_high=1.0"], [(WARN, "algorithm.cispo.clip_ratio_high")]),
+    ("setting-ignored", ["algorithm.gmpo.log_clip_high=0.2"], [(WARN, "algorithm.gmpo.log_clip_high")]),
+    ("setting-ignored", ["algorithm.rollout_is.enable=true", "algorithm.rollout_is.mode=geo_mask", "algorithm.rollout_is.cap=3"],
+     [(WARN, "algorithm.rollout_is.cap")]),
+    ("setting-ignored", ["algorithm.rollout_is.enable=true", "algorithm.rollout_is.opsm_delta=0.01"], [(WARN, "algorithm.rollout_is.opsm_delta")]),
+    ("setting-ignored", ["algorithm.rollout_is.mode=opsm", "algorithm.rollout_is.opsm_delta=0.01"],
+     [(WARN, "algorithm.rollout_is.mode"), (WARN, "algorithm.rollout_is.opsm_delta")]),  # no correction runs
+    ("sequence-loss-aggregation", ["algorithm.policy_loss=gspo"], [(WARN, "algorithm.loss_agg_mode")]),
+    ("sequence-loss-aggregation", ["algorithm.policy_loss=gmpo", "algorithm.loss_agg_mode=seq-mean-token-sum-norm"],
+     [(WARN, "algorithm.loss_agg_mode")]),
 ]
 
 # (rule id, overrides close to a trigger that must not trigger it)
@@ -149,6 +162,18 @@ NON_TRIGGERS = [
     ("bf16-emulated-cpu", ["engine.name=torch", "model.dtype=float32", "engine.device=cpu"]),
     ("lr-range", ["trainer.lr=1e-5"]),
     ("lr-range", ["trainer.lr=1e-7"]),
+    ("setting-ignored", ["algorithm.policy_loss=gspo", "algorithm.gspo.clip_ratio_low=0.001"]),
+    ("setting-ignored", ["algorithm.policy_loss=cispo", "algorithm.cispo.clip_ratio_low=0.5"]),
+    ("setting-ignored", ["algorithm.rollout_is.enable=true", "algorithm.rollout_is.mode=geo_mask", "algorithm.rollout_is.geo_bound=1.01"]),
+    ("setting-ignored", ["rollout.engine=fast", "rollout.max_staleness=1", "algorithm.rollout_is.mode=opsm", "algorithm.rollout_is.opsm_delta=0.01"]),
+    ("setting-ignored", ["algorithm.rollout_is.enable=true", "algorithm.rollout_is.mode=seq_tis", "algorithm.rollout_is.cap=5"]),
+    ("sequence-loss-aggregation", ["algorithm.policy_loss=gspo", "algorithm.loss_agg_mode=seq-mean-token-mean"]),
+    ("sequence-loss-aggregation", ["algorithm.loss_agg_mode=seq-mean-token-sum"]),
+    ("sequence-loss-aggregation", ["algorithm.policy_loss=cispo"]),
+    # DAPO's technique toggles are not judged where the loss does not read them (setting-ignored, sequence-loss-aggregation say it)
+    ("technique-off", ["algorithm.policy_loss=cispo", "algorithm.clip_ratio_high=0.2"]),
+    ("technique-off", ["algorithm.policy_loss=gspo", "algorithm.loss_agg_mode=seq-mean-token-mean"]),
+    ("technique-off", ["algorithm.policy_loss=gmpo", "algorithm.loss_agg_mode=seq-mean-token-mean", "algorithm.clip_ratio_high=0.2"]),
 ]
 
 

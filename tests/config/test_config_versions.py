@@ -64,8 +64,11 @@ def test_a_config_saved_before_lora_staleness_and_autocast_upgrades_to_their_old
     version, data = split_version(saved("4e22362.yaml"))
     upgraded, filled, missing = upgrade(data, version)
     assert version == 0 and missing == []
-    # v1.yaml holds every key of version 1; rollout.kv_cache_gib came with version 2, engine.logprob_chunk with 3
-    assert sorted(filled) == sorted(leaf_keys(saved("v1.yaml")) - leaf_keys(data) - {"schema_version"} | set(AFTER_V1))
+    # v1.yaml holds every key of version 1; rollout.kv_cache_gib came with version 2, the loss and correction
+    # registries' keys and engine.logprob_chunk with version 3
+    later = {k for k in flatten(Config()) if declaration(k) is not None and declaration(k).since >= 2}
+    assert "rollout.kv_cache_gib" in later and "algorithm.policy_loss" in later and "algorithm.gspo.clip_ratio_low" in later
+    assert sorted(filled) == sorted(leaf_keys(saved("v1.yaml")) - leaf_keys(data) - {"schema_version"} | later)
     assert {k: filled[k] for k in ("rollout.max_staleness", "rollout.worker", "model.lora.rank", "engine.autocast",
                                    "model.tiny.sft_loop_frac", "ablate.jobs")} == {
         "rollout.max_staleness": 0, "rollout.worker": "auto", "model.lora.rank": 0, "engine.autocast": "none",
@@ -129,12 +132,18 @@ def test_a_version_this_dapo_cannot_read_is_one_line(tmp_path: Path, version, me
         resume_blockers(yaml.safe_load(path.read_text()), to_dict(load_config(None)))
 
 
-AFTER_V1 = {"rollout.kv_cache_gib": None, "engine.logprob_chunk": 1024}
-"""The keys added after version 1 and what a version-1 config gets for them (their defaults)."""
-
-
-def test_a_version_1_config_gets_the_keys_added_later_at_their_defaults() -> None:
+def test_a_version_1_config_gets_the_kv_cache_size_of_version_2_and_the_registries_of_version_3_at_their_defaults() -> None:
     version, data = split_version(saved("v1.yaml"))
     upgraded, filled, missing = upgrade(data, version)
-    assert version == 1 and missing == [] and filled == AFTER_V1
-    assert upgraded["rollout"]["kv_cache_gib"] is None and upgraded["engine"]["logprob_chunk"] == 1024
+    assert version == 1 and missing == []
+    assert filled == {
+        "rollout.kv_cache_gib": None,
+        # version 3: the policy-loss registry (dapo, the only loss before) and the rollout corrections (token_tis)
+        "algorithm.policy_loss": "dapo", "algorithm.gspo.clip_ratio_low": 3e-4, "algorithm.gspo.clip_ratio_high": 4e-4,
+        "algorithm.cispo.clip_ratio_low": None, "algorithm.cispo.clip_ratio_high": 3.0,
+        "algorithm.gmpo.log_clip_low": 0.4, "algorithm.gmpo.log_clip_high": 0.4,
+        "algorithm.rollout_is.mode": "token_tis", "algorithm.rollout_is.geo_bound": 1.001,
+        "algorithm.rollout_is.opsm_delta": 1e-4,
+        "engine.logprob_chunk": 1024,  # version 3 too: how the head is computed, not what (its default)
+    }
+    assert upgraded["rollout"]["kv_cache_gib"] is None and upgraded["algorithm"]["policy_loss"] == "dapo"

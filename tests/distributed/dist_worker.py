@@ -29,10 +29,22 @@ from dapo_cli.engine.dist import shutdown_process_group  # noqa: E402
 from dapo_cli.models import load_policy  # noqa: E402
 from dapo_cli.rounds import InlineRounds
 from dapo_cli.train import collect_batch, compute_advantages  # noqa: E402
-from dapo_cli.update import fill_old_log_probs, update_policy  # noqa: E402
+from dapo_cli.update import fill_old_log_probs, rollout_mismatch, update_policy  # noqa: E402
 
 GROUPS = 8
 SAMPLES = 4
+
+
+OBJECTIVE_CASES = {
+    "gspo": ["algorithm.policy_loss=gspo", "algorithm.loss_agg_mode=seq-mean-token-mean",
+             "algorithm.gspo.clip_ratio_low=0.01", "algorithm.gspo.clip_ratio_high=0.01"],
+    "cispo": ["algorithm.policy_loss=cispo", "algorithm.cispo.clip_ratio_high=0.05"],
+    "gmpo": ["algorithm.policy_loss=gmpo", "algorithm.loss_agg_mode=seq-mean-token-mean",
+             "algorithm.gmpo.log_clip_low=0.05", "algorithm.gmpo.log_clip_high=0.05"],
+    "opsm": ["algorithm.rollout_is.enable=true", "algorithm.rollout_is.mode=opsm", "algorithm.rollout_is.opsm_delta=0.01"],
+    "geo_mask": ["algorithm.rollout_is.enable=true", "algorithm.rollout_is.mode=geo_mask", "algorithm.rollout_is.geo_bound=1.02"],
+}
+"""Settings of the cases recorded under their name, each a 2-epoch update under micro-batch sizes 1, 2 and 4."""
 
 
 def script(prompt: str, j: int) -> tuple[str, int, bool]:
@@ -48,8 +60,8 @@ def lopsided(prompt: str, j: int) -> tuple[str, int, bool]:
     return script(prompt, j) if k < 4 else (f"Answer: {k}", 3 + j, False)
 
 
-def config(engine: str, stage: int, micro: int, epochs: int, dynamic: bool = False, shared: bool = True):
-    cfg = load_config(None, [
+def config(engine: str, stage: int, micro: int, epochs: int, dynamic: bool = False, shared: bool = True, extra=()):
+    cfg = load_config(None, [*extra,
         f"rollout.n={SAMPLES}", f"data.train_batch_size={GROUPS}", f"trainer.ppo_mini_batch_size={GROUPS}",
         f"trainer.ppo_micro_batch_size={micro}", f"trainer.ppo_epochs={epochs}", "rollout.max_response_length=12",
         "algorithm.overlong_buffer.len=4", "trainer.lr=5e-3", "trainer.lr_warmup_steps=0", "trainer.grad_clip=1.0",
@@ -60,11 +72,14 @@ def config(engine: str, stage: int, micro: int, epochs: int, dynamic: bool = Fal
 
 
 def one_update(
-    model_dir: str, dist, engine_name: str, stage: int, micro: int, epochs: int, *, uneven: bool = False, shared: bool = True
+    model_dir: str, dist, engine_name: str, stage: int, micro: int, epochs: int, *, uneven: bool = False, shared: bool = True,
+    extra=(),
 ) -> dict:
     # uneven: dynamic sampling keeps only groups 0-3, twice over two rounds, so on 2 ranks
     # rank 0 trains all 8 kept groups and rank 1 none (it runs empty micro-batches in lockstep)
-    cfg = config(engine_name, stage, micro, epochs, dynamic=uneven, shared=shared)
+    # extra: settings (another policy loss, a rollout correction: then the rollout engine's log-probs are the old ones
+    # minus a fixed per-token shift of up to ±0.3, the same on every rank for the same response)
+    cfg = config(engine_name, stage, micro, epochs, dynamic=uneven, shared=shared, extra=extra)
     torch.manual_seed(0)
     model, _ = load_policy(model_dir)
     t = cfg.trainer
@@ -78,7 +93,20 @@ def one_update(
     batch = collect_batch(InlineRounds(rollout, stream, cfg, dist), cfg, step=1, pad_id=0, dist=dist).batch
     compute_advantages(batch, cfg)
     fill_old_log_probs(engine, batch, cfg)
+    if any(e.startswith("algorithm.rollout_is") for e in extra):
+        gen = torch.Generator().manual_seed(4)
+        width = cfg.rollout.max_response_length  # a rank's batch is padded to its own longest response: draw full rows
+        shifts = (0.6 * torch.rand(GROUPS * SAMPLES, width, generator=gen) - 0.3)[:, : batch.old_log_probs.shape[1]]
+        seen: dict[int, int] = {}
+        within = []  # each response's place among its group's responses
+        for g in batch.group_ids.tolist():
+            within.append(seen.get(g, 0))
+            seen[g] = within[-1] + 1
+        rows = batch.group_ids * SAMPLES + torch.tensor(within, dtype=torch.long)
+        batch.rollout_log_probs = batch.old_log_probs - shifts[rows] * batch.response_mask
     metrics = update_policy(engine, batch, cfg, step=1)
+    if batch.rollout_log_probs is not None:
+        metrics.update(rollout_mismatch(batch, cfg, dist))
     weights = {name: t.detach().cpu().clone() for name, t in engine.export_weights()}
     return {"metrics": metrics, "weights": weights, "rows": len(batch)}
 
@@ -99,6 +127,9 @@ def main() -> None:
     results["cases"]["torch-plain-uneven"] = one_update(model_dir, dist, "torch", 0, 4, 1, uneven=True, shared=False)
     for micro in (1, 2, 4):
         results["micro"][micro] = one_update(model_dir, dist, "torch", 0, micro, 2)["metrics"]
+    # every registered loss, and the corrections' metrics (sequence means, ratio tails), under any split and rank count
+    for name, extra in OBJECTIVE_CASES.items():
+        results[name] = {micro: one_update(model_dir, dist, "torch", 0, micro, 2, extra=extra)["metrics"] for micro in (1, 2, 4)}
     if "--deepspeed" in sys.argv:
         for stage in (0, 1, 2, 3):
             results["cases"][f"deepspeed-zero{stage}"] = one_update(model_dir, dist, "deepspeed", stage, 4, 1)

@@ -101,3 +101,26 @@ def test_logged_loss_metrics_do_not_depend_on_micro_batches_or_ranks(one, two):
         for micro in (1, 2, 4):
             for key in keys:
                 assert results["micro"][micro][key] == pytest.approx(reference[key], rel=1e-5, abs=1e-7), (micro, key)
+
+
+OBJECTIVE_KEYS = {
+    "gspo": ["actor/pg_loss", "actor/seq_clipfrac", "actor/seq_clipfrac_high", "actor/seq_ratio_dev", "actor/ppo_kl"],
+    "cispo": ["actor/pg_loss", "actor/is_clipfrac_high", "actor/is_weight_mean", "actor/ppo_kl"],
+    "gmpo": ["actor/pg_loss", "actor/pg_clipfrac", "actor/clipfrac_high", "actor/ppo_kl"],
+    "opsm": ["rollout/masked_seq_frac", "rollout/token_prob_ratio_min", "rollout/token_prob_ratio_max",
+             "rollout/token_prob_ratio_mean", "rollout/token_prob_ratio_mult_error", "rollout/geo_mask_seq_frac",
+             "rollout/opsm_seq_frac"],
+    "geo_mask": ["rollout/masked_seq_frac", "actor/pg_loss", "actor/clipfrac_high", "actor/grad_norm"],
+}
+
+
+@pytest.mark.parametrize("case", sorted(OBJECTIVE_KEYS))
+def test_each_loss_and_correction_logs_the_same_metrics_under_any_split_and_rank_count(one, two, case):
+    # sequence-level metrics (GSPO's clip, the masked share) weighted by responses, token means by tokens, the
+    # probability ratio's tails by min / max over ranks: the whole mini-batch's values whatever the split
+    reference = one[case][4]
+    assert all(reference[key] != 0.0 for key in OBJECTIVE_KEYS[case]), reference
+    for results in (one, two):
+        for micro in (1, 2, 4):
+            for key in OBJECTIVE_KEYS[case]:
+                assert results[case][micro][key] == pytest.approx(reference[key], rel=1e-5, abs=1e-7), (micro, key)

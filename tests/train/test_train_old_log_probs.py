@@ -106,6 +106,8 @@ def test_the_condition_is_one_optimizer_step_without_kl_or_truncated_is():
     assert not old_log_probs_from_update(config("trainer.ppo_epochs=2"))
     assert not old_log_probs_from_update(config("algorithm.use_kl_loss=true"))
     assert old_log_probs_from_update(config("algorithm.rollout_is.enable=true"))  # π_prox is the update's forward too
+    # geo_mask drops responses by π_old before the update's denominators: π_old must come first
+    assert not old_log_probs_from_update(config("algorithm.rollout_is.enable=true", "algorithm.rollout_is.mode=geo_mask"))
     assert not old_log_probs_from_update(config(f"data.gen_batch_size={2 * GROUPS}"))  # rounds may train more groups
     assert old_log_probs_from_update(load_config(None, ["data.train_batch_size=8", "trainer.ppo_mini_batch_size=8"]))
 
@@ -117,14 +119,22 @@ def test_the_condition_is_one_optimizer_step_without_kl_or_truncated_is():
     ["algorithm.clip_ratio_c=3.0", "algorithm.loss_agg_mode=seq-mean-token-sum-norm"],
     ["algorithm.rollout_is.enable=true", "algorithm.rollout_is.cap=1.5"],  # the weights from the update's own forward
     ["rollout.max_staleness=1"],  # asynchronous rollouts: the decoupled objective, pi_prox from the update's forward
+    ["algorithm.policy_loss=gspo", "algorithm.loss_agg_mode=seq-mean-token-mean"],  # every registered loss
+    ["algorithm.policy_loss=cispo"],
+    ["algorithm.policy_loss=gmpo", "algorithm.loss_agg_mode=seq-mean-token-mean"],
+    ["algorithm.rollout_is.enable=true", "algorithm.rollout_is.mode=seq_tis"],  # the corrections that allow it
+    ["rollout.max_staleness=1", "algorithm.rollout_is.mode=opsm", "algorithm.policy_loss=gspo"],
 ])
 @pytest.mark.slow
 def test_the_update_and_every_metric_equal_the_separate_pass_under_any_micro_batch(tiny_model_dir, extra):
     separate = one_update(tiny_model_dir, config(*extra), old_from_update=False)
     assert max(float(g.abs().max()) for g in separate["grads"][0]) > 1e-3  # a real gradient
     assert separate["metrics"]["actor/entropy"] > 0 and separate["metrics"]["rollout/logprob_diff_mean"] > 0
-    if behaviour_correction(config(*extra)):  # the weights really vary: some are truncated at the cap, some below 1
-        assert 0 < separate["metrics"]["rollout/is_truncated_frac"] < 1
+    cfg = config(*extra)
+    if behaviour_correction(cfg) and cfg.algorithm.rollout_is.mode in ("token_tis", "seq_tis"):
+        assert 0 < separate["metrics"]["rollout/is_truncated_frac"] < 1  # the weights vary: some truncated, some not
+    if behaviour_correction(cfg) and cfg.algorithm.rollout_is.mode == "opsm":
+        assert 0 < separate["metrics"]["rollout/masked_seq_frac"] < 1
     for micro in (16, 3, 1):
         assert_same(separate, one_update(tiny_model_dir, config(*extra, micro=micro), old_from_update=True), 1e-10)
 

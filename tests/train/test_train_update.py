@@ -29,8 +29,12 @@ def script(prompt: str, j: int) -> tuple[str, int, bool]:
     return (f"Answer: {k if j < 2 else -1}", 3 + (2 * j + k) % 7, False)
 
 
-def mini_batch_grads(model_dir: Path, mode: str, micro: int, extra: list[str] = ()) -> list[list[torch.Tensor]]:
-    """The accumulated gradient at each optimizer step of one update_policy call."""
+def mini_batch_grads(model_dir: Path, mode: str, micro: int, extra: list[str] = (), *, metrics_out: dict | None = None,
+                     behaviour: bool = False) -> list[list[torch.Tensor]]:
+    """The accumulated gradient at each optimizer step of one update_policy call (its metrics into ``metrics_out``).
+
+    ``behaviour``: the rollout engine's log-probs are set to the old ones minus a fixed pseudo-random shift per token
+    (up to ±0.3), so a rollout correction has ratios to act on."""
     cfg = load_config(None, [*extra,
         "rollout.n=4", "data.train_batch_size=4", "trainer.ppo_mini_batch_size=2", f"trainer.ppo_micro_batch_size={micro}",
         "rollout.max_response_length=10", "algorithm.overlong_buffer.len=4", f"algorithm.loss_agg_mode={mode}",
@@ -51,26 +55,60 @@ def mini_batch_grads(model_dir: Path, mode: str, micro: int, extra: list[str] = 
     batch = collect_batch(InlineRounds(ScriptedRollout(script), PromptStream(prompts, seed=0, shuffle=False), cfg, SingleProcess()), cfg, step=1, pad_id=0).batch
     compute_advantages(batch, cfg)
     fill_old_log_probs(engine, batch, cfg)
+    if behaviour:
+        gen = torch.Generator().manual_seed(4)
+        shift = 0.6 * torch.rand(batch.old_log_probs.shape, generator=gen, dtype=torch.float64) - 0.3
+        batch.rollout_log_probs = batch.old_log_probs - shift * batch.response_mask
     metrics = update_policy(engine, batch, cfg, step=1)
     assert metrics["actor/num_updates"] == 2  # 4 groups / 2 per mini-batch
+    if metrics_out is not None:
+        metrics_out.update(metrics)
     return grads
 
 
-@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+SPLIT_CASES = [
+    # (loss_agg_mode, extra settings): every registered policy loss, and each rollout correction on rollout log-probs
+    # that differ from the trainer's (behaviour), so that its weights or masks act
+    ("token-mean", []),
+    ("seq-mean-token-mean", []),
+    ("seq-mean-token-sum-norm", []),
+    ("seq-mean-token-mean", ["algorithm.policy_loss=gspo", "algorithm.gspo.clip_ratio_low=0.01", "algorithm.gspo.clip_ratio_high=0.01"]),
+    ("token-mean", ["algorithm.policy_loss=gspo", "algorithm.gspo.clip_ratio_low=0.01", "algorithm.gspo.clip_ratio_high=0.01"]),
+    ("token-mean", ["algorithm.policy_loss=cispo", "algorithm.cispo.clip_ratio_high=0.05"]),
+    ("seq-mean-token-mean", ["algorithm.policy_loss=gmpo", "algorithm.gmpo.log_clip_low=0.05", "algorithm.gmpo.log_clip_high=0.05"]),
+    ("token-mean", ["algorithm.rollout_is.enable=true", "algorithm.rollout_is.mode=seq_tis"]),
+    ("token-mean", ["algorithm.rollout_is.enable=true", "algorithm.rollout_is.mode=geo_mask", "algorithm.rollout_is.geo_bound=1.02"]),
+    ("seq-mean-token-mean", ["algorithm.policy_loss=gspo", "algorithm.rollout_is.enable=true", "algorithm.rollout_is.mode=opsm",
+                             "algorithm.rollout_is.opsm_delta=0.01"]),
+]
+"""Every loss, and each correction that acts (token_tis: the truncated-IS test below)."""
+
+
+@pytest.mark.parametrize(("mode", "extra"), SPLIT_CASES)
 @pytest.mark.slow
-def test_micro_batch_size_does_not_change_the_update(tiny_model_dir, mode):
+def test_micro_batch_size_does_not_change_the_update(tiny_model_dir, mode, extra):
     # Each mini-batch has 2 groups x 4 samples = 8 responses; micro-batches of 8 (one pass),
     # 3 (3+3+2, ragged) and 1 must accumulate the same gradient before each optimizer step
     # (the second step's gradient also checks that the first steps were equal), because the
-    # micro-batch losses use the mini-batch's global token / sequence counts.
-    whole = mini_batch_grads(tiny_model_dir, mode, 8)
+    # micro-batch losses use the mini-batch's global token / sequence counts; and log the same metrics (token means
+    # weighted by tokens, sequence means by responses). The second step's ratios are not 1 (the first step moved the
+    # policy), so clip fractions are not trivially 0.
+    behaviour = any(e.startswith("algorithm.rollout_is") for e in extra)
+    whole_metrics: dict = {}
+    whole = mini_batch_grads(tiny_model_dir, mode, 8, extra, metrics_out=whole_metrics, behaviour=behaviour)
     assert len(whole) == 2
     assert max(float(g.abs().max()) for g in whole[0]) > 1e-3  # a real gradient
+    if "algorithm.rollout_is.mode=geo_mask" in extra or "algorithm.rollout_is.mode=opsm" in extra:
+        assert 0 < whole_metrics["rollout/masked_seq_frac"] < 1  # some responses masked, not all
     for micro in (3, 1):
-        split = mini_batch_grads(tiny_model_dir, mode, micro)
+        split_metrics: dict = {}
+        split = mini_batch_grads(tiny_model_dir, mode, micro, extra, metrics_out=split_metrics, behaviour=behaviour)
         for step_whole, step_split in zip(whole, split):
             for a, b in zip(step_whole, step_split):
                 torch.testing.assert_close(b, a, rtol=1e-8, atol=1e-10)
+        assert split_metrics.keys() == whole_metrics.keys()
+        for key, value in whole_metrics.items():
+            assert split_metrics[key] == pytest.approx(value, rel=1e-8, abs=1e-10), (micro, key)
 
 
 def test_a_non_finite_loss_skips_the_update_and_is_counted(tiny_model_dir):
