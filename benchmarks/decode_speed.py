@@ -8,9 +8,12 @@ new tokens, T = 1, a fixed seed, float32, ``--threads`` threads (``--real``: Smo
 after one warm-up:
 
 - ``before``: the decode projections as ``x Wᵀ`` (``NativeLlama.transposed_decode = False``);
-- ``W xᵀ``: as ``W xᵀ`` (the default);
-- ``2 rounds in one``: 16 prompts x 8 (two rounds' rows decoded together, as a dynamic-sampling round and
-  the next would be), its seconds per 64 rows.
+- ``W xᵀ``: the projections as ``W xᵀ``, each output copied back to [rows, out]
+  (``NativeLlama.feature_major_decode = False``);
+- ``+ feature-major MLP``: the o-projection and the MLP kept as [out, rows] (``NativeLlama.finish_decode``):
+  the default, both ideas on;
+- ``2 rounds in one``: the default on 16 prompts x 8 (two rounds' rows decoded together, as a
+  dynamic-sampling round and the next would be), its seconds per 64 rows.
 
 The floor is ``benchmarks/flops.generation_flops`` (2 N per token per row, attention included, at the rows'
 real lengths) over the float32 rate of a 4096^3 matmul measured in the same run. ``same samples``: the
@@ -66,19 +69,24 @@ def main() -> None:
     engine = FastRolloutEngine(model, tokenizer)
     params = SamplingParams(temperature=1.0, top_p=1.0, top_k=0, max_tokens=args.length, seed=0, logprobs=True)
     eight, sixteen = prompts(tokenizer, 8), prompts(tokenizer, 16)
-    variants = {"before": (False, eight), "W xT": (True, eight), "2 rounds in one": (True, sixteen)}
+    variants = {  # (W xT, feature-major MLP), prompts
+        "before": ((False, False), eight),
+        "W xT": ((True, False), eight),
+        "+ feature-major MLP": ((True, True), eight),
+        "2 rounds in one": ((True, True), sixteen),
+    }
     seconds: dict[str, list[float]] = {v: [] for v in variants}
     outs: dict[str, object] = {}
     for i in range(args.repeats + 1):
-        for v, (transposed, batch) in variants.items():
-            NativeLlama.transposed_decode = transposed
+        for v, (switches, batch) in variants.items():
+            NativeLlama.transposed_decode, NativeLlama.feature_major_decode = switches
             t0 = time.perf_counter()
             out = engine.generate(batch, 8, params)
             if i:
                 seconds[v].append((time.perf_counter() - t0) * 64 / (len(batch) * 8))
             outs[v] = out
             print(f"  {'warm-up' if not i else f'repeat {i}'} {v}: {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
-    NativeLlama.transposed_decode = True
+    NativeLlama.transposed_decode = NativeLlama.feature_major_decode = True
     rate = max(rate, matmul_rate(torch.float32))
     shape = Shape.read(path)
     enc = tokenizer(eight, add_special_tokens=False)["input_ids"]

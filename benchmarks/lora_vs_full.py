@@ -33,6 +33,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from dapo_cli.engine.torch import OPTIMIZER_FILE
+
 from common import REPO, SMOLLM2_SMALL, WORKLOADS, machine, median, step_medians, table, thread_env, timed_run_settings
 
 KEYS = ["timing/step", "timing/gen_and_score", "train/samples_generated"]
@@ -66,7 +68,7 @@ def run(lora: bool, steps: int, real: bool, threads: int) -> dict[str, float]:
         result = step_medians(work, KEYS, 2)
         engine = next((work / "runs").rglob("checkpoints/step_*/engine"))
         adapter = sum(f.stat().st_size for f in (engine / "adapter").glob("*.safetensors")) if lora else 0
-        result.update(peak_mib=usage.ru_maxrss / 1024, optimizer_mib=(engine / "optimizer.pt").stat().st_size / 2**20,
+        result.update(peak_mib=usage.ru_maxrss / 1024, optimizer_mib=(engine / OPTIMIZER_FILE).stat().st_size / 2**20,
                       adapter_mib=adapter / 2**20, wall=wall)
         return result
 

@@ -242,6 +242,8 @@ class NativeLlama:
 
     def finish_tokens(self, layer: Layer, x: torch.Tensor, att: torch.Tensor) -> torch.Tensor:
         """:meth:`finish` on ``x`` [..., H] and the attention output with heads merged, ``att`` [..., h * d]."""
+        if self.feature_major_decode and self.decoding(x):
+            return self.finish_decode(layer, x, att)
         x = x + self.linear(att, layer.o_w, layer.o_b)
         gate, up = self.linear(self.rms_norm(layer.ln2, x), layer.gate_up_w, layer.gate_up_b).split(self.inter, dim=-1)
         return x + self.linear(layer.act(gate).mul_(up), layer.down_w, layer.down_b)
@@ -249,16 +251,42 @@ class NativeLlama:
     transposed_decode = True
     """Decode projections as ``W xᵀ`` (:meth:`linear`); a class switch so benchmarks can time both."""
 
+    feature_major_decode = True
+    """With :attr:`transposed_decode`, a decode step's o-projection and MLP feature-major
+    (:meth:`finish_decode`); a class switch so benchmarks can time both."""
+
+    def decoding(self, x: torch.Tensor) -> bool:
+        """True for a decode step of the sampler: one position per row (``x`` [B, 1, ...]), no autograd."""
+        return self.transposed_decode and x.dim() == 3 and x.shape[1] == 1 and not torch.is_grad_enabled()
+
+    @staticmethod
+    def project(xt: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+        """``W xᵀ + b`` for feature-major inputs ``xt`` [in, rows] (any strides): [out, rows], contiguous."""
+        return torch.mm(w, xt) if b is None else torch.addmm(b[:, None], w, xt)
+
     def linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-        """``x Wᵀ + b`` for ``x`` [..., in]. A decode step (one position per row, no autograd: the fast
-        sampler) computes it as ``(W xᵀ)ᵀ``, the same dot products, because with a few dozen rows MKL runs
-        ``W xᵀ`` [out, in] x [in, rows] faster than ``x Wᵀ`` (SmolLM2's projections, 64 rows, 2 AVX2 cores:
-        ~100 against 70-90 GFLOP/s; the lm_head the same way in ``rollout.fast.vocab_logits``)."""
-        if not (self.transposed_decode and x.dim() == 3 and x.shape[1] == 1 and not torch.is_grad_enabled()):
+        """``x Wᵀ + b`` for ``x`` [..., in]. A decode step (:meth:`decoding`) computes it as ``(W xᵀ)ᵀ``, the
+        same dot products, because with a few dozen rows MKL runs ``W xᵀ`` [out, in] x [in, rows] faster than
+        ``x Wᵀ`` (SmolLM2's projections, 64 rows, 2 AVX2 cores: ~100 against 70-90 GFLOP/s; the lm_head the
+        same way in ``rollout.fast.vocab_logits``)."""
+        if not self.decoding(x):
             return F.linear(x, w, b)
-        rows = x.reshape(x.shape[0], x.shape[2])
-        out = torch.mm(w, rows.t()).t() if b is None else torch.addmm(b[:, None], w, rows.t()).t()
-        return out.contiguous().view(x.shape[0], 1, w.shape[0])
+        out = self.project(x.reshape(x.shape[0], x.shape[2]).t(), w, b)  # [out, B]
+        return out.t().contiguous().view(x.shape[0], 1, w.shape[0])
+
+    def finish_decode(self, layer: Layer, x: torch.Tensor, att: torch.Tensor) -> torch.Tensor:
+        """:meth:`finish_tokens` for a decode step (``x`` [B, 1, H], ``att`` [B, 1, h * d]): the same products,
+        with the MLP feature-major. ``W xᵀ`` leaves its output as [out, B]; gate/up [2I, B] splits into two
+        contiguous halves, SiLU(gate) * up [I, B] is already the down projection's ``xᵀ``, and the o/down
+        outputs are added to the residual through a transposed view. :meth:`linear` would instead copy every
+        projection's [out, B] back to [B, out] (a strided copy per projection: 9.7% of SmolLM2's decode,
+        most of it the 3,072-wide gate/up)."""
+        b = x.shape[0]
+        x = x + self.project(att.reshape(b, -1).t(), layer.o_w, layer.o_b).t().unsqueeze(1)  # [B, 1, H]
+        normed = self.rms_norm(layer.ln2, x).view(b, -1)  # [B, H]
+        gate_up = self.project(normed.t(), layer.gate_up_w, layer.gate_up_b)  # [2I, B]
+        act = layer.act(gate_up[: self.inter]).mul_(gate_up[self.inter :])  # [I, B]
+        return x + self.project(act, layer.down_w, layer.down_b).t().unsqueeze(1)  # [B, 1, H]
 
     def causal_bias(self, mask: torch.Tensor) -> torch.Tensor:
         """Additive bias [P, 1, S, S] of left-padded sequences ``mask`` [P, S]: a real query sees the real
