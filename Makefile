@@ -123,6 +123,7 @@ bench: $(STAMP) $(VLLM_STAMP) smollm2
 	$(PY) benchmarks/logprob_chunk.py --real --chunks 0 256 1024 4096
 	$(PY) benchmarks/logprob_chunk.py --real --lengths 128 256 512 --chunks 0 1024 --micro 16
 	$(PY) benchmarks/decode_speed.py --real
+	$(PY) benchmarks/ladder_regime.py
 	$(PY) benchmarks/bf16_logprob_gap.py
 	$(PY) benchmarks/bf16_logprob_gap.py --real
 	$(PY) benchmarks/rl_step_vs_trl.py --pairs 3 --bf16

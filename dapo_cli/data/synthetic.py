@@ -20,6 +20,10 @@ add-5digit    a+b, 1-5 digit operands (long answers)                       17-59
 (``What is 3+4?`` → ``3 + 4 = 7`` / ``Answer: 7``). Measured on SmolLM2-135M-Instruct at
 T=1.0, avg@4 over 16 problems: the bare DAPO instruction 0/64 correct (it almost never writes
 an ``Answer:`` line), with the example 16/64 on one-digit and 6/64 on two-digit operands.
+``fewshot-chain-add`` is its longer sibling for the real-model ladder: 2-4 terms of 1-2 digits
+(``What is 12+7+35?``, a third of the problems each), the example turn working left to right in
+running sums (``8 + 15 = 23`` / ``23 + 6 = 29`` / ``Answer: 29``), so a response's length follows
+how many terms it works through and how it writes them.
 
 Worked solutions go column by column from the units digit, one line per column,
 carry or borrow written explicitly (``5+7+0=12`` then ``8+4+1=13`` ...), and end
@@ -187,6 +191,22 @@ def _multiplication_problem(rng: random.Random, max_digits: int) -> Draw:
     return f"What is {a}*{d}?", a * d, partial(multiplication_steps, a, d)
 
 
+def running_sum_steps(terms: Sequence[int]) -> list[str]:
+    """The sum of ``terms`` left to right, one ``partial+next=total`` line per term after the first:
+    ``[8, 15, 6]`` -> ``["8+15=23", "23+6=29"]``."""
+    lines, total = [], terms[0]
+    for t in terms[1:]:
+        lines.append(f"{total}+{t}={total + t}")
+        total += t
+    return lines
+
+
+def _sample_chain(rng: random.Random) -> Draw:
+    """2-4 terms of 1-2 digits (the count drawn first, so each is a third of the problems)."""
+    terms = [_random_number(rng, 1, 2) for _ in range(rng.randint(2, 4))]
+    return f"What is {'+'.join(map(str, terms))}?", sum(terms), partial(running_sum_steps, terms)
+
+
 def _sample_add2(rng: random.Random) -> Draw:
     return _addition_problem(rng, 2)
 
@@ -243,6 +263,10 @@ SYNTHETIC_TASKS: dict[str, SyntheticTask] = {
         SyntheticTask(
             "fewshot-add-2digit", "a+b, 1-2 digit operands, DAPO instruction after one worked chat example",
             _sample_add2, template=DAPO_INSTRUCTION, shots=(("What is 3+4?", "3 + 4 = 7\nAnswer: 7"),),
+        ),
+        SyntheticTask(
+            "fewshot-chain-add", "2-4 terms of 1-2 digits, DAPO instruction after one worked example of running sums",
+            _sample_chain, template=DAPO_INSTRUCTION, shots=(("What is 8+15+6?", "8 + 15 = 23\n23 + 6 = 29\nAnswer: 29"),),
         ),
     )
 }

@@ -24,7 +24,7 @@ import rl_step_vs_trl
 
 SCRIPTS = ["rl_step_vs_trl.py", "rollout_vs_generate.py", "update_throughput.py", "dynamic_sampling_overhead.py",
            "tracking_overhead.py", "prepare_data_speed.py", "async_rollout.py", "lora_vs_full.py", "bf16_logprob_gap.py",
-           "logprob_chunk.py", "decode_speed.py"]
+           "logprob_chunk.py", "decode_speed.py", "ladder_regime.py"]
 
 
 @pytest.fixture(scope="module")
@@ -154,6 +154,20 @@ def test_every_benchmark_starts(script):
     proc = subprocess.run([sys.executable, str(BENCH / script), "--help"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "usage:" in proc.stdout
+
+
+def test_the_ladder_regime_row_counts_truncation_spread_equal_groups_and_accuracy():
+    from ladder_regime import regime
+
+    # two groups of 4. Group 1: lengths 5, 20, 10, 40 (40 = the limit, not ended), right F T F F -> spread
+    # 40/5 = 8x, mixed rewards. Group 2: lengths 10, 12, 15, 11, all wrong -> spread 1.5x, all equal.
+    lengths = [5, 20, 10, 40, 10, 12, 15, 11]
+    ended = [True, True, True, False, True, True, True, True]
+    right = [False, True, False, False, False, False, False, False]
+    row = regime(lengths, ended, right, 40, 4)
+    # limit; 1 of 8 truncated = 12.5%; 1 of 2 groups >= 3x = 50%; median of (8.0, 1.5) = 4.75 -> "4.8";
+    # 1 of 2 groups all-equal = 50%; 1 of 8 right = 12.5%; mean length 123 / 8 = 15.375 -> "15.4"
+    assert row == [40, "12.5", "50", "4.8", "50", "12.5", "15.4"]
 
 
 def test_the_trl_worker_imports_nothing_but_the_standard_library_at_module_level():

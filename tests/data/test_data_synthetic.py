@@ -15,6 +15,7 @@ from dapo_cli.data.synthetic import (
     generate_rows,
     get_task,
     multiplication_steps,
+    running_sum_steps,
     split_of,
     subtraction_steps,
 )
@@ -222,3 +223,24 @@ def test_tasks_without_shots_keep_the_bare_single_user_message():
     for name, task in SYNTHETIC_TASKS.items():
         if not task.shots:
             assert task.messages("What is 1+2?") == [{"role": "user", "content": "What is 1+2?"}], name
+
+
+def test_the_chain_task_works_left_to_right_in_running_sums_after_its_example():
+    from dapo_cli.data.schema import DAPO_INSTRUCTION
+
+    # 8+15+6: 8+15=23, then 23+6=29 (the example turn's own sums)
+    assert running_sum_steps([8, 15, 6]) == ["8+15=23", "23+6=29"]
+    assert running_sum_steps([99, 99, 99, 99]) == ["99+99=198", "198+99=297", "297+99=396"]
+    examples = generate_examples("fewshot-chain-add", 600, seed=0)
+    counts = {2: 0, 3: 0, 4: 0}
+    for ex in examples:
+        terms = [int(t) for t in re.fullmatch(r"What is (\d{1,2}(?:\+\d{1,2}){1,3})\?", ex.problem).group(1).split("+")]
+        counts[len(terms)] += 1
+        *steps, last = ex.solution.split("\n")
+        assert len(steps) == len(terms) - 1 and last == f"Answer: {sum(terms)}" and ex.answer == sum(terms)
+        assert int(steps[-1].split("=")[1]) == ex.answer
+    assert all(150 < c < 250 for c in counts.values()), counts  # a third each (600 draws: sd ~12)
+    [row] = generate_rows("fewshot-chain-add", 1, seed=0, split="val")
+    assert [m["role"] for m in row["prompt"]] == ["user", "assistant", "user"]
+    assert row["prompt"][0]["content"] == DAPO_INSTRUCTION.replace("{problem}", "What is 8+15+6?")
+    assert row["prompt"][1]["content"] == "8 + 15 = 23\n23 + 6 = 29\nAnswer: 29"
