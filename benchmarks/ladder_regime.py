@@ -72,7 +72,7 @@ def main() -> None:
     model, tokenizer = load_policy(real_model())
     engine = FastRolloutEngine(model, tokenizer)
     top = max(args.limits)
-    rows_out, answered = [], []
+    rows_out = []
     for task in args.tasks:
         rows = load_rows(f"synthetic:{task}", split="train", synthetic_size=args.prompts)
         prompts = [format_prompt(tokenizer, r["prompt"]) for r in rows]
@@ -87,10 +87,8 @@ def main() -> None:
             texts = tokenizer.batch_decode([ids[:n].tolist() for ids, n in zip(out.response_ids, lengths)], skip_special_tokens=True)
             scores = [compute_score(t, g) for t, g in zip(texts, truths)]
             right = [s["acc"] for s in scores]
-            rows_out.append([task, *regime(lengths, ended, right, limit, args.n)])
-            answered.append(f"{100 * sum(s['pred'] != '[INVALID]' for s in scores) / len(scores):.0f}")
-    for row, a in zip(rows_out, answered):
-        row.append(a)
+            answered = f"{100 * sum(s['pred'] != '[INVALID]' for s in scores) / len(scores):.0f}"
+            rows_out.append([task, *regime(lengths, ended, right, limit, args.n), answered])
     print(f"ladder regime of the base policy: SmolLM2-135M-Instruct, {args.prompts} train problems x {args.n} samples per task, "
           f"T=1.0, float32, {args.threads} threads, one generation per task up to {top} tokens ({time.perf_counter() - started:.0f} s in all)")
     for line in machine():

@@ -137,9 +137,7 @@ class ProcessGroup:
         self._dist.barrier()
 
     def close(self) -> None:
-        if self._dist.is_initialized():
-            _free_garbage()
-            self._dist.destroy_process_group()
+        shutdown_process_group()
 
 
 # ---------------------------------------------------------------- helpers on any Collective
