@@ -8,7 +8,8 @@ environment and outcome from ``child``. ``store`` reads everything back from MLf
 types of ``results``; ``report`` recomputes the table (``stats``, ``mechanisms``), the curves
 (``plots``) and ``report.md``. Imports run one way, in this order (a test keeps it so):
 variants, results, stats → store, mechanisms, plots → report; variants → child → launchers → pool, slurm
-→ runner; estimate uses child.
+→ runner; estimate uses child. ``regime`` (a testbed's preconditions, measured on the base policy's
+samples) stands apart: it uses the rollout engine and the verifier, and nothing here imports it.
 """
 
 from dapo_cli.ablate.child import child_argv

@@ -156,20 +156,6 @@ def test_every_benchmark_starts(script):
     assert "usage:" in proc.stdout
 
 
-def test_the_ladder_regime_row_counts_truncation_spread_equal_groups_and_accuracy():
-    from ladder_regime import regime
-
-    # two groups of 4. Group 1: lengths 5, 20, 10, 40 (40 = the limit, not ended), right F T F F -> spread
-    # 40/5 = 8x, mixed rewards. Group 2: lengths 10, 12, 15, 11, all wrong -> spread 1.5x, all equal.
-    lengths = [5, 20, 10, 40, 10, 12, 15, 11]
-    ended = [True, True, True, False, True, True, True, True]
-    right = [False, True, False, False, False, False, False, False]
-    row = regime(lengths, ended, right, 40, 4)
-    # limit; 1 of 8 truncated = 12.5%; 1 of 2 groups >= 3x = 50%; median of (8.0, 1.5) = 4.75 -> "4.8";
-    # 1 of 2 groups all-equal = 50%; 1 of 8 right = 12.5%; mean length 123 / 8 = 15.375 -> "15.4"
-    assert row == [40, "12.5", "50", "4.8", "50", "12.5", "15.4"]
-
-
 def test_the_trl_worker_imports_nothing_but_the_standard_library_at_module_level():
     source = (BENCH / "_trl_worker.py").read_text()
     top = [line for line in source.splitlines() if line.startswith(("import ", "from "))]
