@@ -25,11 +25,13 @@ avg@K over ``P`` held-out problems, logged as ``val/avg_at_K`` with ``val/avg_at
   rungs generated the same samples); the steps used are shown per seed (``@50``, ``@50/50/100``);
 * a ladder of 3+ rungs also compares its last rung with its first (naive GRPO → DAPO), the same
   two ways (:class:`~dapo_cli.ablate.results.Overall`, :func:`compare_variants`), under the table and in the parent's description;
+* a ladder also compares every rung with the first (:func:`first_deltas`, its own section): paired by seed,
+  :math:`d_s = a_{v,s} - a_{u,s}` over the seeds both finished, mean ± Student t, and paired over problems and
+  at equal samples as above (:func:`paired_delta`, shared with the axis comparisons below);
 * with ``--axis``, each Δ above compares rows with the same axis settings (``dapo@max_staleness=1`` to
   the previous rung at ``max_staleness=1``), and each variant is also compared with its twin at the
-  first value of each axis (:class:`~dapo_cli.ablate.results.AxisDelta`, :func:`axis_deltas`): paired by
-  seed, :math:`d_s = a_{v,s} - a_{u,s}` over the seeds both finished, mean ± Student t; and paired over
-  problems and at equal samples as above, on those seeds;
+  first value of each axis (:class:`~dapo_cli.ablate.results.AxisDelta`, :func:`axis_deltas`), the same
+  three ways;
 * shares over the training steps (mean over steps and seeds): ``overlong/truncated_frac``
   and ``train/kept_group_frac`` (kept / generated groups with dynamic sampling, the
   informative share without it);
@@ -67,6 +69,7 @@ from dapo_cli.ablate.results import (
     SAMPLES_METRIC,
     AblationReport,
     AxisDelta,
+    PairedDelta,
     ChildResult,
     EqualSamples,
     Overall,
@@ -146,11 +149,24 @@ def add_deltas(rows: list[VariantRow], results: dict[str, list[ChildResult]], mo
         row.delta, row.equal_samples = compare_variants(results[row.name], results[ref.name], ref.name, client)
 
 
+def paired_delta(variant: str, vs: str, results: dict[str, list[ChildResult]], client: Any = None) -> PairedDelta | None:
+    """``variant`` − ``vs`` by seed over the seeds both finished (Student t), and :func:`compare_variants` on those
+    seeds; None when they share no seed."""
+    mine = {r.seed: r for r in results[variant]}
+    ref = {r.seed: r for r in results.get(vs, [])}
+    seeds = sorted(set(mine) & set(ref))
+    if not seeds:
+        return None
+    diffs = [mine[s].avg - ref[s].avg for s in seeds]
+    delta, equal = compare_variants([mine[s] for s in seeds], [ref[s] for s in seeds], vs, client)
+    return PairedDelta(variant, vs, seeds, diffs, *seed_interval(diffs), delta, equal)
+
+
 def axis_deltas(
     order: Sequence[str], rows: Sequence[VariantRow], results: dict[str, list[ChildResult]], client: Any = None
 ) -> list[AxisDelta]:
     """Each row against its twin at the first value of each axis (the value the planned ``order`` shows first):
-    by seed over the seeds both finished, and :func:`compare_variants` on those seeds."""
+    :func:`paired_delta`."""
     firsts: dict[int, str] = {}
     for name in order:
         for j, (_, value) in enumerate(split_axes(name)[1]):
@@ -158,18 +174,22 @@ def axis_deltas(
     out = []
     for row in rows:
         techniques, settings = split_axes(row.name)
-        mine = {r.seed: r for r in results[row.name]}
         for j, (axis, value) in enumerate(settings):
             if value == firsts[j]:
                 continue
             twin = techniques + axis_suffix([(a, firsts[j] if i == j else v) for i, (a, v) in enumerate(settings)])
-            ref = {r.seed: r for r in results.get(twin, [])}
-            seeds = sorted(set(mine) & set(ref))
-            if not seeds:
-                continue
-            diffs = [mine[s].avg - ref[s].avg for s in seeds]
-            delta, equal = compare_variants([mine[s] for s in seeds], [ref[s] for s in seeds], twin, client)
-            out.append(AxisDelta(row.name, twin, axis, seeds, diffs, *seed_interval(diffs), delta, equal))
+            if (d := paired_delta(row.name, twin, results, client)) is not None:
+                out.append(AxisDelta(**vars(d), axis=axis))
+    return out
+
+
+def first_deltas(rows: Sequence[VariantRow], results: dict[str, list[ChildResult]], client: Any = None) -> list[PairedDelta]:
+    """A ladder's rungs after the first, each against the first rung with its axis settings (naive GRPO): :func:`paired_delta`."""
+    out = []
+    for row in rows:
+        first = same_axes(rows, row.name)[0]
+        if first.name != row.name and (d := paired_delta(row.name, first.name, results, client)) is not None:
+            out.append(d)
     return out
 
 
@@ -233,6 +253,7 @@ def build_report(client: Any, parent: Any) -> AblationReport:
         mechanisms=[mechanism_row(row, results[row.name]) for row in rows],
         overall=overall,
         axis_deltas=axis_deltas(order, rows, results, client),
+        first_deltas=first_deltas(rows, results, client) if mode == "ladder" else [],
     )
 
 
@@ -282,10 +303,10 @@ def table_rows(report: AblationReport) -> list[dict[str, str]]:
     return out
 
 
-def axis_table_rows(report: AblationReport) -> list[dict[str, str]]:
-    """The axis comparisons as strings, one dict per pair (Markdown, HTML, the terminal)."""
+def paired_table_rows(deltas: Sequence[PairedDelta]) -> list[dict[str, str]]:
+    """Paired comparisons as strings, one dict per pair (Markdown, HTML, the terminal)."""
     out = []
-    for a in report.axis_deltas:
+    for a in deltas:
         d, e = a.delta, a.equal_samples.delta if a.equal_samples is not None else None
         out.append({
             "variant": a.variant,
@@ -302,20 +323,34 @@ def axis_table_rows(report: AblationReport) -> list[dict[str, str]]:
     return out
 
 
-def axis_markdown(report: AblationReport) -> list[str]:
-    """report.md's section of the axis comparisons (none without them)."""
-    rows = axis_table_rows(report)
-    if not rows:
-        return []
-    head = list(rows[0])
-    return [
-        "", "## Axis comparisons", "",
-        "Each variant against its twin at the first value of an axis (same techniques, same other settings): "
-        "Δ by seed = mean over the seeds both finished of avg@K(variant) − avg@K(twin), 95% CI Student t; "
-        "Δ problems and Δ at equal samples as Δ and Δ equal samples in the table above (paired over problems), on those seeds.", "",
-        "| " + " | ".join(head) + " |", "|" + "---|" * len(head),
-        *("| " + " | ".join(r[h] for h in head) + " |" for r in rows),
-    ]
+def axis_table_rows(report: AblationReport) -> list[dict[str, str]]:
+    """The axis comparisons as strings (:func:`paired_table_rows`)."""
+    return paired_table_rows(report.axis_deltas)
+
+
+PAIRED_LEGEND = ("Δ by seed = mean over the seeds both finished of avg@K(variant) − avg@K(vs), 95% CI Student t; "
+                 "Δ problems and Δ at equal samples as Δ and Δ equal samples in the table above (paired over problems), "
+                 "on those seeds.")
+SECTIONS = (
+    ("first_deltas", "Each rung against the first",
+     "Each rung against the first rung with its axis settings (naive GRPO), not the previous one. "),
+    ("axis_deltas", "Axis comparisons",
+     "Each variant against its twin at the first value of an axis (same techniques, same other settings): "),
+)
+"""The paired-comparison sections of report.md and report.html: (report field, title, lead)."""
+
+
+def paired_markdown(report: AblationReport) -> list[str]:
+    """report.md's sections of paired comparisons (none without them)."""
+    lines: list[str] = []
+    for attr, title, lead in SECTIONS:
+        rows = paired_table_rows(getattr(report, attr))
+        if rows:
+            head = list(rows[0])
+            lines += ["", f"## {title}", "", lead + PAIRED_LEGEND, "",
+                      "| " + " | ".join(head) + " |", "|" + "---|" * len(head),
+                      *("| " + " | ".join(r[h] for h in head) + " |" for r in rows)]
+    return lines
 
 
 def to_markdown(report: AblationReport, plots: dict[str, list[Path]], out_dir: Path) -> str:
@@ -344,7 +379,7 @@ def to_markdown(report: AblationReport, plots: dict[str, list[Path]], out_dir: P
         lines += ["| " + " | ".join(r[h] for h in head) + " |" for r in rows]
     else:
         lines.append("No finished child run yet.")
-    lines += axis_markdown(report)
+    lines += paired_markdown(report)
     lines += mechanisms_markdown(report)
     if overall_text(report):
         lines += ["", f"**{overall_text(report)}.**"]
@@ -374,11 +409,12 @@ def to_html(report: AblationReport, plots: dict[str, list[Path]], out_dir: Path)
         *("<tr>" + "".join(f"<td>{esc(r[h])}</td>" for h in head) + "</tr>" for r in rows),
         "</table>",
     ]
-    axis_rows = axis_table_rows(report)
-    if axis_rows:
-        parts += ["<h2>Axis comparisons</h2>",
-                  "<table border='1' cellspacing='0' cellpadding='3'><tr>" + "".join(f"<th>{esc(h)}</th>" for h in axis_rows[0]) + "</tr>",
-                  *("<tr>" + "".join(f"<td>{esc(v)}</td>" for v in r.values()) + "</tr>" for r in axis_rows), "</table>"]
+    for attr, title, _ in SECTIONS:
+        paired = paired_table_rows(getattr(report, attr))
+        if paired:
+            parts += [f"<h2>{esc(title)}</h2>",
+                      "<table border='1' cellspacing='0' cellpadding='3'><tr>" + "".join(f"<th>{esc(h)}</th>" for h in paired[0]) + "</tr>",
+                      *("<tr>" + "".join(f"<td>{esc(v)}</td>" for v in r.values()) + "</tr>" for r in paired), "</table>"]
     mech = mechanism_table_rows(report)
     if mech:
         parts += ["<h2>Mechanisms (what each technique acts on)</h2>",
@@ -420,6 +456,11 @@ def summary_metrics(report: AblationReport) -> dict[str, float]:
     out: dict[str, float] = {}
     keys = {row.name: f"variants/{row.position}_{re.sub(r'[^A-Za-z0-9_.-]', '.', short_variant(row.name)).strip('.')}"
             for row in report.rows}
+    for f in report.first_deltas:
+        out[f"{keys[f.variant]}.delta_vs_first_by_seed"] = f.seed_mean
+        out[f"{keys[f.variant]}.delta_vs_first_by_seed_ci95"] = f.seed_half
+        if f.delta is not None:
+            out[f"{keys[f.variant]}.delta_vs_first"] = f.delta.diff
     for a in report.axis_deltas:
         out[f"{keys[a.variant]}.delta_by_seed_{a.axis}"] = a.seed_mean
         out[f"{keys[a.variant]}.delta_by_seed_{a.axis}_ci95"] = a.seed_half

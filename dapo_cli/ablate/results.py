@@ -125,14 +125,11 @@ class Overall:
 
 
 @dataclass
-class AxisDelta:
-    """A variant against the one that differs from it only in one axis, set to that axis's first value
-    (``dapo@max_staleness=1`` − ``dapo@max_staleness=0``): Δ paired by seed and paired over problems."""
+class PairedDelta:
+    """A variant against a reference variant: Δ paired by seed (over the seeds both finished) and paired over problems."""
 
     variant: str
     vs: str
-    axis: str
-    """The axis as variant names spell it (``max_staleness``)."""
     seeds: list[int]
     """The seeds both finished: the pairs of the by-seed Δ."""
     seed_diffs: list[float]
@@ -142,6 +139,15 @@ class AxisDelta:
     """Half-width of the Student t 95% interval of ``seed_diffs`` (NaN for one pair)."""
     delta: PairedComparison | None = None
     equal_samples: EqualSamples | None = None
+
+
+@dataclass
+class AxisDelta(PairedDelta):
+    """A variant against the one that differs from it only in one axis, set to that axis's first value
+    (``dapo@max_staleness=1`` − ``dapo@max_staleness=0``)."""
+
+    axis: str = ""
+    """The axis as variant names spell it (``max_staleness``)."""
 
 
 @dataclass
@@ -162,3 +168,5 @@ class AblationReport:
     """Ladders of 3+ rungs: the last rung against the first (among the rungs with the first row's axis settings)."""
     axis_deltas: list[AxisDelta] = field(default_factory=list)
     """With ``--axis``: each variant against its twin at the first value of each axis."""
+    first_deltas: list[PairedDelta] = field(default_factory=list)
+    """Ladders: each rung after the first against the first (naive GRPO) with its axis settings."""

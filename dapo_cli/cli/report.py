@@ -233,7 +233,7 @@ def print_report(result: AblationReport, out: Console | None = None) -> None:
             out.print(Text(overall_text(result) + "."))
         print_mechanisms(result, out)
         print_equal_samples(rows, out, ladder=ladder)
-        print_axis_deltas(result, out)
+        print_paired(result, out)
     if result.missing:
         out.print(f"not finished: {', '.join(result.missing)}", highlight=False, markup=False)
 
@@ -297,18 +297,21 @@ def print_equal_samples(rows: list[dict[str, str]], out: Console, *, ladder: boo
                    "(the smaller of the two rungs' samples per seed) + 5%; same paired bootstrap."))
 
 
-def print_axis_deltas(result: AblationReport, out: Console) -> None:
-    """With ``--axis``: each variant against its twin at the first value of each axis, in a table of its own
-    (in a narrow terminal, the variants as their run labels: ``DAPO@ms=1``)."""
-    from dapo_cli.ablate.report import axis_table_rows
+def print_paired(result: AblationReport, out: Console) -> None:
+    """A ladder's rungs against the first, and with ``--axis`` each variant against its twin at the first value of each
+    axis: one table each (in a narrow terminal, the variants as their run labels: ``DAPO@ms=1``)."""
+    from dapo_cli.ablate.report import paired_table_rows
     from dapo_cli.ablate.variants import short_variant
 
-    rows = axis_table_rows(result)
-    if not rows:
-        return
-    heads = [h for h in rows[0] if h in ("variant", "vs") or any(r[h] != "—" for r in rows)]
-    if out.width < wide_width(rows, heads):
-        rows = [{**r, "variant": short_variant(r["variant"]), "vs": short_variant(r["vs"])} for r in rows]
-    print_table(out, rows, heads, "Δ between axis values, at the same techniques")
-    out.print(Text("Δ by seed: mean over the seeds both finished of the paired avg@K differences, 95% CI Student t; "
-                   "Δ problems: paired bootstrap over problems on those seeds."))
+    sections = ((result.first_deltas, "Δ of each rung to the first"),
+                (result.axis_deltas, "Δ between axis values, at the same techniques"))
+    for deltas, title in sections:
+        rows = paired_table_rows(deltas)
+        if not rows:
+            continue
+        heads = [h for h in rows[0] if h in ("variant", "vs") or any(r[h] != "—" for r in rows)]
+        if out.width < wide_width(rows, heads):
+            rows = [{**r, "variant": short_variant(r["variant"]), "vs": short_variant(r["vs"])} for r in rows]
+        print_table(out, rows, heads, title)
+        out.print(Text("Δ by seed: mean over the seeds both finished of the paired avg@K differences, 95% CI Student t; "
+                       "Δ problems: paired bootstrap over problems on those seeds."))

@@ -324,7 +324,7 @@ def test_curves_by_samples_start_at_the_base_validation() -> None:
 @pytest.mark.slow
 def test_a_ladder_reports_its_last_rung_against_its_first(tmp_path: Path) -> None:
     from dapo_cli.ablate.variants import LADDER_NAMES
-    from dapo_cli.ablate.report import overall_text, summary_markdown
+    from dapo_cli.ablate.report import overall_text, summary_markdown, to_markdown
 
     first, middle, last = LADDER_NAMES[0], LADDER_NAMES[4], LADDER_NAMES[5]
     # K = 4 on 5 problems, one seed: first acc [0, 0, 1, 1, .5] (mean .5), last [1, 1, 1, 1, .5] (mean .9):
@@ -345,6 +345,19 @@ def test_a_ladder_reports_its_last_rung_against_its_first(tmp_path: Path) -> Non
     assert text.startswith("Naive GRPO → + Dynamic Sampling (DAPO) (last rung − first, paired over problems): Δ +40.0 [")
     assert "; -50.0 [" in text and "at equal generated samples (@0 vs @2)" in text
     assert text in summary_markdown(report)
+    # every rung against the first: middle [.5, .5, 1, 1, .5] (mean .7) − first → [.5, .5, 0, 0, 0], +.2 over
+    # problems and by seed (one seed: .7 − .5, no t interval); last − first +.4 as above
+    mid, end = report.first_deltas
+    assert (mid.variant, mid.vs, end.variant, end.vs) == (middle, first, last, first)
+    assert mid.seeds == [0] and mid.seed_diffs == [pytest.approx(0.2)] and math.isnan(mid.seed_half)
+    assert mid.delta.diff == pytest.approx(0.2) and end.delta.diff == pytest.approx(0.4) and end.seed_mean == pytest.approx(0.4)
+    assert end.equal_samples.delta.diff == pytest.approx(-0.5)  # the overall comparison's equal-samples Δ
+    markdown = to_markdown(report, {"step": [], "samples": []}, tmp_path)
+    section = markdown.split("## Each rung against the first")[1].split("##")[0]
+    assert f"| {middle} | {first} | +20.0 | — | 1 | +20.0 | [" in section and f"| {last} | {first} | +40.0 |" in section
+    metrics = summary_metrics(report)
+    assert [v for k, v in metrics.items() if k.endswith(".delta_vs_first")] == [pytest.approx(0.2), pytest.approx(0.4)]
     # two rungs: the last-vs-first comparison is the table's own Δ, so none is added
     client2, _, outcome2 = record_ladder(tmp_path / "two", "abl-2", 2, [first, last], 1, fake)
-    assert build_report(client2, client2.get_run(outcome2.parent_run_id)).overall is None
+    two = build_report(client2, client2.get_run(outcome2.parent_run_id))
+    assert two.overall is None and [d.variant for d in two.first_deltas] == [last]
