@@ -6,7 +6,8 @@ from its metric history (training steps ``>= 1``, non-finite values dropped), th
 the variant's seeds that logged the metric; NaN (shown "—") when none did:
 
 * ``entropy_start`` / ``entropy_end``: mean ``actor/entropy`` (nats/token) over the first and the last
-  :data:`ENTROPY_WINDOW` logged steps. Clip-higher's target: the entropy collapse of Naive GRPO;
+  :data:`ENTROPY_WINDOW` logged steps (every window here: at most half the logged steps, so a short run's first
+  and last windows do not overlap). Clip-higher's target: the entropy collapse of Naive GRPO;
 * ``clip_high`` / ``clip_low``: mean over steps of ``actor/clipfrac_high`` / ``actor/clipfrac_low``, the
   share of tokens whose ratio hit the upper / lower clip bound (clip-higher raises the upper one); a child trained
   with another policy loss logs its own at its own level instead (:data:`CLIP_KEYS`): GSPO the share of responses
@@ -89,8 +90,10 @@ def training_values(curve: dict[int, float]) -> list[float]:
 
 
 def window_mean(curve: dict[int, float], n: int, *, last: bool = False) -> float:
-    """Mean over the first (``last``: the last) ``n`` logged training steps; NaN when none."""
+    """Mean over the first (``last``: the last) ``n`` logged training steps, at most half of them (one when only one
+    is logged), so that a short run's start and end windows never overlap; NaN when none."""
     values = training_values(curve)
+    n = min(n, max(1, len(values) // 2))
     return mean_or_nan(values[-n:] if last else values[:n])
 
 
@@ -160,22 +163,22 @@ def _arrow(a: float, b: float, spec: str, scale: float = 1.0) -> str:
 
 MECHANISM_LEGEND = {
     "entropy start→end (nats/token)": "clip-higher: actor/entropy, mean of the first and of the last 5 steps "
-                                      "(Naive GRPO's entropy collapses)",
+                                      "(at most half the steps each) (Naive GRPO's entropy collapses)",
     "clip high %": "clip-higher: tokens whose ratio hit the upper bound 1+ε_high (actor/clipfrac_high; policy_loss gspo: "
                    "responses, actor/seq_clipfrac_high; cispo: tokens whose IS weight was capped, actor/is_clipfrac_high)",
     "clip low %": "clip-higher: tokens whose ratio hit the lower bound 1−ε_low (actor/clipfrac_low; gspo and cispo: "
                   "their own, as for clip high)",
     "masked %": "rollout correction: trained responses geo_mask dropped or opsm masked (rollout/masked_seq_frac)",
     "truncated % early→late": "overlong filtering / shaping: responses cut at the length limit, first and last 10 "
-                              "steps (overlong/truncated_frac)",
+                              "steps (at most half the steps each) (overlong/truncated_frac)",
     "truncated on a correct path %": "overlong filtering: truncated responses doing the work of a correct response "
                                      "of their group, over steps with truncation (overlong/truncated_on_correct_path_frac)",
     "truncated looping %": "overlong shaping: truncated responses that loop (overlong/truncated_looping_frac)",
     "length spread early→late (tokens)": "token-level loss: within-group std of response lengths, first and last 10 "
-                                         "steps (response_length/group_std_mean)",
+                                         "steps (at most half the steps each) (response_length/group_std_mean)",
     "length (tokens)": "token-level loss: mean response length (response_length/mean)",
     "informative groups % early→late": "dynamic sampling: groups neither all-correct nor all-wrong, first and last "
-                                       "10 steps (train/kept_group_frac)",
+                                       "10 steps (at most half the steps each) (train/kept_group_frac)",
     "samples": "dynamic sampling's cost: generated samples per seed (train/samples_generated)",
 }
 """Column → the technique it is for and the metric behind it (report.md's legend)."""

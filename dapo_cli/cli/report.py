@@ -107,7 +107,7 @@ NARROW_HEADS = {
     "Δ 95% CI (paired)": ("ΔCI", "its 95% CI (paired bootstrap over problems)"),
     "P(Δ>0)": ("P>0", "share of resamples with Δ > 0"),
     "truncated %": ("tr%", "truncated responses %"),
-    "truncated % early→late": ("tr%", "truncated responses %, first → last 10 steps"),
+    "truncated % early→late": ("tr%", "truncated responses %, first → last 10 steps (at most half the steps each)"),
     "kept groups %": ("kp%", "kept groups %"),
     "samples": ("smp", "generated samples per seed"),
     "seeds": ("n", "seeds"),
@@ -122,15 +122,15 @@ NARROW_HEADS = {
     "Δ equal samples 95% CI": ("ΔsCI", "its 95% CI"),
     "equal-samples steps": ("steps", "validation step used, this rung vs its reference, per seed"),
     "equal-samples budget": ("budget", "generated samples per seed both are held to (+5% slack)"),
-    "entropy start→end (nats/token)": ("ent", "entropy, first → last 5 steps (nats/token)"),
+    "entropy start→end (nats/token)": ("ent", "entropy, first → last 5 steps (at most half the steps each; nats/token)"),
     "clip high %": ("cl+", "tokens clipped at the upper bound %"),
     "clip low %": ("cl-", "tokens clipped at the lower bound %"),
     "masked %": ("msk", "responses a rollout correction dropped or masked %"),
     "truncated on a correct path %": ("trP", "truncated on a correct path %"),
     "truncated looping %": ("trL", "truncated looping %"),
-    "length spread early→late (tokens)": ("sd", "within-group length std (tokens), first → last 10 steps"),
+    "length spread early→late (tokens)": ("sd", "within-group length std (tokens), first → last 10 steps (at most half the steps each)"),
     "length (tokens)": ("len", "mean response length (tokens)"),
-    "informative groups % early→late": ("inf", "informative groups %, first → last 10 steps"),
+    "informative groups % early→late": ("inf", "informative groups %, first → last 10 steps (at most half the steps each)"),
 }
 """Abbreviated headers (and their legend lines) for terminals too narrow for :data:`SHORT_HEADS`."""
 

@@ -60,7 +60,7 @@ def test_mechanism_numbers_per_child_then_mean_over_seeds() -> None:
               response_length__group_std_mean={1: 10.0, 2: 20.0}, response_length__mean={1: 100.0, 2: 300.0},
               overlong__truncated_frac={s: 0.3 if s <= 10 else 0.0 for s in range(1, 26)},
               train__kept_group_frac=kept0)
-    # seed 1: constant entropy .2 over 3 steps (fewer than 5: each window is all of them); never truncated
+    # seed 1: constant entropy .2 over 3 steps (fewer than 10: each window is one step); never truncated
     b = child(1, steps=25, samples_per_step=16.0, actor__entropy={1: 0.2, 2: 0.2, 3: 0.2},
               actor__clipfrac_high={1: 0.004}, response_length__group_std_mean={1: 40.0},
               response_length__mean={1: 100.0}, train__kept_group_frac={1: 0.6})
@@ -75,8 +75,9 @@ def test_mechanism_numbers_per_child_then_mean_over_seeds() -> None:
     assert m.truncated_on_path == pytest.approx(0.75) and m.truncated_looping == pytest.approx(0.25)
     # truncated: seed 0 .3 for steps 1..10, then 0 → early .3, late 0; seed 1 never logged it
     assert (m.truncated_early, m.truncated_late) == (pytest.approx(0.3), pytest.approx(0.0))
-    # length spread: seed 0 steps 1, 2 (fewer than 10: both windows) mean 15; seed 1 40 → (15 + 40) / 2
-    assert m.spread_early == m.spread_late == pytest.approx((15.0 + 40.0) / 2)
+    # length spread: seed 0 logged steps 1, 2 only (each window at most half of them: one step) → early 10,
+    # late 20; seed 1 one step, 40 in both → early (10 + 40) / 2 = 25, late (20 + 40) / 2 = 30
+    assert (m.spread_early, m.spread_late) == (pytest.approx(25.0), pytest.approx(30.0))
     assert m.length_mean == pytest.approx((200.0 + 100.0) / 2)
     # informative: seed 0 early .8, late .2; seed 1 (one step) .6 both → early .7, late .4
     assert (m.informative_early, m.informative_late) == (pytest.approx(0.7), pytest.approx(0.4))
@@ -88,7 +89,7 @@ def test_mechanism_numbers_per_child_then_mean_over_seeds() -> None:
         "entropy start→end (nats/token)": "0.330→0.260",
         "clip high %": "0.30", "clip low %": "—", "masked %": "—",
         "truncated % early→late": "30.0→0.0", "truncated on a correct path %": "75.0", "truncated looping %": "25.0",
-        "length spread early→late (tokens)": "27.5→27.5", "length (tokens)": "150.0",
+        "length spread early→late (tokens)": "25.0→30.0", "length (tokens)": "150.0",
         "informative groups % early→late": "70.0→40.0", "samples": "400",
     }
 

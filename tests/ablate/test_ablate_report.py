@@ -227,11 +227,11 @@ def test_mechanisms_of_the_fake_children(store) -> None:
     client, parent, _, _, _ = store
     report = build_report(client, parent)
     m = report.mechanisms[0]
-    # fake: entropy 1 / step over steps 1..3 (fewer than 5: both windows are all three) → (1 + 1/2 + 1/3) / 3
-    assert m.entropy_start == m.entropy_end == pytest.approx(11 / 18)
-    # clip fractions .01 / .02, truncated .1 · step (mean .2), length 10 + step (mean 12), kept .25 at every step
+    # fake: entropy 1 / step over steps 1..3 (3 steps: each window at most half of them, one step) → 1 and 1/3
+    assert (m.entropy_start, m.entropy_end) == (pytest.approx(1.0), pytest.approx(1 / 3))
+    # clip fractions .01 / .02, truncated .1 · step (first .1, last .3), length 10 + step (mean 12), kept .25 at every step
     assert (m.clip_high, m.clip_low, m.truncated_early, m.truncated_late, m.length_mean) == (
-        pytest.approx(0.01), pytest.approx(0.02), pytest.approx(0.2), pytest.approx(0.2), pytest.approx(12.0))
+        pytest.approx(0.01), pytest.approx(0.02), pytest.approx(0.1), pytest.approx(0.3), pytest.approx(12.0))
     assert m.informative_early == m.informative_late == pytest.approx(0.25) and m.samples == 48
     # the fake logs no truncation causes and no length spread: "—"
     assert math.isnan(m.truncated_on_path) and math.isnan(m.truncated_looping) and math.isnan(m.spread_early)
@@ -242,15 +242,15 @@ def test_report_files_show_the_mechanisms_and_the_equal_samples_delta(store) -> 
     out = tmp / "runs" / "abl" / plan.name / "report"
     md = (out / "report.md").read_text()
     assert "## Mechanisms (what each technique acts on)" in md
-    assert "| 0 | grpo (Naive GRPO) | 0.611→0.611 | 1.00 | 2.00 | — | 20.0→20.0 | — | — | — | 12.0 | 25.0→25.0 | 48 |" in md
+    assert "| 0 | grpo (Naive GRPO) | 1.000→0.333 | 1.00 | 2.00 | — | 10.0→30.0 | — | — | — | 12.0 | 25.0→25.0 | 48 |" in md
     assert "- **clip high %**: clip-higher" in md and "Δ equal samples" in md and "5% slack" in md
     assert "| +15.0 | [+5.0, +25.0] | @3 vs @3 | 48 |" in md  # the rung-1 row's equal-samples columns
     data = json.loads((out / "report.json").read_text())
-    assert data["mechanisms"][0]["entropy_start"] == pytest.approx(11 / 18)
+    assert data["mechanisms"][0]["entropy_start"] == pytest.approx(1.0)
     assert data["mechanisms_table"][1]["clip low %"] == "2.00"
     assert data["rows"][1]["equal_samples"]["steps"] == [3, 3]
     page = (out / "report.html").read_text()
-    assert "<h2>Mechanisms (what each technique acts on)</h2>" in page and "<td>0.611→0.611</td>" in page
+    assert "<h2>Mechanisms (what each technique acts on)</h2>" in page and "<td>1.000→0.333</td>" in page
     assert "<th>Δ equal samples %</th>" in page
 
 
