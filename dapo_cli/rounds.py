@@ -35,7 +35,7 @@ from dapo_cli.engine.dist import Collective, SingleProcess
 from dapo_cli.errors import EnvironmentFailure
 from dapo_cli.rollout.base import RolloutEngine, Rollouts, SamplingParams
 from dapo_cli.rollout_worker import POLL_S, WorkerSpec, worker_main
-from dapo_cli.session import derive_seed
+from dapo_cli.runs import derive_seed
 
 START_TIMEOUT_S = 600.0
 """Longest the trainer waits for a worker to load its policy (a 32B folder from a slow disk takes minutes)."""

@@ -83,7 +83,7 @@ def test_the_synchronous_loop_has_no_staleness_rule_and_no_async_metrics():
 
 
 def test_the_planner_gives_each_step_the_synchronous_loops_seeds_whatever_is_planned_ahead():
-    from dapo_cli.session import derive_seed
+    from dapo_cli.runs import derive_seed
 
     cfg = config("trainer.seed=7")
     planner = RoundPlanner(PromptStream(PROMPTS, seed=0, shuffle=False), cfg, SingleProcess(), seeds_per_prompt=False)
