@@ -1,7 +1,7 @@
 """What a training run of either algorithm needs besides its loop: seeds, run tags, the run's datasets
 read once, the model's ``dapo_model.json``, and the checkpoint upload.
 
-``dapo train`` (``session.py``) and ``--algo direct-advantage`` (``direct_advantage/``) both import
+``dapo train`` (``train/session.py``) and ``--algo direct-advantage`` (``direct_advantage/``) both import
 from here; this module imports neither.
 """
 

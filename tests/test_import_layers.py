@@ -155,7 +155,7 @@ def test_cycles_finds_each_loop_and_nothing_else() -> None:
 def test_warm_start_sits_above_the_models_layer() -> None:
     # the one edge issue 27 ended last: models/ builds no policy; warmstart (above it) samples through the factory
     assert "dapo_cli.models.warmstart" not in MODULES and layer("dapo_cli.warmstart") is None
-    assert "dapo_cli.warmstart" in GRAPH["dapo_cli.session"] and "dapo_cli.components" in GRAPH["dapo_cli.warmstart"]
+    assert "dapo_cli.warmstart" in GRAPH["dapo_cli.train.session"] and "dapo_cli.components" in GRAPH["dapo_cli.warmstart"]
 
 
 def test_no_import_cycle() -> None:

@@ -16,7 +16,7 @@ from fakes import ScriptedRollout  # noqa: E402
 from dapo_cli.config import apply_techniques, load_config  # noqa: E402
 from dapo_cli.data.loader import Prompt, PromptStream  # noqa: E402
 from dapo_cli.engine.dist import SingleProcess  # noqa: E402
-from dapo_cli.rounds import InlineRounds, Round, RoundPlanner, WorkerRounds  # noqa: E402
+from dapo_cli.train.rounds import InlineRounds, Round, RoundPlanner, WorkerRounds  # noqa: E402
 from dapo_cli.train import collect_batch  # noqa: E402
 
 PROMPTS = [Prompt(text=f"p{k}", ground_truth=str(k), problem_id=str(k)) for k in range(40)]

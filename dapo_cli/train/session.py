@@ -1,4 +1,4 @@
-"""Plumbing of one training run, kept out of the loop in ``train.py``.
+"""Plumbing of one training run, kept out of the loop in ``loop.py``.
 
 ``TrainingSession.open`` builds (or restores from the last checkpoint) everything a
 run needs: policy, training engine, rollout engine, prompt stream, validation set,
