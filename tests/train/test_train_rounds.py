@@ -1,15 +1,16 @@
-"""Round sources (``rounds.py``): the staleness rule in ``collect_batch``, the worker process's rounds,
+"""Round sources (``dapo_cli/train/rounds.py``): the staleness rule in ``collect_batch``, the worker process's rounds,
 and where the checkpointed prompt stream points when rounds were drawn ahead."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent / "train"))
+sys.path.insert(0, str(Path(__file__).parent))
 
 from fakes import ScriptedRollout  # noqa: E402
 
@@ -172,3 +173,16 @@ def test_a_worker_that_dies_is_an_environment_failure(tiny_model_dir, engine_on_
         assert info.value.exit_code == ENVIRONMENT
     finally:
         worker.close()
+
+
+@pytest.mark.slow
+def test_the_worker_process_loads_its_module_without_the_training_loop():
+    """The spawned worker imports ``dapo_cli.train.worker``, so the package runs first: its re-exports of the
+    loop (``from dapo_cli.train import run_train``) load ``loop.py`` on first use, not then."""
+    code = (
+        "import sys, dapo_cli.train.worker, dapo_cli.train as package\n"
+        "assert 'dapo_cli.train.loop' not in sys.modules\n"
+        "assert package.run_train is sys.modules['dapo_cli.train.loop'].run_train\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
