@@ -21,9 +21,9 @@ The gap table, over the real response tokens (``|Δ|`` = |log p_a − log p_b|; 
   ``algorithm.rollout_is`` and of the decoupled objective of ``rollout.max_staleness > 0`` (before the cap);
 * ``trainer fp32 vs trainer bf16``: bf16 autocast's own rounding;
 * ``trainer fp32: 1 pass vs 2 micro-batches`` (and bf16): the same weights and rows, forwarded with other rows:
-  a separate old-log-prob pass (``update.fill_old_log_probs``) and the update's micro-batches group the rows
+  a separate old-log-prob pass (``train.update.fill_old_log_probs``) and the update's micro-batches group the rows
   differently, so ``r`` is the PPO ratio π_θ / π_old at θ = θ_old there; it is exactly 1 when the old
-  log-probs come from the update's own forward (``update.old_log_probs_from_update``).
+  log-probs come from the update's own forward (``config.schema.old_log_probs_from_update``).
 
 Columns ``>0.2`` / ``>1e-3`` / ``>tol``: the share of tokens with |r − 1| above the PPO clip ε = 0.2, above 1e-3,
 and above the conformance tolerance. The timing table: each trainer forward over the whole batch, no grad

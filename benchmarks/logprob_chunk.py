@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/logprob_chunk.py [--real] [--chunks 0 256 1024 4096] [--lengths 64] [--micro 64] [--repeats 2] [--threads 2]
 
-One policy update as ``dapo train`` runs it (``train.update_policy``: the shared-prompt forward, log-probs
+One policy update as ``dapo train`` runs it (``train.update.update_policy``: the shared-prompt forward, log-probs
 and entropy of the response tokens, the DAPO loss, backward, clipping, AdamW; old log-probs from the
 update's own forward) on 64 rows (8 prompts x 8) of synthetic prompts plus ``--lengths`` response tokens
 (``update_throughput.make_batch``; every row full length: the worst case of a length limit) in micro-batches of
@@ -39,7 +39,7 @@ def worker(spec: dict) -> None:
     from dapo_cli.config import apply_techniques, load_config
     from dapo_cli.engine.torch import TorchEngine
     from dapo_cli.models import load_policy
-    from dapo_cli.update import update_policy
+    from dapo_cli.train.update import update_policy
     from update_throughput import make_batch
 
     from dapo_cli.models.native import NativeLlama

@@ -38,7 +38,7 @@ against ~100 float32) and the script prints the two rates and skips the bf16 run
 
 dapo's split (median over its runs, from its MLflow ``timing/*`` metrics and a timer around
 scoring): generation, scoring, old log-probs (0 when they come from the update's own forward:
-``train.old_log_probs_from_update``), update (forward + backward + optimizer + metrics), and
+``config.schema.old_log_probs_from_update``), update (forward + backward + optimizer + metrics), and
 "other" (the rest of the wall step: MLflow logging, reporting). The floor table puts each phase's
 FLOP floor beside it (``benchmarks/flops.py``: counted FLOPs / the float32 matmul rate measured at
 the start and the end of this run, the better of the two).
@@ -153,7 +153,8 @@ def dapo_words(
 
 def dapo_worker(spec: dict) -> None:
     """Run ``dapo train`` in this process, recording each step's end and its scoring time."""
-    from dapo_cli import progress, train
+    from dapo_cli import progress
+    from dapo_cli.train import loop
 
     ends: list[float] = []
     scoring: list[float] = []
@@ -163,7 +164,7 @@ def dapo_worker(spec: dict) -> None:
         ends.append(time.perf_counter())
         return done(self, step, metrics)
 
-    score = train.score_and_shape
+    score = loop.score_and_shape
 
     def timed_score(batch, cfg):
         t0 = time.perf_counter()
@@ -171,7 +172,7 @@ def dapo_worker(spec: dict) -> None:
         scoring.append(time.perf_counter() - t0)
 
     progress.StepReporter.step_done = step_done
-    train.score_and_shape = timed_score
+    loop.score_and_shape = timed_score
     run_dapo_in_process(spec["words"])
     Path(spec["out"]).write_text(json.dumps({"step_ends": ends, "scoring": scoring}))
 

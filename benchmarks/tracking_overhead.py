@@ -47,7 +47,8 @@ SKIP = 4
 
 def worker(spec: dict) -> None:
     """``dapo train`` in this process with the tracker wrapped in a timer."""
-    from dapo_cli import progress, train
+    from dapo_cli import progress
+    from dapo_cli.train import loop
 
     calls: list[tuple[float, float, str]] = []  # (start, seconds, method)
     ends: list[float] = []
@@ -74,7 +75,7 @@ def worker(spec: dict) -> None:
                     calls.append((t0, time.perf_counter() - t0, name))
             return timed
 
-    original = train.open_tracker
+    original = loop.open_tracker
 
     @contextlib.contextmanager
     def open_timed(*a, **k):
@@ -82,7 +83,7 @@ def worker(spec: dict) -> None:
             yield Timed(tracker)
 
     progress.StepReporter.step_done = step_done
-    train.open_tracker = open_timed
+    loop.open_tracker = open_timed
     run_dapo_in_process(spec["words"])
     Path(spec["out"]).write_text(json.dumps({"ends": ends, "calls": calls}))
 

@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/update_throughput.py [--repeats 6] [--threads 2] [--length 64] [--ragged]
 
-The update is ``train.update_policy`` as ``dapo train`` runs it with one optimizer step per batch
+The update is ``train.update.update_policy`` as ``dapo train`` runs it with one optimizer step per batch
 (the old log-probs and entropy from the update's own forward): forward over ``[prompt ; response]``,
 log-probs and entropy of the response tokens, the DAPO loss, backward, gradient clipping and an
 AdamW step, on 64 rows (8 prompts x 8) of synthetic prompts plus ``--length`` response tokens
@@ -91,7 +91,7 @@ def time_updates(path: Path, length: int, repeats: int, ragged: bool) -> dict[tu
     from dapo_cli.config import apply_techniques, load_config
     from dapo_cli.engine.torch import TorchEngine
     from dapo_cli.models import load_policy
-    from dapo_cli.update import fill_old_log_probs, update_policy
+    from dapo_cli.train.update import fill_old_log_probs, update_policy
 
     cfg = apply_techniques(load_config(None, [
         "rollout.n=8", "data.train_batch_size=8", "trainer.ppo_mini_batch_size=8", "trainer.ppo_micro_batch_size=64",

@@ -1,5 +1,6 @@
-"""Imports point one way (docs/architecture.md): no cycle among dapo_cli modules, and the bottom layers
-(config/, algo/, data/, models/, rewards/) import nothing above them.
+"""Imports point one way (docs/architecture.md): no cycle among dapo_cli modules, the bottom layers
+(config/, algo/, data/, models/, rewards/) import nothing above them, and the two algorithms share only
+``runs.py``: neither ``train/`` nor ``direct_advantage/`` imports the other, and ``runs.py`` neither.
 
 Every ``dapo_cli`` module is parsed with ``ast``; an import anywhere in a module counts (one inside a
 function too: it runs, and ties the modules together all the same), except under ``if TYPE_CHECKING:``
@@ -18,6 +19,12 @@ PACKAGE = Path(__file__).resolve().parents[1] / "dapo_cli"
 
 BOTTOM_LAYERS = ("config", "algo", "data", "models", "rewards")
 """Packages that may import only each other and the leaf utilities below."""
+
+TRAIN, DIRECT_ADVANTAGE, RUNS = "dapo_cli.train", "dapo_cli.direct_advantage", "dapo_cli.runs"
+
+WING_RULES = ((RUNS, (TRAIN, DIRECT_ADVANTAGE)), (DIRECT_ADVANTAGE, (TRAIN,)), (TRAIN, (DIRECT_ADVANTAGE,)))
+"""``(package, packages it must not reach)``: what both algorithms share is in ``runs.py``, which imports neither;
+``direct_advantage/`` never loads the DAPO loop's package, nor ``train/`` direct-advantage."""
 
 LEAF_UTILITIES = ("dapo_cli", "dapo_cli.errors", "dapo_cli.fileio", "dapo_cli.hardware")
 """Modules the bottom layers may import besides each other: each imports no dapo_cli module
@@ -132,6 +139,32 @@ def layer(module: str) -> str | None:
     return parts[1] if len(parts) > 1 and parts[1] in BOTTOM_LAYERS else None
 
 
+def in_package(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def reachable(graph: dict[str, set[str]], module: str) -> set[str]:
+    """Every module ``module`` imports at run time, directly or through the modules it imports."""
+    seen: set[str] = set()
+    todo = [module]
+    while todo:
+        for target in graph.get(todo.pop(), ()):
+            if target not in seen:
+                seen.add(target)
+                todo.append(target)
+    return seen
+
+
+def wing_crossings(graph: dict[str, set[str]]) -> list[str]:
+    """``module -> target`` for each module of a :data:`WING_RULES` package that reaches a package it must not."""
+    return [
+        f"{module} -> {target}"
+        for package, forbidden in WING_RULES
+        for module in sorted(graph) if in_package(module, package)
+        for target in sorted(reachable(graph, module)) if any(in_package(target, f) for f in forbidden)
+    ]
+
+
 def test_the_walk_sees_the_package() -> None:
     # the walk finds real edges: top-level ones and a function-local one
     assert "dapo_cli.data.schema" in GRAPH["dapo_cli.data.prepare"]
@@ -155,7 +188,7 @@ def test_cycles_finds_each_loop_and_nothing_else() -> None:
 def test_warm_start_sits_above_the_models_layer() -> None:
     # the one edge issue 27 ended last: models/ builds no policy; warmstart (above it) samples through the factory
     assert "dapo_cli.models.warmstart" not in MODULES and layer("dapo_cli.warmstart") is None
-    assert "dapo_cli.warmstart" in GRAPH["dapo_cli.session"] and "dapo_cli.components" in GRAPH["dapo_cli.warmstart"]
+    assert "dapo_cli.warmstart" in GRAPH["dapo_cli.train.session"] and "dapo_cli.components" in GRAPH["dapo_cli.warmstart"]
 
 
 def test_no_import_cycle() -> None:
@@ -174,3 +207,35 @@ def test_bottom_layers_import_nothing_above_them() -> None:
 @pytest.mark.parametrize("leaf", LEAF_UTILITIES)
 def test_leaf_utilities_are_leaves(leaf: str) -> None:
     assert GRAPH[leaf] == set()
+
+
+def test_the_wing_rules_catch_a_crossing_direct_or_through_another_module() -> None:
+    graph = {
+        "dapo_cli.runs": {"dapo_cli.config"},
+        "dapo_cli.config": set(),
+        "dapo_cli.trainer_notes": set(),  # a name that only begins like the package is not in it
+        "dapo_cli.direct_advantage.run": {"dapo_cli.runs", "dapo_cli.trainer_notes"},
+        "dapo_cli.train.session": {"dapo_cli.runs"},
+        "dapo_cli.train.loop": {"dapo_cli.train.session"},
+    }
+    assert wing_crossings(graph) == []
+    graph["dapo_cli.config"] = {"dapo_cli.train.loop"}  # runs, and through it direct-advantage, now reach the loop
+    graph["dapo_cli.train.session"] = {"dapo_cli.runs", "dapo_cli.direct_advantage"}
+    graph["dapo_cli.direct_advantage"] = set()
+    assert wing_crossings(graph) == [
+        "dapo_cli.runs -> dapo_cli.direct_advantage",
+        "dapo_cli.runs -> dapo_cli.train.loop",
+        "dapo_cli.runs -> dapo_cli.train.session",
+        "dapo_cli.direct_advantage.run -> dapo_cli.train.loop",
+        "dapo_cli.direct_advantage.run -> dapo_cli.train.session",
+        "dapo_cli.train.loop -> dapo_cli.direct_advantage",
+        "dapo_cli.train.session -> dapo_cli.direct_advantage",
+    ]
+
+
+def test_the_algorithms_share_runs_and_import_each_other_not() -> None:
+    # the rules are about real modules: both algorithms import runs.py, and the training package holds the loop
+    assert RUNS in GRAPH["dapo_cli.direct_advantage.launch"] and RUNS in GRAPH["dapo_cli.train.session"]
+    assert "dapo_cli.train.loop" in GRAPH[TRAIN] and "dapo_cli.train.worker" in GRAPH["dapo_cli.train.rounds"]
+    crossings = wing_crossings(GRAPH)
+    assert crossings == [], "\n".join(crossings)

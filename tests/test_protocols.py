@@ -44,7 +44,7 @@ def implementations() -> list[tuple[type, type]]:
     from dapo_cli.rollout.fast import FastRolloutEngine
     from dapo_cli.rollout.hf import HFRolloutEngine
     from dapo_cli.rollout.vllm import VLLMRolloutEngine  # imports vLLM only when an engine is built
-    from dapo_cli.rounds import InlineRounds, RoundSource, WorkerRounds
+    from dapo_cli.train.rounds import InlineRounds, RoundSource, WorkerRounds
     from dapo_cli.tracking.background import BackgroundTracker
     from dapo_cli.tracking.base import NullTracker
     from dapo_cli.tracking.mlflow import MlflowTracker

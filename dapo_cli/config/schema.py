@@ -32,7 +32,7 @@ ROLLOUT_ENGINES: tuple[str, ...] = ("fast", "hf", "vllm")
 LOCAL_ROLLOUT_ENGINES: tuple[str, ...] = ("fast", "hf")
 """Rollout engines that sample with a module in this process (``components.build_policy_rollout``)."""
 ROLLOUT_WORKERS: tuple[str, ...] = ("auto", "inline", "process")
-"""``rollout.worker`` values: where training rollouts are generated (``dapo_cli/rounds.py``)."""
+"""``rollout.worker`` values: where training rollouts are generated (``dapo_cli/train/rounds.py``)."""
 
 
 @dataclass
@@ -467,7 +467,7 @@ def old_log_probs_from_update(cfg: Config) -> bool:
     π_old itself: its log-probs, detached, ARE the old log-probs (the ratio is exactly 1) and its
     entropy is the old policy's; with :func:`behaviour_correction` the same detached log-probs are
     π_prox of the decoupled objective, so its weights come from that forward too. Not with the KL
-    term (its reference forward stays in :func:`dapo_cli.update.fill_old_log_probs`), nor with a correction that
+    term (its reference forward stays in :func:`dapo_cli.train.update.fill_old_log_probs`), nor with a correction that
     drops responses (:data:`ROW_DROPPING_CORRECTIONS`: which ones it drops must be known from π_old before the
     update's denominators). Decided from the config alone, so every rank agrees.
     """

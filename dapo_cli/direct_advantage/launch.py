@@ -28,7 +28,7 @@ from dapo_cli.direct_advantage.run import (
 from dapo_cli.direct_advantage.store import STATE_FILE, RunStore
 from dapo_cli.errors import UserError
 from dapo_cli.fileio import write_json_atomic, write_text_atomic
-from dapo_cli.session import read_model_info, read_run_data, run_tags, upload_model
+from dapo_cli.runs import read_model_info, read_run_data, run_tags, upload_model
 
 
 def run_stem(cfg: Any) -> str:

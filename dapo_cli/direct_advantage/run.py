@@ -42,9 +42,7 @@ from dapo_cli.fileio import write_json_atomic, write_text_atomic
 from dapo_cli.progress import PhaseReporter
 from dapo_cli.engine.dist import Collective
 from dapo_cli.rollout.base import RolloutEngine, SamplingParams
-from dapo_cli.session import (
-    derive_seed,
-)
+from dapo_cli.runs import derive_seed
 
 SUMMARY_KEYS: dict[str, tuple[tuple[str, str, str], ...]] = {
     "generate": (("acc", "acc", "{:.3f}"), ("chosen", "chosen", "{:.0f}"), ("chosen_acc", "chosen acc", "{:.2f}")),

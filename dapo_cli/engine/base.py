@@ -3,7 +3,7 @@
 An engine owns the trainable policy (however it is wrapped or sharded), its
 optimizer and LR schedule, the frozen reference policy when a KL term needs one,
 and this process's place among the data-parallel ranks (``dist``). The loop in
-``train.py`` calls only what is declared here; ``torch.TorchEngine`` (one process,
+``train/loop.py`` calls only what is declared here; ``torch.TorchEngine`` (one process,
 or torch DDP under torchrun) and ``deepspeed.DeepSpeedEngine`` (ZeRO 0-3) implement it.
 
 One optimizer step over a mini-batch, on every rank::

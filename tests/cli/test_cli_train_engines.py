@@ -116,7 +116,7 @@ def test_each_engine_check_runs_once_per_train_command(tmp_path, monkeypatch, ti
 
     monkeypatch.setattr(preflight, "check_engines", counted("engines", preflight.check_engines))
     monkeypatch.setattr(rules, "check_engine", counted("engine rules", rules.check_engine))
-    import dapo_cli.session as session
+    import dapo_cli.train.session as session
 
     monkeypatch.setattr(session, "check_world_size", counted("world size", session.check_world_size))
     config = write_config(tmp_path, tiny_model_dir, steps=1)

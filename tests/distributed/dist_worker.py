@@ -27,9 +27,9 @@ from dapo_cli.config import apply_techniques, load_config  # noqa: E402
 from dapo_cli.data.loader import Prompt, PromptStream  # noqa: E402
 from dapo_cli.engine.dist import shutdown_process_group  # noqa: E402
 from dapo_cli.models import load_policy  # noqa: E402
-from dapo_cli.rounds import InlineRounds
+from dapo_cli.train.rounds import InlineRounds
 from dapo_cli.train import collect_batch, compute_advantages  # noqa: E402
-from dapo_cli.update import fill_old_log_probs, rollout_mismatch, update_policy  # noqa: E402
+from dapo_cli.train.update import fill_old_log_probs, rollout_mismatch, update_policy  # noqa: E402
 
 GROUPS = 8
 SAMPLES = 4

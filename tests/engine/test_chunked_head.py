@@ -18,7 +18,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, MistralConfig, MistralForC
 from dapo_cli.config.schema import EngineConfig
 from dapo_cli.engine.forward import PolicyLogProbs, plain_backbone, plain_log_probs, shared_prompt_log_probs
 from dapo_cli.engine.torch import TorchEngine
-from dapo_cli.update import micro_slices
+from dapo_cli.train.update import micro_slices
 
 from test_shared_prompt_forward import COMMON, CONFIGS, PAD, VOCAB, batch_of, build, forward_and_grads, ragged_rows
 

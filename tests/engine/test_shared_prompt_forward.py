@@ -31,7 +31,7 @@ from dapo_cli.engine.forward import (
     shared_prompt_supported,
 )
 from dapo_cli.engine.torch import TorchEngine
-from dapo_cli.update import micro_slices
+from dapo_cli.train.update import micro_slices
 
 VOCAB, PAD = 40, 0
 CHUNK = 5

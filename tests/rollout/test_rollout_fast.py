@@ -506,8 +506,8 @@ class _FakeRanks:
 def test_the_trainers_rollouts_do_not_depend_on_the_world_size(tok):
     from dapo_cli.config import apply_techniques, load_config
     from dapo_cli.data.loader import Prompt, PromptStream
-    from dapo_cli.session import derive_seed
-    from dapo_cli.rounds import InlineRounds
+    from dapo_cli.runs import derive_seed
+    from dapo_cli.train.rounds import InlineRounds
     from dapo_cli.train import collect_batch
 
     model = tiny(tok)

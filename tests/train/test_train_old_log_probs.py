@@ -30,10 +30,10 @@ from dapo_cli.data.loader import Prompt, PromptStream
 from dapo_cli.engine.torch import TorchEngine
 from dapo_cli.models import load_policy
 from dapo_cli.engine.dist import SingleProcess
-from dapo_cli.rounds import InlineRounds
+from dapo_cli.train.rounds import InlineRounds
 from dapo_cli.train import collect_batch, compute_advantages, step_metrics
 from dapo_cli.config.schema import behaviour_correction, old_log_probs_from_update
-from dapo_cli.update import fill_old_log_probs, rollout_mismatch, update_policy
+from dapo_cli.train.update import fill_old_log_probs, rollout_mismatch, update_policy
 
 GROUPS, SAMPLES = 4, 4
 
@@ -216,7 +216,7 @@ class Recorder:
 
 def recorded_run(tiny_model_dir, out, monkeypatch, *, mini: int, extra: tuple[str, ...] = ()) -> dict:
     """The metrics per step of a 2-step ``run_train`` on the tiny model (``mini``: mini-batch groups)."""
-    from dapo_cli import train
+    from dapo_cli.train import loop
 
     recorder = Recorder()
 
@@ -224,7 +224,7 @@ def recorded_run(tiny_model_dir, out, monkeypatch, *, mini: int, extra: tuple[st
     def fake_tracker(*_a, **_k):
         yield recorder
 
-    monkeypatch.setattr(train, "open_tracker", fake_tracker)
+    monkeypatch.setattr(loop, "open_tracker", fake_tracker)
     cfg = load_config(None, [
         f"model.path={tiny_model_dir}", "data.train_files=[synthetic:add-3digit]", "data.val_files=[]",
         "data.synthetic_train_size=32", f"data.train_batch_size={GROUPS}", "data.max_prompt_length=32",
@@ -236,7 +236,7 @@ def recorded_run(tiny_model_dir, out, monkeypatch, *, mini: int, extra: tuple[st
     ])
     cfg = apply_techniques(cfg, dynamic_sampling=False)
     assert old_log_probs_from_update(cfg) is (mini == GROUPS)
-    train.run_train(cfg, quiet=True)
+    loop.run_train(cfg, quiet=True)
     return recorder.metrics
 
 

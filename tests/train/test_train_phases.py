@@ -17,7 +17,7 @@ from dapo_cli.config import apply_techniques, load_config  # noqa: E402
 from dapo_cli.data.loader import Prompt, PromptStream  # noqa: E402
 from dapo_cli.errors import UserError  # noqa: E402
 from dapo_cli.engine.dist import SingleProcess
-from dapo_cli.rounds import InlineRounds
+from dapo_cli.train.rounds import InlineRounds
 from dapo_cli.train import collect_batch, compute_advantages, score_and_shape  # noqa: E402
 
 # Prompt "pK" has ground truth "K". Its kind decides how the G=4 samples answer:

@@ -18,9 +18,9 @@ from dapo_cli.data.loader import Prompt, PromptStream  # noqa: E402
 from dapo_cli.engine.torch import TorchEngine  # noqa: E402
 from dapo_cli.models import load_policy  # noqa: E402
 from dapo_cli.engine.dist import SingleProcess
-from dapo_cli.rounds import InlineRounds
+from dapo_cli.train.rounds import InlineRounds
 from dapo_cli.train import collect_batch, compute_advantages  # noqa: E402
-from dapo_cli.update import fill_old_log_probs, update_policy  # noqa: E402
+from dapo_cli.train.update import fill_old_log_probs, update_policy  # noqa: E402
 
 
 def script(prompt: str, j: int) -> tuple[str, int, bool]:
@@ -162,7 +162,7 @@ def test_optional_kl_penalty_to_a_frozen_reference(tiny_model_dir):
 
 def tis_grads(model_dir: Path, *, enable: bool, cap: float, shift: float) -> tuple[list[torch.Tensor], dict]:
     """Gradient of one update when the rollout engine's log-probs are the trainer's minus ``shift``."""
-    from dapo_cli.update import rollout_mismatch
+    from dapo_cli.train.update import rollout_mismatch
 
     cfg = apply_techniques(load_config(None, [
         "rollout.n=4", "data.train_batch_size=4", "trainer.ppo_mini_batch_size=4", "trainer.ppo_micro_batch_size=3",

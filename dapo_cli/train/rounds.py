@@ -9,9 +9,9 @@ steps: the initial policy is version 0, or the checkpoint's step after ``--resum
   newest weights.
 * :class:`WorkerRounds` (``rollout.worker: process``, auto when
   ``rollout.max_staleness > 0``): a worker process generates rounds ahead, up to ``max_staleness``
-  steps, while the trainer updates; its process is ``rollout_worker.py``.
+  steps, while the trainer updates; its process is ``worker.py``.
 
-``train.collect_batch`` asks a source for rounds one at a time and decides (staleness, dynamic
+``loop.collect_batch`` asks a source for rounds one at a time and decides (staleness, dynamic
 sampling) what to train on; the source decides nothing. Every rank has its own source; requests
 are made in the same order on every rank, so round ``j`` of a step is the same prompts' shares.
 """
@@ -34,8 +34,8 @@ from dapo_cli.engine.base import TrainingEngine
 from dapo_cli.engine.dist import Collective, SingleProcess
 from dapo_cli.errors import EnvironmentFailure
 from dapo_cli.rollout.base import RolloutEngine, Rollouts, SamplingParams
-from dapo_cli.rollout_worker import POLL_S, WorkerSpec, worker_main
-from dapo_cli.session import derive_seed
+from dapo_cli.runs import derive_seed
+from dapo_cli.train.worker import POLL_S, WorkerSpec, worker_main
 
 START_TIMEOUT_S = 600.0
 """Longest the trainer waits for a worker to load its policy (a 32B folder from a slow disk takes minutes)."""
@@ -52,7 +52,7 @@ class Round:
 
 
 class RoundSource(Protocol):
-    """Rounds for ``train.collect_batch``, and what the loop tells the source around each update."""
+    """Rounds for ``loop.collect_batch``, and what the loop tells the source around each update."""
 
     def next_round(self, step: int) -> Round:
         """The next round for ``step`` (blocks until it is generated)."""
@@ -152,7 +152,7 @@ class Pending:
 
 
 class WorkerRounds:
-    """A :class:`~dapo_cli.rounds.RoundSource` whose rounds a worker process generates, up to
+    """A :class:`~dapo_cli.train.rounds.RoundSource` whose rounds a worker process generates, up to
     ``rollout.max_staleness`` steps ahead (0: each round on request, with the newest weights, as inline)."""
 
     def __init__(

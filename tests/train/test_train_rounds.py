@@ -1,22 +1,23 @@
-"""Round sources (``rounds.py``): the staleness rule in ``collect_batch``, the worker process's rounds,
+"""Round sources (``dapo_cli/train/rounds.py``): the staleness rule in ``collect_batch``, the worker process's rounds,
 and where the checkpointed prompt stream points when rounds were drawn ahead."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent / "train"))
+sys.path.insert(0, str(Path(__file__).parent))
 
 from fakes import ScriptedRollout  # noqa: E402
 
 from dapo_cli.config import apply_techniques, load_config  # noqa: E402
 from dapo_cli.data.loader import Prompt, PromptStream  # noqa: E402
 from dapo_cli.engine.dist import SingleProcess  # noqa: E402
-from dapo_cli.rounds import InlineRounds, Round, RoundPlanner, WorkerRounds  # noqa: E402
+from dapo_cli.train.rounds import InlineRounds, Round, RoundPlanner, WorkerRounds  # noqa: E402
 from dapo_cli.train import collect_batch  # noqa: E402
 
 PROMPTS = [Prompt(text=f"p{k}", ground_truth=str(k), problem_id=str(k)) for k in range(40)]
@@ -83,7 +84,7 @@ def test_the_synchronous_loop_has_no_staleness_rule_and_no_async_metrics():
 
 
 def test_the_planner_gives_each_step_the_synchronous_loops_seeds_whatever_is_planned_ahead():
-    from dapo_cli.session import derive_seed
+    from dapo_cli.runs import derive_seed
 
     cfg = config("trainer.seed=7")
     planner = RoundPlanner(PromptStream(PROMPTS, seed=0, shuffle=False), cfg, SingleProcess(), seeds_per_prompt=False)
@@ -172,3 +173,16 @@ def test_a_worker_that_dies_is_an_environment_failure(tiny_model_dir, engine_on_
         assert info.value.exit_code == ENVIRONMENT
     finally:
         worker.close()
+
+
+@pytest.mark.slow
+def test_the_worker_process_loads_its_module_without_the_training_loop():
+    """The spawned worker imports ``dapo_cli.train.worker``, so the package runs first: its re-exports of the
+    loop (``from dapo_cli.train import run_train``) load ``loop.py`` on first use, not then."""
+    code = (
+        "import sys, dapo_cli.train.worker, dapo_cli.train as package\n"
+        "assert 'dapo_cli.train.loop' not in sys.modules\n"
+        "assert package.run_train is sys.modules['dapo_cli.train.loop'].run_train\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]

@@ -37,7 +37,7 @@ from dapo_cli.config.objectives import correction_args, loss_args
 from dapo_cli.config.schema import behaviour_correction
 from dapo_cli.engine.base import TrainingEngine
 from dapo_cli.engine.dist import Collective, reduce_sums
-from dapo_cli.session import derive_seed
+from dapo_cli.runs import derive_seed
 
 
 @torch.no_grad()

@@ -18,7 +18,7 @@ the step trains on the groups it has (``filter_groups.on_exhausted: train``) ins
 stalling; (3) a collapse guard stops the run after ``trainer.collapse_patience`` steps
 without any informative group (every group all-right or all-wrong gives no gradient).
 
-Asynchronous rollouts (``rollout.max_staleness = k > 0``, ``rollout_worker.py``): a worker process
+Asynchronous rollouts (``rollout.max_staleness = k > 0``, ``worker.py``): a worker process
 generates the next steps' rounds while the trainer updates; a round sampled more than ``k`` versions
 before the policy being updated is dropped, and the loss is the decoupled objective
 (``algo/staleness.py``: clip around the recomputed π_old, behaviour weight min(π_old / π_rollout, C)).
@@ -50,10 +50,10 @@ from dapo_cli.diagnostics import contains_answer, group_length_spread, loops, on
 from dapo_cli.engine.dist import Collective, SingleProcess, gather_cat, reduce_sums
 from dapo_cli.errors import UserError
 from dapo_cli.rewards import score_batch
-from dapo_cli.rounds import Round, RoundSource, open_rounds
-from dapo_cli.session import TrainingSession
 from dapo_cli.signals import sigint_deferred
-from dapo_cli.update import (
+from dapo_cli.train.rounds import Round, RoundSource, open_rounds
+from dapo_cli.train.session import TrainingSession
+from dapo_cli.train.update import (
     fill_old_log_probs,
     rollout_mismatch,
     update_policy,
