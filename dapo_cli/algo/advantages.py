@@ -109,7 +109,7 @@ ADVANTAGE_ESTIMATORS: tuple[str, ...] = tuple(_ESTIMATORS)
 
 
 def group_advantages(
-    scores: torch.Tensor, group_ids: GroupIds, *, estimator: str = "grpo", eps: float = 1e-6
+    scores: torch.Tensor, group_ids: GroupIds, *, estimator: str, eps: float = 1e-6
 ) -> torch.Tensor:
     """Advantage of each response relative to its group.
 

@@ -237,10 +237,10 @@ def policy_loss(
     advantages: torch.Tensor,
     mask: torch.Tensor,
     *,
-    clip_ratio_low: float = 0.2,
-    clip_ratio_high: float = 0.28,
-    clip_ratio_c: float | None = None,
-    loss_agg_mode: str = "token-mean",
+    clip_ratio_low: float,
+    clip_ratio_high: float,
+    clip_ratio_c: float | None,
+    loss_agg_mode: str,
     global_tokens: Count | None = None,
     global_seqs: Count | None = None,
     norm_length: int | None = None,
@@ -252,6 +252,8 @@ def policy_loss(
     old_log_prob: ``[B, T]`` the same under the behaviour policy (treated as a constant).
     advantages:   ``[B]`` (broadcast over T) or ``[B, T]`` (treated as a constant).
     mask:         ``[B, T]`` bool or 0/1 float, True on response tokens that enter the loss.
+    clip_ratio_low / clip_ratio_high / clip_ratio_c / loss_agg_mode: required, no defaults here (the paper's values
+    are the schema's: ``algorithm.clip_ratio_low`` / ``clip_ratio_high`` / ``clip_ratio_c`` / ``loss_agg_mode``).
 
     .. math::
         r = \\exp(\\operatorname{clamp}(\\log\\pi - \\log\\pi_{old}, -20, 20)),\\quad

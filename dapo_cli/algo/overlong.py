@@ -20,7 +20,7 @@ import torch
 
 
 def overlong_penalty(
-    lengths: torch.Tensor, max_length: int, buffer_length: int, penalty_factor: float = 1.0
+    lengths: torch.Tensor, *, max_length: int, buffer_length: int, penalty_factor: float
 ) -> torch.Tensor:
     """Soft overlong punishment (DAPO Eq. 13) times ``penalty_factor``.
 
@@ -28,7 +28,8 @@ def overlong_penalty(
     Returns float32 ``[N]``: 0 for ``L <= Lmax - Lcache``; ``((Lmax - Lcache) - L) / Lcache
     * factor`` for ``Lmax - Lcache < L <= Lmax`` (reaching ``-factor`` at ``L = Lmax``);
     ``-factor`` for ``L > Lmax``. ``buffer_length`` (:math:`L_{cache}`) must lie in
-    ``(0, max_length]``, else ValueError.
+    ``(0, max_length]``, else ValueError. No defaults: the paper's values are the schema's
+    (``rollout.max_response_length``, ``algorithm.overlong_buffer.len`` / ``penalty_factor``).
     """
     if not 0 < buffer_length <= max_length:
         raise ValueError(

@@ -30,7 +30,7 @@ from dapo_cli.algo.importance import SAMPLER_LOGPROB_TOL
 from dapo_cli.config.lint_base import ERROR, RULES, WARN, Finding, Rule, rule  # noqa: F401 (re-exported)
 from dapo_cli.config.objectives import SEQUENCE_MEAN_LOSSES
 from dapo_cli.config.schema import Config, behaviour_correction, old_log_probs_from_update
-from dapo_cli.config.techniques import PAPER_CLIP_RATIO_HIGH, technique_state
+from dapo_cli.config.techniques import PAPER_CLIP_RATIO_HIGH, PAPER_CLIP_RATIO_LOW, technique_state
 from dapo_cli.hardware import CpuBf16, cpu_bf16
 
 PAPER_EVAL_TOP_P = 0.7
@@ -127,7 +127,7 @@ def clip_inverted(cfg: Config) -> list[Finding]:
         ERROR, "algorithm.clip_ratio_high",
         f"epsilon_high={algo.clip_ratio_high} < epsilon_low={algo.clip_ratio_low}: the upper clip is tighter "
         "than the lower one, the opposite of Clip-Higher",
-        f"set algorithm.clip_ratio_high >= clip_ratio_low (paper: {PAPER_CLIP_RATIO_HIGH} vs 0.2)",
+        f"set algorithm.clip_ratio_high >= clip_ratio_low (paper: {PAPER_CLIP_RATIO_HIGH} vs {PAPER_CLIP_RATIO_LOW})",
     )]
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from dapo_cli.config.schema import Config
+from dapo_cli.config.schema import AlgorithmConfig, Config
 
 TECHNIQUES = ("overlong_filtering", "clip_higher", "overlong_shaping", "token_level_loss", "dynamic_sampling")
 """In the order of the DAPO paper's Table 1 (each rung adds the next one)."""
@@ -31,8 +31,11 @@ TECHNIQUE_KEYS = (
 """The schema fields the techniques are derived from (:func:`technique_state` reads them, :func:`apply_techniques`
 writes all but ``clip_ratio_low``): owned by the technique toggles."""
 
-PAPER_CLIP_RATIO_HIGH = 0.28
-"""epsilon_high that clip-higher switches on when the config has it equal to epsilon_low."""
+PAPER_CLIP_RATIO_LOW: float = AlgorithmConfig().clip_ratio_low
+"""The schema's default epsilon_low (the paper's 0.2): read from ``config/schema.py``, never written again."""
+PAPER_CLIP_RATIO_HIGH: float = AlgorithmConfig().clip_ratio_high
+"""epsilon_high that clip-higher switches on when the config has it equal to epsilon_low: the schema's default
+(the paper's 0.28), read from ``config/schema.py``, never written again."""
 
 
 def technique_state(cfg: Config) -> dict[str, bool]:

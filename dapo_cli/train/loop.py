@@ -93,7 +93,7 @@ def score_and_shape(batch: RolloutBatch, cfg: Config) -> None:
     rewards = batch.scores.clone()
     if algo.overlong_buffer.enable:
         rewards += overlong_penalty(
-            batch.lengths, cfg.rollout.max_response_length, algo.overlong_buffer.len, algo.overlong_buffer.penalty_factor
+            batch.lengths, max_length=cfg.rollout.max_response_length, buffer_length=algo.overlong_buffer.len, penalty_factor=algo.overlong_buffer.penalty_factor
         )
     batch.rewards = rewards
     keep = overlong_filter_mask(batch.truncated) if algo.overlong_filter else torch.ones(len(batch), dtype=torch.bool)

@@ -104,9 +104,9 @@ def test_all_equal_groups_are_exactly_zero(estimator):
 
 
 def test_dtype_follows_scores():
-    assert group_advantages(torch.tensor([1, 0, 1]), [0, 0, 0]).dtype == torch.float32
-    assert group_advantages(torch.tensor([1.0, 0.0], dtype=torch.float16), [0, 0]).dtype == torch.float32
-    assert group_advantages(torch.tensor([1.0, 0.0], dtype=torch.float64), [0, 0]).dtype == torch.float64
+    assert group_advantages(torch.tensor([1, 0, 1]), [0, 0, 0], estimator="grpo").dtype == torch.float32
+    assert group_advantages(torch.tensor([1.0, 0.0], dtype=torch.float16), [0, 0], estimator="grpo").dtype == torch.float32
+    assert group_advantages(torch.tensor([1.0, 0.0], dtype=torch.float64), [0, 0], estimator="grpo").dtype == torch.float64
 
 
 def test_group_index_follows_first_appearance():
@@ -120,8 +120,8 @@ def test_errors():
     with pytest.raises(ValueError, match="grpo, dr_grpo, rloo"):
         group_advantages(torch.tensor([1.0, 0.0]), [0, 0], estimator="ppo")
     with pytest.raises(ValueError, match="2 entries"):
-        group_advantages(torch.tensor([1.0, 0.0]), [0, 0, 1])
+        group_advantages(torch.tensor([1.0, 0.0]), [0, 0, 1], estimator="grpo")
     with pytest.raises(ValueError, match="integer"):
-        group_advantages(torch.tensor([1.0, 0.0]), torch.tensor([0.0, 1.0]))
+        group_advantages(torch.tensor([1.0, 0.0]), torch.tensor([0.0, 1.0]), estimator="grpo")
     with pytest.raises(ValueError, match="1-D"):
-        group_advantages(torch.zeros(2, 2), [0, 0])
+        group_advantages(torch.zeros(2, 2), [0, 0], estimator="grpo")

@@ -8,7 +8,10 @@ import math
 import pytest
 import torch
 
-from dapo_cli.algo.losses import LOSS_AGG_MODES, aggregate_loss, global_counts, masked_mean, policy_loss
+from functools import partial
+
+from dapo_cli.algo.losses import LOSS_AGG_MODES, aggregate_loss, global_counts, masked_mean
+from dapo_cli.algo.losses import policy_loss as dapo_policy_loss
 from dapo_cli.algo.objectives import POLICY_LOSS_NAMES, SEQUENCE_METRICS, get_policy_loss
 
 # Six tokens in one response, eps_low = 0.2, eps_high = 0.28 (clip range [0.8, 1.28]), c = 3.
@@ -23,6 +26,9 @@ ADV = torch.tensor([[1.0, 1.0, -1.0, -1.0, -1.0, 2.0]], dtype=torch.float64)
 RATIO = torch.tensor([[1.5, 0.5, 0.5, 1.5, 4.0, 1.1]], dtype=torch.float64)
 PPO_TOKENS = [-1.28, -0.5, 0.8, 1.5, 4.0, -2.2]
 DUAL_TOKENS = [-1.28, -0.5, 0.8, 1.5, 3.0, -2.2]
+
+# policy_loss has no defaults: the paper's values (DAPO Eq. 10, token-level loss, no dual clip), passed explicitly.
+policy_loss = partial(dapo_policy_loss, clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=None, loss_agg_mode="token-mean")
 
 
 def _clip_case(clip_ratio_c=None):

@@ -15,23 +15,23 @@ def test_soft_punishment_every_region_and_boundary():
     #   L > 20: -1               (21, 100)
     lengths = torch.tensor([0, 10, 15, 16, 18, 20, 21, 100])
     expected = torch.tensor([0.0, 0.0, 0.0, -0.2, -0.6, -1.0, -1.0, -1.0])
-    got = overlong_penalty(lengths, max_length=20, buffer_length=5)
+    got = overlong_penalty(lengths, max_length=20, buffer_length=5, penalty_factor=1.0)
     assert got.dtype == torch.float32
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-7)
     # penalty_factor scales every region: 0.5 * the above.
-    torch.testing.assert_close(overlong_penalty(lengths, 20, 5, penalty_factor=0.5), expected * 0.5, rtol=0, atol=1e-7)
+    torch.testing.assert_close(overlong_penalty(lengths, max_length=20, buffer_length=5, penalty_factor=0.5), expected * 0.5, rtol=0, atol=1e-7)
 
 
 def test_buffer_equal_to_max_length():
     # Lmax = Lcache = 4 -> the buffer starts at 0: L = 0 -> 0, L = 1 -> -1/4, L = 2 -> -0.5, L = 4 -> -1, L = 5 -> -1.
-    got = overlong_penalty(torch.tensor([0, 1, 2, 4, 5]), max_length=4, buffer_length=4)
+    got = overlong_penalty(torch.tensor([0, 1, 2, 4, 5]), max_length=4, buffer_length=4, penalty_factor=1.0)
     torch.testing.assert_close(got, torch.tensor([0.0, -0.25, -0.5, -1.0, -1.0]), rtol=0, atol=1e-7)
 
 
 @pytest.mark.parametrize("buffer_length", [0, -1, 21])
 def test_invalid_buffer_length(buffer_length):
     with pytest.raises(ValueError, match=r"buffer_length must be in \(0, max_length=20\]"):
-        overlong_penalty(torch.tensor([1]), max_length=20, buffer_length=buffer_length)
+        overlong_penalty(torch.tensor([1]), max_length=20, buffer_length=buffer_length, penalty_factor=1.0)
 
 
 def test_filter_mask_drops_truncated_responses():

@@ -93,15 +93,16 @@ def test_geo_mask_drops_rows_from_the_loss_and_its_denominator():
     mask = torch.ones(3, 4, dtype=torch.bool)
     adv = torch.tensor([1.0, -1.0, 0.5], dtype=torch.float64)
     a, _ = decoupled_policy_loss(logp, prox, behav, adv, mask, correction="geo_mask", correction_args={"geo_bound": 1.001},
-                                 loss="dapo", clip_ratio_low=0.2, clip_ratio_high=0.28, loss_agg_mode="token-mean")
+                                 loss="dapo", clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=None, loss_agg_mode="token-mean")
     kept = mask.clone()
     kept[1] = False
-    b, _ = policy_loss(logp, prox, adv, kept)
+    b, _ = policy_loss(logp, prox, adv, kept, clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=None, loss_agg_mode="token-mean")
     assert float(a.detach()) == pytest.approx(float(b.detach()), abs=1e-12)
     # with global counts, the caller counts only the kept rows (ROW_FILTERS): the same loss again
     counts = global_counts(kept, "token-mean")
     c, _ = decoupled_policy_loss(logp, prox, behav, adv, mask, correction="geo_mask", correction_args={"geo_bound": 1.001},
-                                 loss="dapo", clip_ratio_low=0.2, clip_ratio_high=0.28, loss_agg_mode="token-mean", **counts)
+                                 loss="dapo", clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=None, loss_agg_mode="token-mean",
+                                 **counts)
     assert float(c.detach()) == pytest.approx(float(b.detach()), abs=1e-12)
 
 
