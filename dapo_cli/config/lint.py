@@ -121,7 +121,7 @@ def clip_inverted(cfg: Config) -> list[Finding]:
     rejects an inverted clip too, so ``dapo lint`` exits 2 on it before the rules run; the rule
     still guards configs built in code without validation."""
     algo = cfg.algorithm
-    if not algo.clip_ratio_high < algo.clip_ratio_low:
+    if not algo.clip_inverted:
         return []
     return [Finding(
         ERROR, "algorithm.clip_ratio_high",
@@ -188,7 +188,7 @@ def technique_off(cfg: Config) -> list[Finding]:
     for technique, (key, what, fix) in _TECHNIQUE_OFF.items():
         if state[technique]:
             continue
-        if technique == "clip_higher" and (algo.clip_ratio_high < algo.clip_ratio_low or algo.policy_loss != "dapo"):
+        if technique == "clip_higher" and (algo.clip_inverted or algo.policy_loss != "dapo"):
             continue  # inverted: clip-inverted; another loss does not read DAPO's clip: setting-ignored
         if technique == "token_level_loss" and algo.policy_loss in SEQUENCE_MEAN_LOSSES:
             continue  # their own objective is the sequence mean: sequence-loss-aggregation

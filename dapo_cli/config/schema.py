@@ -260,6 +260,18 @@ class AlgorithmConfig:
         "stale weights (docs/objectives.md)",
     )
 
+    @property
+    def clip_higher(self) -> bool:
+        """Clip-Higher is on (DAPO §3.1): ``clip_ratio_high > clip_ratio_low``; equal is off (how ``--no-clip-higher``
+        writes it). The one place this is decided: techniques, lint and validation read it."""
+        return self.clip_ratio_high > self.clip_ratio_low
+
+    @property
+    def clip_inverted(self) -> bool:
+        """``clip_ratio_high < clip_ratio_low``: the upper clip tighter than the lower, neither on nor off (validation
+        rejects it; lint's ``clip-inverted``)."""
+        return self.clip_ratio_high < self.clip_ratio_low
+
 
 @dataclass
 class RewardConfig:

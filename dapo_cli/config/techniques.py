@@ -4,7 +4,7 @@ A technique is *derived* from the schema fields it controls, never stored twice:
 
 =====================  ==============================================================
 overlong_filtering     ``algorithm.overlong_filter``
-clip_higher            ``algorithm.clip_ratio_high > algorithm.clip_ratio_low``
+clip_higher            ``algorithm.clip_ratio_high > algorithm.clip_ratio_low`` (``AlgorithmConfig.clip_higher``)
 overlong_shaping       ``algorithm.overlong_buffer.enable`` (soft overlong punishment)
 token_level_loss       ``algorithm.loss_agg_mode == "token-mean"`` (else seq-mean-token-mean)
 dynamic_sampling       ``algorithm.filter_groups.enable``
@@ -43,7 +43,7 @@ def technique_state(cfg: Config) -> dict[str, bool]:
     algo = cfg.algorithm
     return {
         "overlong_filtering": algo.overlong_filter,
-        "clip_higher": algo.clip_ratio_high > algo.clip_ratio_low,
+        "clip_higher": algo.clip_higher,
         "overlong_shaping": algo.overlong_buffer.enable,
         "token_level_loss": algo.loss_agg_mode == "token-mean",
         "dynamic_sampling": algo.filter_groups.enable,
@@ -63,7 +63,7 @@ def apply_techniques(cfg: Config, **toggles: bool | None) -> Config:
         on = toggles["clip_higher"]
         if not on:
             changes["clip_ratio_high"] = algo.clip_ratio_low
-        elif algo.clip_ratio_high <= algo.clip_ratio_low:
+        elif not algo.clip_higher:
             changes["clip_ratio_high"] = PAPER_CLIP_RATIO_HIGH
     if toggles.get("overlong_shaping") is not None:
         changes["overlong_buffer"] = dataclasses.replace(algo.overlong_buffer, enable=toggles["overlong_shaping"])

@@ -12,6 +12,7 @@ from dapo_cli.config.schema import (  # noqa: F401 (ConfigError re-exported)
     require,
     uses_worker,
 )
+from dapo_cli.config.techniques import PAPER_CLIP_RATIO_HIGH, PAPER_CLIP_RATIO_LOW
 from dapo_cli.config.validate_direct_advantage import check_direct_advantage
 
 MAX_AVG_K = 4096
@@ -110,12 +111,12 @@ def validate(cfg: Config) -> None:
     """Reject configs that cannot run or cannot mean what they say."""
     check_direct_advantage(cfg)  # algo, and the section of the one it does not use (first: its message is the one that helps)
     algo, rollout, trainer, data = cfg.algorithm, cfg.rollout, cfg.trainer, cfg.data
-    require(0.0 < algo.clip_ratio_low < 1.0, f"algorithm.clip_ratio_low={algo.clip_ratio_low} must be in (0, 1); the paper uses 0.2")
-    require(algo.clip_ratio_high >= 0.0, f"algorithm.clip_ratio_high={algo.clip_ratio_high} must be >= 0; the paper uses 0.28 (set it equal to clip_ratio_low to turn clip-higher off)")
+    require(0.0 < algo.clip_ratio_low < 1.0, f"algorithm.clip_ratio_low={algo.clip_ratio_low} must be in (0, 1); the paper uses {PAPER_CLIP_RATIO_LOW}")
+    require(algo.clip_ratio_high >= 0.0, f"algorithm.clip_ratio_high={algo.clip_ratio_high} must be >= 0; the paper uses {PAPER_CLIP_RATIO_HIGH} (set it equal to clip_ratio_low to turn clip-higher off)")
     require(
-        algo.clip_ratio_high >= algo.clip_ratio_low,
+        not algo.clip_inverted,
         f"algorithm.clip_ratio_high={algo.clip_ratio_high} must be >= algorithm.clip_ratio_low={algo.clip_ratio_low}; "
-        "equal turns clip-higher off (the paper uses 0.28 vs 0.2)",
+        f"equal turns clip-higher off (the paper uses {PAPER_CLIP_RATIO_HIGH} vs {PAPER_CLIP_RATIO_LOW})",
     )
     require(algo.clip_ratio_c is None or algo.clip_ratio_c > 1.0, f"algorithm.clip_ratio_c={algo.clip_ratio_c} must be > 1 (e.g. 3.0) or null to turn the dual clip off")
     buf = algo.overlong_buffer
