@@ -96,9 +96,7 @@ def train_words(plan: AblationPlan, child: Child, config_path: str | None, sets:
     axes = [f"{key}={value}" for key, value in child.variant.axes]
     for item in [*sets, *axes, f"trainer.seed={child.seed}", f"trainer.run_name={child.run_name}", label]:
         words += ["--set", item]
-    for name, on in child.variant.toggles:
-        flag = name.replace("_", "-")
-        words.append(f"--{flag}" if on else f"--no-{flag}")
+    words += child.variant.techniques.flags()
     return words
 
 

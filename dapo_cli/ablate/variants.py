@@ -38,11 +38,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dapo_cli.config import TECHNIQUES, Config, apply_techniques, flatten, technique_state
+from dapo_cli.config import TECHNIQUES, Config, flatten, technique_state
 from dapo_cli.config.load import from_dict, override_config, parse_override
 from dapo_cli.config.schema import PLANNING_SECTIONS, ConfigError
 from dapo_cli.config.versions import before_value, declaration, split_version, upgrade
-from dapo_cli.config.techniques import TECHNIQUE_KEYS, variant_name
+from dapo_cli.config.techniques import TECHNIQUE_KEYS, Techniques, variant_name
 from dapo_cli.config.validate import validate
 from dapo_cli.errors import UserError
 
@@ -96,8 +96,13 @@ class Variant:
     axes: tuple[tuple[str, str], ...] = ()
     """The axis settings of this variant, ``(key, value)`` as ``--set key=value`` spells it, in the axes' order."""
 
+    @property
+    def techniques(self) -> Techniques:
+        """``toggles`` as the one typed toggle object (the rest None: as in the config)."""
+        return Techniques(**dict(self.toggles))
+
     def toggle_dict(self) -> dict[str, bool]:
-        return dict(self.toggles)
+        return self.techniques.given()
 
 
 @dataclass(frozen=True)
@@ -134,7 +139,7 @@ class AblationPlan:
 
     def child_config(self, child: Child) -> Config:
         """The base config with the variant's toggles and axis settings, the child's seed and run name; validated."""
-        cfg = apply_techniques(self.base, **child.variant.toggle_dict())
+        cfg = child.variant.techniques.apply(self.base)
         cfg = override_config(cfg, [f"{key}={value}" for key, value in child.variant.axes])
         cfg = dataclasses.replace(
             cfg,
@@ -152,13 +157,14 @@ class AblationPlan:
 
 
 def _variant(base: Config, toggles: dict[str, bool]) -> Variant:
-    state = technique_state(apply_techniques(base, **toggles))
+    techniques = Techniques(**toggles)
+    state = technique_state(techniques.apply(base))
     name = variant_name(state)
     rung = LADDER_NAMES.index(name) if name in LADDER_NAMES else None
     return Variant(
         name=name,
         label=LADDER_LABELS[rung] if rung is not None else "",
-        toggles=tuple((t, toggles[t]) for t in TECHNIQUES if t in toggles),
+        toggles=tuple(techniques.given().items()),
         state=tuple((t, state[t]) for t in TECHNIQUES),
         paper=PAPER_AIME24_AVG32[rung] if rung is not None else None,
     )

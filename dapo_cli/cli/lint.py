@@ -21,6 +21,7 @@ from dapo_cli.cli.options import (
     TokenLevelLossToggle,
     resolve,
 )
+from dapo_cli.config.techniques import Techniques
 from dapo_cli.config import lint as rules
 
 EXAMPLES = [
@@ -50,15 +51,9 @@ def lint(
     --strict: 1 on any finding), 2 when the config cannot be loaded. The config is resolved
     as dapo train resolves it: YAML, then --set, then the technique toggles.
     """
-    cfg = resolve(
-        config,
-        sets,
-        clip_higher=clip_higher,
-        dynamic_sampling=dynamic_sampling,
-        token_level_loss=token_level_loss,
-        overlong_shaping=overlong_shaping,
-        overlong_filtering=overlong_filtering,
-    )
+    cfg = resolve(config, sets, Techniques(clip_higher=clip_higher, dynamic_sampling=dynamic_sampling,
+                                           token_level_loss=token_level_loss, overlong_shaping=overlong_shaping,
+                                           overlong_filtering=overlong_filtering))
     findings = rules.lint(cfg)
     if as_json:
         typer.echo(json.dumps(rules.findings_json(findings), indent=2, ensure_ascii=False))

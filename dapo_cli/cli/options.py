@@ -13,8 +13,9 @@ from typing import Annotated
 import typer
 
 from dapo_cli.cli.common import Panel
-from dapo_cli.config import Config, apply_techniques, flatten
+from dapo_cli.config import Config, flatten
 from dapo_cli.config.load import ConfigError, build_config, parse_override
+from dapo_cli.config.techniques import PAPER_CLIP_RATIO_HIGH, Techniques, toggle_flag  # noqa: F401 (toggle_flag re-exported)
 from dapo_cli.config.validate import validate
 from dapo_cli.tracking import PARENT_RUN_ENV
 
@@ -30,11 +31,15 @@ def _toggle(name: str, what: str) -> object:
                         rich_help_panel=Panel.TECHNIQUES)
 
 
-ClipHigherToggle = Annotated[bool | None, _toggle("clip-higher", "Decoupled clip: epsilon_high 0.28 vs = epsilon_low")]
+ClipHigherToggle = Annotated[bool | None, _toggle("clip-higher", f"Decoupled clip: epsilon_high {PAPER_CLIP_RATIO_HIGH} vs = epsilon_low")]
 DynamicSamplingToggle = Annotated[bool | None, _toggle("dynamic-sampling", "Keep only groups with mixed accuracy, resample to fill")]
 TokenLevelLossToggle = Annotated[bool | None, _toggle("token-level-loss", "token-mean vs seq-mean-token-mean aggregation")]
 OverlongShapingToggle = Annotated[bool | None, _toggle("overlong-shaping", "Soft overlong punishment (Eq. 13)")]
 OverlongFilteringToggle = Annotated[bool | None, _toggle("overlong-filtering", "Drop truncated responses from the loss")]
+
+CLI_ORDER = ("clip_higher", "dynamic_sampling", "token_level_loss", "overlong_shaping", "overlong_filtering")
+"""The order `dapo train` and `dapo lint` declare the toggles in (their --help's), which a recorded command line and
+a message listing the given toggles follow."""
 
 
 @dataclass(frozen=True)
@@ -61,7 +66,7 @@ DRY_RUN_FLAGS = {"world_size": "--world-size", "gpus_per_node": "--gpus-per-node
 """The `dapo train` flag of each :class:`DryRunOptions` field, for messages."""
 
 
-def resolve(config: str | None, sets: list[str] | None, **toggles: bool | None) -> Config:
+def resolve(config: str | None, sets: list[str] | None, techniques: Techniques = Techniques()) -> Config:
     """YAML → ``--set`` overrides → technique toggles → validation (once, of the final config).
 
     Validating only at the end lets a toggle make a config valid, e.g.
@@ -71,22 +76,16 @@ def resolve(config: str | None, sets: list[str] | None, **toggles: bool | None) 
     set), whose variant toggles are meant to override the ablation's ``--set``.
     """
     cfg = build_config(config, sets or ())
-    if any(v is not None for v in toggles.values()):
-        toggled = apply_techniques(cfg, **toggles)
+    if techniques.given():
+        toggled = techniques.apply(cfg)
         if not os.environ.get(PARENT_RUN_ENV):
-            check_toggles_keep_sets(cfg, toggled, sets or (), toggles)
+            check_toggles_keep_sets(cfg, toggled, sets or (), techniques)
         cfg = toggled
     validate(cfg)
     return cfg
 
 
-def toggle_flag(name: str, on: bool) -> str:
-    """``clip_higher``, False → ``--no-clip-higher``."""
-    flag = name.replace("_", "-")
-    return f"--{flag}" if on else f"--no-{flag}"
-
-
-def check_toggles_keep_sets(before: Config, after: Config, sets: list[str] | tuple[str, ...], toggles: dict[str, bool | None]) -> None:
+def check_toggles_keep_sets(before: Config, after: Config, sets: list[str] | tuple[str, ...], techniques: Techniques) -> None:
     """Every value a ``--set`` gave is still there after the technique toggles; else a ConfigError
     naming both, e.g. ``--no-clip-higher contradicts --set algorithm.clip_ratio_high=0.28``.
 
@@ -101,9 +100,9 @@ def check_toggles_keep_sets(before: Config, after: Config, sets: list[str] | tup
             continue
         leaf = changed[0]
         culprits = [
-            toggle_flag(name, bool(on))
-            for name, on in toggles.items()
-            if on is not None and flatten(apply_techniques(before, **{name: on}))[leaf] != old[leaf]
+            toggle_flag(name, on)
+            for name, on in techniques.given(CLI_ORDER).items()
+            if flatten(Techniques(**{name: on}).apply(before))[leaf] != old[leaf]
         ]
         flag = culprits[0] if culprits else "a technique toggle"
         raise ConfigError(

@@ -18,6 +18,7 @@ import typer
 
 from dapo_cli.cli.common import Panel, QuietOption, SetOption, VerboseOption, console, err_console, verbosity
 from dapo_cli.cli.options import (
+    CLI_ORDER,
     DRY_RUN_FLAGS,
     ClipHigherToggle,
     ConfigArg,
@@ -29,6 +30,7 @@ from dapo_cli.cli.options import (
     resolve,
 )
 from dapo_cli.config.schema import ALGO_DIRECT_ADVANTAGE, ALGOS
+from dapo_cli.config.techniques import Techniques
 from dapo_cli.tracking import PARENT_RUN_ENV
 
 EXAMPLES = [
@@ -70,19 +72,11 @@ def train(
     from_phase: Annotated[str | None, typer.Option("--from-phase", help="direct-advantage: rerun the latest iteration from this phase (generate, mc_values, critic, advantages, actor, evaluate), reusing the stored earlier ones.", show_default="none: a new run", rich_help_panel=Panel.ALGO)] = None,
 ) -> None:
     """Train a policy with DAPO (or any subset of its techniques) and record the run in MLflow."""
-    toggles = {"clip-higher": clip_higher, "dynamic-sampling": dynamic_sampling, "token-level-loss": token_level_loss,
-               "overlong-shaping": overlong_shaping, "overlong-filtering": overlong_filtering}
+    toggles = Techniques(clip_higher=clip_higher, dynamic_sampling=dynamic_sampling, token_level_loss=token_level_loss,
+                         overlong_shaping=overlong_shaping, overlong_filtering=overlong_filtering)
     if algo is not None or iterations is not None:
         sets = algo_overrides(sets, algo, iterations, toggles)
-    cfg = resolve(
-        config,
-        sets,
-        clip_higher=clip_higher,
-        dynamic_sampling=dynamic_sampling,
-        token_level_loss=token_level_loss,
-        overlong_shaping=overlong_shaping,
-        overlong_filtering=overlong_filtering,
-    )
+    cfg = resolve(config, sets, toggles)
     dry = DryRunOptions(world_size=world_size, gpus_per_node=gpus_per_node, gpu_memory_gib=gpu_memory_gib,
                         as_json=as_json, as_yaml=as_yaml)
     if cfg.algo == ALGO_DIRECT_ADVANTAGE or from_phase is not None:
@@ -214,14 +208,14 @@ def print_results(summary: dict[str, Any], *, as_json: bool) -> None:
 
 
 def command_line(
-    name: str, config: str | None, sets: list[str] | None, toggles: dict[str, bool | None], *, resume: bool = False,
+    name: str, config: str | None, sets: list[str] | None, toggles: Techniques, *, resume: bool = False,
     from_phase: str | None = None,
 ) -> str:
     """The command as parsed (recorded as the run's ``dapo.command`` tag), quoted for a shell."""
     words = ["dapo", name, *([config] if config else [])]
     for item in sets or ():
         words += ["--set", item]
-    words += [f"--{k}" if v else f"--no-{k}" for k, v in toggles.items() if v is not None]
+    words += toggles.flags(CLI_ORDER)
     if resume:
         words.append("--resume")
     if from_phase:
@@ -232,13 +226,13 @@ def command_line(
 # ---------------------------------------------------------------- --algo direct-advantage
 
 
-def algo_overrides(sets: list[str] | None, algo: str | None, iterations: int | None, toggles: dict[str, bool | None]) -> list[str]:
+def algo_overrides(sets: list[str] | None, algo: str | None, iterations: int | None, toggles: Techniques) -> list[str]:
     """``--algo`` and ``--iterations`` as ``--set`` overrides (applied after the YAML, validated with it)."""
     from dapo_cli.errors import UserError
 
     if algo is not None and algo not in ALGOS:
         raise UserError(f"--algo {algo}: unknown algorithm; valid: {', '.join(ALGOS)}")
-    used = [f"--{k}" if v else f"--no-{k}" for k, v in toggles.items() if v is not None]
+    used = toggles.flags(CLI_ORDER)
     if algo == ALGO_DIRECT_ADVANTAGE and used:
         raise UserError(f"{', '.join(used)}: DAPO technique toggles do not apply to --algo direct-advantage; drop them")
     out = list(sets or [])
@@ -284,6 +278,6 @@ def train_direct_advantage(
 
     check_engines(cfg)  # before a run dir is claimed or an MLflow run opened
     run_direct_advantage(
-        cfg, resume=resume, from_phase=from_phase, command=command_line("train", config, sets, {}, resume=resume, from_phase=from_phase),
+        cfg, resume=resume, from_phase=from_phase, command=command_line("train", config, sets, Techniques(), resume=resume, from_phase=from_phase),
         parent_run_id=os.environ.get(PARENT_RUN_ENV) or None, extra_tags=extra_tags_from_env(),
     )

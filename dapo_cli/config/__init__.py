@@ -7,13 +7,14 @@ from pathlib import Path
 
 from dapo_cli.config.load import ConfigError, build_config, dump_saved, dump_yaml, flatten, to_dict
 from dapo_cli.config.schema import Config
-from dapo_cli.config.techniques import TECHNIQUES, apply_techniques, technique_state
+from dapo_cli.config.techniques import TECHNIQUES, Techniques, apply_techniques, technique_state
 from dapo_cli.config import validate as _rules  # the module: ``config.validate`` stays the submodule
 
 __all__ = [
     "Config",
     "ConfigError",
     "TECHNIQUES",
+    "Techniques",
     "apply_techniques",
     "dump_saved",
     "dump_yaml",

@@ -14,6 +14,8 @@ dynamic_sampling       ``algorithm.filter_groups.enable``
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from dapo_cli.config.schema import AlgorithmConfig, Config
 
@@ -72,6 +74,43 @@ def apply_techniques(cfg: Config, **toggles: bool | None) -> Config:
     if toggles.get("dynamic_sampling") is not None:
         changes["filter_groups"] = dataclasses.replace(algo.filter_groups, enable=toggles["dynamic_sampling"])
     return dataclasses.replace(cfg, algorithm=dataclasses.replace(algo, **changes))
+
+
+@dataclass(frozen=True)
+class Techniques:
+    """The five technique toggles as one typed object: True switches a technique on, False off, None leaves the
+    config as it is. ``dapo train`` / ``dapo lint`` build it from their ``--[no-]<technique>`` flags, an ablation
+    variant from its rung; :meth:`apply` writes it into a config (:func:`apply_techniques`), :meth:`of` reads a
+    config's full state (:func:`technique_state`), :meth:`flags` spells it as those flags."""
+
+    overlong_filtering: bool | None = None
+    clip_higher: bool | None = None
+    overlong_shaping: bool | None = None
+    token_level_loss: bool | None = None
+    dynamic_sampling: bool | None = None
+
+    @classmethod
+    def of(cls, cfg: Config) -> Techniques:
+        """Every technique as ``cfg`` has it (none left None)."""
+        return cls(**technique_state(cfg))
+
+    def given(self, order: Sequence[str] = TECHNIQUES) -> dict[str, bool]:
+        """``{technique: on}`` for the toggles that are set, in ``order`` (default: the paper's)."""
+        return {name: on for name in order if (on := getattr(self, name)) is not None}
+
+    def apply(self, cfg: Config) -> Config:
+        """A copy of ``cfg`` with the set toggles written (:func:`apply_techniques`)."""
+        return apply_techniques(cfg, **self.given())
+
+    def flags(self, order: Sequence[str] = TECHNIQUES) -> list[str]:
+        """The set toggles as ``dapo train`` flags, e.g. ``["--no-clip-higher"]``, in ``order``."""
+        return [toggle_flag(name, on) for name, on in self.given(order).items()]
+
+
+def toggle_flag(name: str, on: bool) -> str:
+    """``clip_higher``, False → ``--no-clip-higher``: a technique's ``dapo train`` / ``dapo lint`` flag."""
+    flag = name.replace("_", "-")
+    return f"--{flag}" if on else f"--no-{flag}"
 
 
 def variant_name(state: dict[str, bool]) -> str:

@@ -24,6 +24,7 @@ from dapo_cli.ablate.variants import (
 from dapo_cli.ablate.child import train_words
 from dapo_cli.cli.options import resolve
 from dapo_cli.config import TECHNIQUES, load_config, technique_state
+from dapo_cli.config.techniques import Techniques
 from dapo_cli.config.load import build_config, override_config
 from dapo_cli.errors import UserError
 
@@ -191,7 +192,7 @@ def resolve_words(words: list[str], config_path: str | None):
     sets_typed = [args[i + 1] for i, w in enumerate(args) if w == "--set"]
     toggles = {w.removeprefix("--no-").removeprefix("--").replace("-", "_"): not w.startswith("--no-")
                for w in args if w.startswith("--") and w != "--set"}
-    return resolve(config, sets_typed, **toggles)
+    return resolve(config, sets_typed, Techniques(**toggles))
 
 
 # ---------------------------------------------------------------- axes (--axis KEY=V1,V2)
