@@ -27,6 +27,7 @@ import torch
 from dapo_cli.config.schema import (
     LOCAL_ROLLOUT_ENGINES, ROLLOUT_ENGINES, EngineConfig, LoraConfig, RolloutConfig, TrackingConfig,
 )
+from dapo_cli.config.validate import lora_engine_problem
 from dapo_cli.engine.base import TrainingEngine
 from dapo_cli.engine.dist import Collective, init_collective
 from dapo_cli.errors import UserError
@@ -64,8 +65,8 @@ def build_training_engine(
     the adapters off (``load_reference`` is then not called)."""
     e = engine_cfg
     lora_rank = lora.rank if lora is not None else 0
-    if lora_rank > 0 and e.name != "torch":
-        raise UserError(f"model.lora.rank={lora_rank} trains adapters on the torch engine only; set engine.name=torch")
+    if (problem := lora_engine_problem(e.name, lora_rank)) is not None:
+        raise UserError(problem)
     # with LoRA the reference is the base: the policy's forward with its adapters off, no copy loaded
     ref = load_reference() if load_reference is not None and lora_rank == 0 else None
     common = dict(lr=lr, weight_decay=weight_decay, warmup_steps=warmup_steps, grad_clip=grad_clip, ref_model=ref)

@@ -69,6 +69,15 @@ def check_engine(engine: EngineConfig) -> None:
     require(not problems, problems[0][1] if problems else "")
 
 
+def lora_engine_problem(engine_name: str, lora_rank: int) -> str | None:
+    """LoRA trains adapters on the torch engine only: the one place this rule is written. Validation reads it
+    (:func:`lora_problem`), and so does ``components.build_training_engine``, which a config built in code reaches
+    without validation (``train.loop.train`` does not validate)."""
+    if lora_rank > 0 and engine_name != "torch":
+        return f"model.lora.rank={lora_rank} trains adapters on the torch engine only; set engine.name=torch or model.lora.rank=0"
+    return None
+
+
 def lora_problem(cfg: Config) -> str | None:
     """What is wrong with ``model.lora`` for this run (None: nothing, or LoRA is off)."""
     lora = cfg.model.lora
@@ -84,8 +93,8 @@ def lora_problem(cfg: Config) -> str | None:
         return "model.lora.target_modules is empty or has an empty name; use [all-linear] or names like q_proj, v_proj"
     if LORA_ALL_LINEAR in lora.target_modules and len(lora.target_modules) > 1:
         return f"model.lora.target_modules={lora.target_modules}: {LORA_ALL_LINEAR} already takes every linear layer; give it alone"
-    if cfg.engine.name != "torch":
-        return f"model.lora.rank={lora.rank} trains adapters on the torch engine only; set engine.name=torch or model.lora.rank=0"
+    if (problem := lora_engine_problem(cfg.engine.name, lora.rank)) is not None:
+        return problem
     if cfg.algo != "dapo":
         return f"model.lora.rank={lora.rank} is supported by algo=dapo only; set model.lora.rank=0 for algo={cfg.algo}"
     return None
