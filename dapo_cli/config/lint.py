@@ -288,7 +288,7 @@ def dynamic_sampling_exhausts(cfg: Config) -> list[Finding]:
     fg, data = cfg.algorithm.filter_groups, cfg.data
     if not fg.enable or fg.max_num_gen_batches <= 0:
         return []
-    per_round = data.gen_batch_size or data.train_batch_size
+    per_round = data.prompts_per_round
     capacity = fg.max_num_gen_batches * per_round / data.train_batch_size
     if capacity >= EXHAUSTION_CAPACITY:
         return []

@@ -108,7 +108,7 @@ def check_world_size(data: DataConfig, world_size: int) -> None:
     """
     if world_size == 1:
         return
-    per_round = data.gen_batch_size or data.train_batch_size
+    per_round = data.prompts_per_round
     if per_round % world_size:
         raise ConfigError(
             f"data.gen_batch_size (or train_batch_size)={per_round} is not divisible by the world size {world_size}; "

@@ -82,7 +82,7 @@ def batch_plan(cfg: Config, world_size: int, *, fill: float = EXPECTED_FILL) -> 
     """The step's counts at ``world_size`` ranks (no divisibility checks: see :func:`world_checks`)."""
     data, rollout, trainer, fg = cfg.data, cfg.rollout, cfg.trainer, cfg.algorithm.filter_groups
     n = rollout.n
-    per_round = data.gen_batch_size or data.train_batch_size
+    per_round = data.prompts_per_round
     notes: list[str] = []
     if fg.enable:
         prompts = data.train_batch_size
@@ -158,7 +158,7 @@ def world_checks(cfg: Config, world_size: int, *, gpus_per_node: int, num_attent
     checks: list[Check] = []
     try:
         rules.check_world_size(cfg.data, world_size)
-        per_round = cfg.data.gen_batch_size or cfg.data.train_batch_size
+        per_round = cfg.data.prompts_per_round
         checks.append(Check(
             "batches divide the world size", True,
             f"the batches split over {world_size} rank{'s' if world_size > 1 else ''} "

@@ -194,7 +194,7 @@ class _Estimator:
         self.P = parameter_count(shape)
         self.S = cfg.data.max_prompt_length + cfg.rollout.max_response_length
         self.R = cfg.rollout.max_response_length
-        self.per_round = cfg.data.gen_batch_size or cfg.data.train_batch_size
+        self.per_round = cfg.data.prompts_per_round
         self.prompts = cfg.data.train_batch_size if cfg.algorithm.filter_groups.enable else self.per_round
 
     def rows(self, s: Setup, *, update: bool = True) -> int:
