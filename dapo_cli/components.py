@@ -30,7 +30,7 @@ from dapo_cli.config.schema import (
 from dapo_cli.config.validate import lora_engine_problem
 from dapo_cli.engine.base import TrainingEngine
 from dapo_cli.engine.dist import Collective, init_collective
-from dapo_cli.errors import UserError
+from dapo_cli.errors import LISTED_AS_NAMES, UserError, unknown_name
 from dapo_cli.rollout.base import RolloutEngine
 from dapo_cli.tracking import NullTracker, Tracker, start_run
 
@@ -109,7 +109,7 @@ def build_policy_rollout(
     elif name == "hf":
         from dapo_cli.rollout.hf import HFRolloutEngine as Engine
     else:
-        raise UserError(f"unknown engine '{name}'; valid names: {', '.join(ROLLOUT_ENGINES)}")
+        raise unknown_name("engine", name, ROLLOUT_ENGINES, listed=LISTED_AS_NAMES)
     return Engine(model, tokenizer, batch_size=batch_size or None, shares_weights=shares_weights)
 
 
@@ -179,7 +179,7 @@ def build_eval_rollout(
         sizing: dict[str, Any] = {"max_sequences": max_sequences} if max_sequences else {}
         engine, tokenizer = vllm_rollout.load_vllm_engine(model, messages=messages, max_tokens=max_tokens, note=log, **sizing)
         return engine, lambda m: format_prompt(tokenizer, m)
-    raise UserError(f"unknown engine '{name}'; valid names: {', '.join(ROLLOUT_ENGINES)}")
+    raise unknown_name("engine", name, ROLLOUT_ENGINES, listed=LISTED_AS_NAMES)
 
 
 # ---------------------------------------------------------------- trackers

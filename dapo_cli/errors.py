@@ -12,11 +12,39 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 class UserError(Exception):
     """A problem with the user's input; the message says what to fix."""
+
+
+class UnknownName(UserError, ValueError):
+    """A name a registry has no entry for; the message lists the valid ones. A :class:`UserError` (one line, exit 2)
+    and a ValueError (what a bad argument to a look-up raises)."""
+
+
+LISTED_IN_PARENS = " (valid: {})"
+"""How :func:`unknown_name` lists the valid names by default: ``unknown task 'x' (valid: a, b)``."""
+LISTED_AS_NAMES = "; valid names: {}"
+"""The other listing the messages use: ``unknown verifier 'x'; valid names: a, b``."""
+
+
+def unknown_name(what: str, name: object, valid: Iterable[str], *, listed: str = LISTED_IN_PARENS) -> UnknownName:
+    """The error for ``name`` not among ``valid``: ``unknown WHAT 'NAME'`` then the valid names as ``listed`` puts them."""
+    return UnknownName(f"unknown {what} '{name}'" + listed.format(", ".join(valid)))
+
+
+def look_up(table: Mapping[str, T], name: str, what: str, *, listed: str = LISTED_IN_PARENS) -> T:
+    """``table[name]``, or :func:`unknown_name`'s error listing ``table``'s names: the one way a registry is read."""
+    try:
+        return table[name]
+    except KeyError:
+        raise unknown_name(what, name, table, listed=listed) from None
 
 
 class RunStopped(Exception):

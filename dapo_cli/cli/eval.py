@@ -23,7 +23,7 @@ from rich.text import Text
 
 from dapo_cli.cli.common import Panel, QuietOption, VerboseOption, console, err_console, verbosity
 from dapo_cli.config.schema import EvalConfig, TrackingConfig
-from dapo_cli.errors import UserError
+from dapo_cli.errors import LISTED_AS_NAMES, UserError, unknown_name
 
 if TYPE_CHECKING:
     from dapo_cli.eval.compare import ComparisonReport
@@ -188,7 +188,7 @@ def check_options(opts: EvalOptions) -> None:
     from dapo_cli.rewards import VERIFIERS
 
     if opts.verifier not in VERIFIERS:
-        raise UserError(f"unknown verifier '{opts.verifier}'; valid names: {', '.join(VERIFIERS)}")
+        raise unknown_name("verifier", opts.verifier, VERIFIERS, listed=LISTED_AS_NAMES)
     if opts.limit is not None and opts.limit < 1:
         raise UserError(f"--limit must be at least 1 (got {opts.limit})")
     if opts.engine == "vllm":  # before the MLflow run opens (the engine is built inside it)

@@ -51,7 +51,7 @@ from functools import partial
 from typing import Any
 
 from dapo_cli.data.schema import DAPO_INSTRUCTION, make_row
-from dapo_cli.errors import UserError
+from dapo_cli.errors import UserError, look_up, unknown_name
 
 SPLITS: tuple[str, ...] = ("train", "val", "test")
 """Valid split names; see :func:`split_of` for the partition."""
@@ -275,16 +275,12 @@ SYNTHETIC_TASKS: dict[str, SyntheticTask] = {
 
 def get_task(name: str) -> SyntheticTask:
     """Look up a task by name; an unknown name raises :class:`UserError` listing the valid ones."""
-    try:
-        return SYNTHETIC_TASKS[name]
-    except KeyError:
-        valid = ", ".join(SYNTHETIC_TASKS)
-        raise UserError(f"unknown synthetic task '{name}' (valid: {valid})") from None
+    return look_up(SYNTHETIC_TASKS, name, "synthetic task")
 
 
 def _check_split(split: str) -> None:
     if split not in SPLITS:
-        raise UserError(f"unknown split '{split}' (valid: {', '.join(SPLITS)})")
+        raise unknown_name("split", split, SPLITS)
 
 
 def split_of(problem: str) -> str:

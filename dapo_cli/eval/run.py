@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from dapo_cli.config.schema import EvalConfig
-from dapo_cli.errors import UserError
+from dapo_cli.errors import LISTED_AS_NAMES, UserError, unknown_name
 from dapo_cli.eval import metrics as M
 from dapo_cli.eval.generations import (
     CHECKPOINT_FILE,
@@ -459,7 +459,7 @@ def run_eval(
     sink = progress if progress is not None else NullProgress()
     check_k(opts.k, opts.pass_k)
     if opts.verifier not in VERIFIERS:
-        raise UserError(f"unknown verifier '{opts.verifier}'; valid names: {', '.join(VERIFIERS)}")
+        raise unknown_name("verifier", opts.verifier, VERIFIERS, listed=LISTED_AS_NAMES)
     if opts.limit is not None and opts.limit < 1:
         raise UserError(f"--limit must be at least 1 (got {opts.limit})")
     if opts.table_rows < 0:
@@ -469,7 +469,7 @@ def run_eval(
     from dapo_cli.config.schema import ROLLOUT_ENGINES
 
     if opts.engine not in ROLLOUT_ENGINES:
-        raise UserError(f"unknown engine '{opts.engine}'; valid names: {', '.join(ROLLOUT_ENGINES)}")
+        raise unknown_name("engine", opts.engine, ROLLOUT_ENGINES, listed=LISTED_AS_NAMES)
     model = resolve_checkpoint(opts.checkpoint)
     data = load_dataset_rows(opts.dataset)
     problems = group_problems(data.rows)

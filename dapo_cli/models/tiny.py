@@ -27,7 +27,7 @@ from transformers import (
 from transformers.utils import logging as hf_logging
 
 from dapo_cli.config.tiny import TinyModelConfig
-from dapo_cli.errors import UserError
+from dapo_cli.errors import UserError, look_up
 
 
 @dataclass(frozen=True)
@@ -49,11 +49,7 @@ Qwen2 one (``dapo_cli.models.loading.load_policy`` avoids that for our models)."
 
 def get_architecture(name: str) -> Architecture:
     """Look up an architecture; an unknown name raises :class:`UserError` listing the valid ones."""
-    try:
-        return ARCHITECTURES[name]
-    except KeyError:
-        valid = ", ".join(ARCHITECTURES)
-        raise UserError(f"unknown model.tiny.architecture '{name}' (valid: {valid})") from None
+    return look_up(ARCHITECTURES, name, "model.tiny.architecture")
 
 
 def tiny_model_config(

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 
+from dapo_cli.errors import LISTED_AS_NAMES, look_up
 from dapo_cli.rewards import math_dapo, strict_box
 from dapo_cli.rewards.bounds import scorable
 from dapo_cli.rewards.math_dapo import INVALID, ScoreResult, make_result
@@ -59,12 +60,8 @@ VERIFIERS: Mapping[str, Verifier] = MappingProxyType(
 
 
 def get_verifier(name: str) -> Verifier:
-    """The verifier called ``name``; ValueError naming the valid ones otherwise."""
-    try:
-        return VERIFIERS[name]
-    except KeyError:
-        valid = ", ".join(VERIFIERS)
-        raise ValueError(f"unknown verifier {name!r}; valid names: {valid}") from None
+    """The verifier called ``name``; :class:`~dapo_cli.errors.UnknownName` (a ValueError) naming the valid ones otherwise."""
+    return look_up(VERIFIERS, name, "verifier", listed=LISTED_AS_NAMES)
 
 
 def score_batch(
