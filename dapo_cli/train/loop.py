@@ -108,6 +108,9 @@ class Collected:
     """This rank's share of the trained groups (possibly no rows); None when no rank kept any."""
     generated: RolloutBatch
     """Everything this rank generated in the step."""
+    rounds_used: int
+    """Rounds scored for this step (stale rounds dropped unscored are not counted): how many rounds a step asks
+    for, what the worker queues per step ahead (logged as ``train/num_gen_batches``)."""
     metrics: dict[str, float] = field(default_factory=dict)
     generated_stats: dict[str, torch.Tensor] = field(default_factory=dict)
     """Per-response ``lengths``, ``truncated``, ``acc``, ``scores``, ``group_ids``, ``has_answer``, ``loops``, ``on_path`` of all ranks' generations."""
@@ -187,7 +190,7 @@ def collect_batch(
     if worker:
         metrics["async/stale_groups_dropped"] = float(stale_groups)
     trained = None if nothing else RolloutBatch.concat(kept)
-    return Collected(batch=trained, generated=everything, metrics=metrics, generated_stats=stats)
+    return Collected(batch=trained, generated=everything, rounds_used=round_idx, metrics=metrics, generated_stats=stats)
 
 
 def round_lag(rnd: Round, policy_version: int, dist: Collective) -> int:
@@ -320,7 +323,7 @@ def run_train(
                     s.reporter.phase(step, "generate + score")
                     collected = collect_batch(rounds, cfg, step=step, pad_id=s.pad_id, dist=dist)
                     t_gen = elapsed(t0)
-                    rounds.before_update(step, int(collected.metrics["train/num_gen_batches"]))  # the worker goes on
+                    rounds.before_update(step, collected.rounds_used)  # the worker goes on
                     batch, update = collected.batch, {}
                     if batch is not None:
                         compute_advantages(batch, cfg)

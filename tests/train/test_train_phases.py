@@ -58,6 +58,7 @@ def test_dynamic_sampling_keeps_only_mixed_groups_and_fills_the_batch():
         acc = batch.acc[batch.group_ids == g].float()
         assert 0 < acc.mean() < 1  # every trained group has non-constant accuracy
     assert collected.metrics["train/num_gen_batches"] == 3
+    assert collected.rounds_used == 3
     assert collected.metrics["train/samples_generated"] == 24
     assert collected.metrics["train/kept_group_frac"] == pytest.approx(2 / 6)
     assert len(collected.generated) == 24

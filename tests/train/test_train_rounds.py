@@ -61,6 +61,7 @@ def test_rounds_older_than_the_bound_are_dropped_whole_and_counted_never_trained
     assert collected.batch.versions.tolist() == [3] * 8
     assert collected.metrics["async/stale_groups_dropped"] == 4.0
     assert collected.metrics["train/num_gen_batches"] == 1.0  # dropped rounds are not examined
+    assert collected.rounds_used == 1  # what the loop reads: the same count, typed
 
 
 def test_dynamic_sampling_takes_fresh_rounds_until_the_batch_is_full():
@@ -68,6 +69,7 @@ def test_dynamic_sampling_takes_fresh_rounds_until_the_batch_is_full():
     source = VersionedRounds(cfg, [6, 9, 7])  # step 10 updates version 9: lags 3 (dropped), 0 and 2 (kept)
     collected = collect_batch(source, cfg, step=10, pad_id=0)
     assert collected.metrics["train/num_gen_batches"] == 2.0
+    assert collected.rounds_used == 2
     assert collected.metrics["async/stale_groups_dropped"] == 2.0
     assert sorted(set(collected.batch.ground_truths), key=int) == ["2", "3", "4", "5"]
     assert sorted(collected.batch.versions.tolist()) == [7] * 8 + [9] * 8
