@@ -304,7 +304,7 @@ def run_train(
     """
     s = TrainingSession.open(cfg, resume=resume, verbosity=-1 if quiet else int(verbose))
     trainer, dist = cfg.trainer, s.dist
-    step, metrics = s.start_step, {}
+    step, logged = s.start_step, {}
     rounds: RoundSource | None = None
     try:
         with open_tracker(
@@ -324,7 +324,7 @@ def run_train(
                     collected = collect_batch(rounds, cfg, step=step, pad_id=s.pad_id, dist=dist)
                     t_gen = elapsed(t0)
                     rounds.before_update(step, collected.rounds_used)  # the worker goes on
-                    batch, update = collected.batch, {}
+                    batch, metrics = collected.batch, {}
                     if batch is not None:
                         compute_advantages(batch, cfg)
                         old_from_update = old_log_probs_from_update(cfg)  # one optimizer step: its forward is π_old's
@@ -333,33 +333,32 @@ def run_train(
                             fill_old_log_probs(s.engine, batch, cfg)
                         t_old = elapsed(t0) - t_gen
                         s.reporter.phase(step, "update")
-                        update = update_policy(s.engine, batch, cfg, step=step, old_from_update=old_from_update)
-                        update.update(rollout_mismatch(batch, cfg, dist), **{"timing/old_log_prob": t_old})
+                        metrics = update_policy(s.engine, batch, cfg, step=step, old_from_update=old_from_update)
+                        metrics.update(rollout_mismatch(batch, cfg, dist), **{"timing/old_log_prob": t_old})
                     if batch is not None and not s.engine.params_finite():
                         s.stop_non_finite(tracker, step)  # raises: nothing generates with NaN weights
-                    update.update(rounds.after_update(s.engine, step, updated=batch is not None))  # weights version `step`
-                    if update.get("actor/skipped_updates"):
-                        s.reporter.note(f"step {step}: {int(update['actor/skipped_updates'])} update(s) skipped: the loss or gradient was not finite")
-                    s.barren_steps = 0 if informative_step(batch, dist) else s.barren_steps + 1
-                    metrics = {**step_metrics(collected, batch, cfg, dist, policy_version=step - 1), **update}
-                    metrics["timing/gen_and_score"] = t_gen
-                    metrics["timing/step"] = elapsed(t0)
-                    metrics["perf/gen_tokens_per_s"] = float(collected.generated_stats["lengths"].sum()) / max(t_gen, 1e-9)
-                    tracker.log_metrics(metrics, step=step)
-                    s.reporter.step_done(step, metrics)
+                    metrics.update(rounds.after_update(s.engine, step, updated=batch is not None))  # weights version `step`
+                    if metrics.get("actor/skipped_updates"):
+                        s.reporter.note(f"step {step}: {int(metrics['actor/skipped_updates'])} update(s) skipped: the loss or gradient was not finite")
+                    s.count_barren(informative_step(batch, dist))
+                    logged = {**step_metrics(collected, batch, cfg, dist, policy_version=step - 1), **metrics}
+                    logged["timing/gen_and_score"] = t_gen
+                    logged["timing/step"] = elapsed(t0)
+                    logged["perf/gen_tokens_per_s"] = float(collected.generated_stats["lengths"].sum()) / max(t_gen, 1e-9)
+                    tracker.log_metrics(logged, step=step)
+                    s.reporter.step_done(step, logged)
                     if trainer.log_samples_freq > 0 and step % trainer.log_samples_freq == 0:
                         tracker.log_table(sample_rows(collected.generated), f"samples/step_{step:06d}.json")
-                    collapsed = 0 < trainer.collapse_patience <= s.barren_steps
-                    last = trainer.total_steps if not collapsed else step
+                    last = step if s.collapsed else trainer.total_steps
                     if due(step, trainer.test_freq, last):
                         s.log_validation(tracker, step=step)
                     if due(step, trainer.save_freq, last):
                         with sigint_deferred():  # Ctrl-C stops the run after this checkpoint, not inside it
-                            s.save(step, stream_state=rounds.stream_state())  # rounds drawn ahead are drawn again
-                    if collapsed:
+                            s.save(step, tracker, stream_state=rounds.stream_state())  # rounds drawn ahead are drawn again
+                    if s.collapsed:
                         s.stop_collapsed(tracker, step)
                         break
-            return s.finish(tracker, metrics)
+            return s.finish(tracker, logged)
     except KeyboardInterrupt as exc:  # the tracker has marked the run KILLED on its way out
         if dist.is_main:
             s.ckpt.clean_stale()  # a checkpoint write the interrupt cut short

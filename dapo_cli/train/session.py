@@ -155,9 +155,9 @@ class TrainingSession:
     dist: Collective = dataclasses.field(default_factory=SingleProcess)
     claim: RunClaim | None = None
     stopped: str | None = None
-    _tracker: Tracker | None = None
     start_step: int = 0
     barren_steps: int = 0
+    """Steps in a row without an informative group (:meth:`count_barren`); checkpointed, so a resume continues it."""
     mlflow_run_id: str | None = None
     base_val: float | None = None
     last_val: float | None = None
@@ -284,7 +284,6 @@ class TrainingSession:
 
     def record_start(self, tracker: Tracker) -> None:
         self.mlflow_run_id = tracker.run_id or None
-        self._tracker = tracker
         if self.start_step > 0:
             tracker.set_tags({"dapo.resumed_from_step": str(self.start_step)})
             return
@@ -343,9 +342,19 @@ class TrainingSession:
         self.reporter.note(f"step {step}: val avg@{v.k} = {acc:.3f} on {len(self.val_problems)} problems")
         return metrics
 
-    def save(self, step: int, *, stream_state: dict[str, int] | None = None) -> Path:
-        """Checkpoint step ``step``; ``stream_state``: where the prompt stream resumes (default: its state now;
-        a round source that drew prompts ahead gives the position of the first prompt no trained round used)."""
+    def count_barren(self, informative: bool) -> None:
+        """Step done: the count of steps in a row without an informative group goes up by one, or back to 0."""
+        self.barren_steps = 0 if informative else self.barren_steps + 1
+
+    @property
+    def collapsed(self) -> bool:
+        """``trainer.collapse_patience`` (> 0) steps in a row without an informative group: the run stops."""
+        return 0 < self.cfg.trainer.collapse_patience <= self.barren_steps
+
+    def save(self, step: int, tracker: Tracker | None, *, stream_state: dict[str, int] | None = None) -> Path:
+        """Checkpoint step ``step``; ``tracker``: the run's, flushed first and given the checkpoint's run info (None:
+        none); ``stream_state``: where the prompt stream resumes (default: its state now; a round source that drew
+        prompts ahead gives the position of the first prompt no trained round used)."""
         if not self.engine.params_finite():
             self.reporter.note(f"step {step}: parameters are not finite; checkpoint skipped")
             return self.ckpt.root
@@ -358,16 +367,16 @@ class TrainingSession:
             "last_val": self.last_val,
             "world_size": self.dist.world_size,
         }
-        if self._tracker is not None:  # the step's metrics are in the store before its checkpoint exists:
-            self._tracker.flush()      # a resume from it never finds a recorded step missing
+        if tracker is not None:  # the step's metrics are in the store before its checkpoint exists:
+            tracker.flush()      # a resume from it never finds a recorded step missing
         run_info = {  # model/dapo_run.json: `dapo eval` of these weights links its run to this one
             "mlflow_run_id": self.mlflow_run_id or "", "experiment": self.cfg.tracking.experiment,
-            "tracking_uri": self._tracker.tracking_uri if self._tracker is not None else "", "run_name": self.display_name,
+            "tracking_uri": tracker.tracking_uri if tracker is not None else "", "run_name": self.display_name,
             "run_dir": str(self.run_dir.resolve()),
         }
         saved = self.ckpt.save(step, dist=self.dist, write=self._write_checkpoint, trainer_state=state, run_info=run_info)
-        if self.cfg.tracking.log_checkpoint == "every" and self.dist.is_main and self._tracker is not None:
-            self.upload_checkpoint(self._tracker, saved, f"checkpoints/{saved.name}")
+        if self.cfg.tracking.log_checkpoint == "every" and self.dist.is_main and tracker is not None:
+            self.upload_checkpoint(tracker, saved, f"checkpoints/{saved.name}")
         return saved
 
     def upload_checkpoint(self, tracker: Tracker, checkpoint: Path, artifact_path: str) -> None:

@@ -164,3 +164,18 @@ def test_step_metrics_report_the_length_spread_and_what_truncation_cuts():
     assert metrics["overlong/truncated_on_correct_path_frac"] == pytest.approx(0.0)
     collected, _ = collect(cfg)  # nothing truncated: the share is not defined, so not logged
     assert "overlong/truncated_with_answer_frac" not in step_metrics(collected, None, cfg)
+
+
+def test_the_session_counts_barren_steps_and_says_when_the_run_collapsed():
+    from dapo_cli.train.session import TrainingSession
+
+    s = object.__new__(TrainingSession)  # only the counter's state: no engines
+    s.cfg, s.barren_steps = load_config(None, ["trainer.collapse_patience=2"]), 0
+    s.count_barren(False)
+    assert (s.barren_steps, s.collapsed) == (1, False)
+    s.count_barren(False)
+    assert (s.barren_steps, s.collapsed) == (2, True)
+    s.count_barren(True)
+    assert (s.barren_steps, s.collapsed) == (0, False)
+    s.cfg.trainer.collapse_patience, s.barren_steps = 0, 99  # 0: the guard is off
+    assert not s.collapsed
