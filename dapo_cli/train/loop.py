@@ -45,7 +45,7 @@ from dapo_cli.algo.staleness import version_lag
 from dapo_cli.batch import RolloutBatch
 from dapo_cli.components import open_tracker
 from dapo_cli.config import Config
-from dapo_cli.config.schema import old_log_probs_from_update, uses_worker
+from dapo_cli.config.schema import old_log_probs_from_update
 from dapo_cli.diagnostics import contains_answer, group_length_spread, loops, on_correct_path
 from dapo_cli.engine.dist import Collective, SingleProcess, gather_cat, reduce_sums
 from dapo_cli.errors import UserError
@@ -118,12 +118,14 @@ class Collected:
 
 def collect_batch(
     rounds: RoundSource, cfg: Config, *, step: int, pad_id: int, dist: Collective | None = None, policy_version: int | None = None,
+    worker: bool = False,
 ) -> Collected:
     """Take rounds, score and shape them; with dynamic sampling, take more until enough informative groups.
 
     ``policy_version`` (default ``step − 1``) is the version of the weights being updated; with the worker
-    process (``rollout.worker``) a round sampled more than ``rollout.max_staleness`` versions before it is
-    dropped whole, before anything is scored, and counted (``async/stale_groups_dropped``).
+    process (``worker``: the session's ``uses_worker(cfg.rollout)``) a round sampled more than
+    ``rollout.max_staleness`` versions before it is dropped whole, before anything is scored, and counted
+    (``async/stale_groups_dropped``).
 
     Data parallel: every rank takes the same round (its own share of the same prompts); the staleness
     test and the group filter run on the whole round (lag maximum, gathered accuracies, rank order), so
@@ -137,7 +139,6 @@ def collect_batch(
     share = per_round // dist.world_size
     fg = cfg.algorithm.filter_groups
     assembler = GroupBatchAssembler(target, fg.max_num_gen_batches) if fg.enable else None
-    worker = uses_worker(cfg.rollout)
     kept: list[RolloutBatch] = []
     generated: list[RolloutBatch] = []
     round_idx = stale_groups = 0
@@ -210,9 +211,10 @@ def compute_advantages(batch: RolloutBatch, cfg: Config) -> None:
 
 def step_metrics(
     collected: Collected, batch: RolloutBatch | None, cfg: Config, dist: Collective | None = None, *, policy_version: int = 0,
+    worker: bool = False,
 ) -> dict[str, float]:
     """The paper's monitors on the trained batch, plus accuracy over everything generated (all ranks);
-    with the worker process, the trained responses' version lag behind ``policy_version`` (mean, max)."""
+    with the worker process (``worker``), the trained responses' version lag behind ``policy_version`` (mean, max)."""
     dist = dist or SingleProcess()
     gen = collected.generated_stats
     lengths = gen["lengths"].float()
@@ -261,7 +263,7 @@ def step_metrics(
                 "train/loss_tokens": tokens,
             }
         )
-        if uses_worker(cfg.rollout):
+        if worker:
             out["async/version_lag_mean"] = s["lag"] / rows
             lag_max = version_lag(policy_version, batch.versions).max() if len(batch) else torch.tensor(0)
             out["async/version_lag_max"] = float(dist.all_reduce(lag_max.double().reshape(1), "max").item())
@@ -314,14 +316,15 @@ def run_train(
             s.record_start(tracker)
             s.close_orphans(tracker)
             # inline, or a worker process generating ahead (rollout.worker / max_staleness); versions count steps
-            rounds = open_rounds(cfg, s.rollout, s.stream, dist, s.engine, model_path=s.model_path, version=s.start_step)
+            rounds = open_rounds(cfg, s.rollout, s.stream, dist, s.engine, model_path=s.model_path, version=s.start_step,
+                                 worker=s.worker, worker_threads=s.worker_threads)
             if s.start_step == 0:
                 s.log_validation(tracker, step=0)
             with s.reporter:
                 for step in range(s.start_step + 1, trainer.total_steps + 1):
                     t0 = time.perf_counter()
                     s.reporter.phase(step, "generate + score")
-                    collected = collect_batch(rounds, cfg, step=step, pad_id=s.pad_id, dist=dist)
+                    collected = collect_batch(rounds, cfg, step=step, pad_id=s.pad_id, dist=dist, worker=s.worker)
                     t_gen = elapsed(t0)
                     rounds.before_update(step, collected.rounds_used)  # the worker goes on
                     batch, metrics = collected.batch, {}
@@ -341,7 +344,7 @@ def run_train(
                     if metrics.get("actor/skipped_updates"):
                         s.reporter.note(f"step {step}: {int(metrics['actor/skipped_updates'])} update(s) skipped: the loss or gradient was not finite")
                     s.count_barren(informative_step(batch, dist))
-                    logged = {**step_metrics(collected, batch, cfg, dist, policy_version=step - 1), **metrics}
+                    logged = {**step_metrics(collected, batch, cfg, dist, policy_version=step - 1, worker=s.worker), **metrics}
                     logged["timing/gen_and_score"] = t_gen
                     logged["timing/step"] = elapsed(t0)
                     logged["perf/gen_tokens_per_s"] = float(collected.generated_stats["lengths"].sum()) / max(t_gen, 1e-9)

@@ -163,6 +163,10 @@ class TrainingSession:
     last_val: float | None = None
     model_path: str = ""
     """The weights the run's policy was loaded from (the checkpoint's ``model/`` after a resume)."""
+    worker: bool = False
+    """Training rollouts come from the worker process (``config.schema.uses_worker``), decided once here."""
+    worker_threads: int = 1
+    """The worker process's torch threads (``config.schema.thread_split``; the trainer has the rest)."""
 
     @property
     def display_name(self) -> str:
@@ -182,8 +186,10 @@ class TrainingSession:
         from dapo_cli.models import load_policy
         from dapo_cli.warmstart import ensure_model
 
-        if uses_worker(cfg.rollout):  # the rollout worker process takes its share of the cores
-            torch.set_num_threads(thread_split(cfg.rollout, cfg.engine.num_threads, os.cpu_count() or 1)[0])
+        worker = uses_worker(cfg.rollout)
+        trainer_threads, worker_threads = thread_split(cfg.rollout, cfg.engine.num_threads, os.cpu_count() or 1)
+        if worker:  # the rollout worker process takes its share of the cores
+            torch.set_num_threads(trainer_threads)
         elif cfg.engine.num_threads > 0:
             torch.set_num_threads(cfg.engine.num_threads)
         dist = components.build_collective(cfg.engine)
@@ -238,6 +244,8 @@ class TrainingSession:
                 dist=dist,
                 claim=held[0] if held else claim,
                 model_path=str(model_path),
+                worker=worker,
+                worker_threads=worker_threads,
             )
             for note in (*claim.notes, *manifest["notes"], *engine_notes):
                 session.reporter.note(note)
@@ -309,7 +317,7 @@ class TrainingSession:
         from dapo_cli.eval.metrics import tracking_metrics
         from dapo_cli.eval.run import evaluate_problems
 
-        if uses_worker(self.cfg.rollout):  # this engine only validates: a private copy (LoRA) is synced here, every rank
+        if self.worker:  # this engine only validates: a private copy (LoRA) is synced here, every rank
             self.rollout.sync_weights(self.engine)  # a no-op when it samples with the trainer's own module
         # rank 0 validates and the others wait at the next collective; an engine whose ranks generate in
         # lockstep (vLLM under torchrun) has every rank sample the same validation, and rank 0 alone records it
