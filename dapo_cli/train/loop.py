@@ -65,20 +65,13 @@ from dapo_cli.train.update import (
 
 def to_batch(rnd: Round, *, first_group: int, pad_id: int) -> RolloutBatch:
     """A round as the step's batch type; group ids ``first_group + prompt index``, every response's version."""
-    out, prompts = rnd.rollouts, rnd.prompts
-    return RolloutBatch(
-        prompt_ids=out.prompt_ids,
-        prompt_mask=out.prompt_mask,
-        response_ids=out.response_ids,
-        response_mask=out.response_mask,
-        lengths=out.lengths,
-        truncated=out.truncated,
+    out, index = rnd.rollouts, rnd.rollouts.prompt_index.tolist()
+    return RolloutBatch.from_rollouts(
+        out,
         group_ids=out.prompt_index + first_group,
-        texts=list(out.texts),
-        ground_truths=[prompts[i].ground_truth for i in out.prompt_index.tolist()],
-        prompts=[prompts[i].text for i in out.prompt_index.tolist()],
+        ground_truths=[rnd.prompts[i].ground_truth for i in index],
+        prompts=[rnd.prompts[i].text for i in index],
         pad_id=pad_id,
-        rollout_log_probs=out.logprobs,
         versions=torch.full((len(out.lengths),), rnd.version, dtype=torch.long),
     )
 
