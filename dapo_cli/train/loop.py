@@ -51,6 +51,7 @@ from dapo_cli.engine.dist import Collective, SingleProcess, gather_cat, reduce_s
 from dapo_cli.errors import UserError
 from dapo_cli.rewards import score_batch
 from dapo_cli.signals import sigint_deferred
+from dapo_cli.tracking.base import Tracker
 from dapo_cli.train.rounds import Round, RoundSource, open_rounds
 from dapo_cli.train.session import TrainingSession
 from dapo_cli.train.update import (
@@ -299,6 +300,7 @@ def run_train(
     """
     s = TrainingSession.open(cfg, resume=resume, verbosity=-1 if quiet else int(verbose))
     trainer, dist = cfg.trainer, s.dist
+    old_from_update = old_log_probs_from_update(cfg)  # one optimizer step a batch: the update's forward is π_old's
     step, logged = s.start_step, {}
     rounds: RoundSource | None = None
     try:
@@ -315,42 +317,29 @@ def run_train(
                 s.log_validation(tracker, step=0)
             with s.reporter:
                 for step in range(s.start_step + 1, trainer.total_steps + 1):
-                    t0 = time.perf_counter()
+                    clock = StepClock()
+                    # ---- the DAPO step (Algorithm 1): collect → advantages → old log-probs → update
                     s.reporter.phase(step, "generate + score")
                     collected = collect_batch(rounds, cfg, step=step, pad_id=s.pad_id, dist=dist, worker=s.worker)
-                    t_gen = elapsed(t0)
-                    rounds.before_update(step, collected.rounds_used)  # the worker goes on
+                    clock.lap("timing/gen_and_score")
+                    rounds.before_update(step, collected.rounds_used)  # the worker generates on while the trainer updates
                     batch, metrics = collected.batch, {}
-                    if batch is not None:
+                    if batch is not None:  # None: no informative group in the rounds dynamic sampling may take
                         compute_advantages(batch, cfg)
-                        old_from_update = old_log_probs_from_update(cfg)  # one optimizer step: its forward is π_old's
                         if not old_from_update:
                             s.reporter.phase(step, "old log-probs")
                             fill_old_log_probs(s.engine, batch, cfg)
-                        t_old = elapsed(t0) - t_gen
+                        clock.lap("timing/old_log_prob")
                         s.reporter.phase(step, "update")
                         metrics = update_policy(s.engine, batch, cfg, step=step, old_from_update=old_from_update)
-                        metrics.update(rollout_mismatch(batch, cfg, dist), **{"timing/old_log_prob": t_old})
-                    if batch is not None and not s.engine.params_finite():
-                        s.stop_non_finite(tracker, step)  # raises: nothing generates with NaN weights
-                    metrics.update(rounds.after_update(s.engine, step, updated=batch is not None))  # weights version `step`
-                    if metrics.get("actor/skipped_updates"):
-                        s.reporter.note(f"step {step}: {int(metrics['actor/skipped_updates'])} update(s) skipped: the loss or gradient was not finite")
+                        metrics.update(rollout_mismatch(batch, cfg, dist))
+                        if not s.engine.params_finite():
+                            s.stop_non_finite(tracker, step)  # raises: nothing generates with NaN weights
+                    synced = rounds.after_update(s.engine, step, updated=batch is not None)  # weights version `step`
                     s.count_barren(informative_step(batch, dist))
-                    logged = {**step_metrics(collected, batch, cfg, dist, policy_version=step - 1, worker=s.worker), **metrics}
-                    logged["timing/gen_and_score"] = t_gen
-                    logged["timing/step"] = elapsed(t0)
-                    logged["perf/gen_tokens_per_s"] = float(collected.generated_stats["lengths"].sum()) / max(t_gen, 1e-9)
-                    tracker.log_metrics(logged, step=step)
-                    s.reporter.step_done(step, logged)
-                    if trainer.log_samples_freq > 0 and step % trainer.log_samples_freq == 0:
-                        tracker.log_table(sample_rows(collected.generated), f"samples/step_{step:06d}.json")
-                    last = step if s.collapsed else trainer.total_steps
-                    if due(step, trainer.test_freq, last):
-                        s.log_validation(tracker, step=step)
-                    if due(step, trainer.save_freq, last):
-                        with sigint_deferred():  # Ctrl-C stops the run after this checkpoint, not inside it
-                            s.save(step, tracker, stream_state=rounds.stream_state())  # rounds drawn ahead are drawn again
+                    # ---- plumbing: record the step; validate and checkpoint when due; stop after a collapse
+                    logged = record_step(s, tracker, step, collected, metrics, synced, clock)
+                    validate_and_save(s, tracker, rounds, step)
                     if s.collapsed:
                         s.stop_collapsed(tracker, step)
                         break
@@ -367,6 +356,61 @@ def run_train(
         if rounds is not None:
             rounds.close()  # the worker process stops before the session lets go of the run
         s.close()
+
+
+# ---------------------------------------------------------------- the step's plumbing
+
+
+class StepClock:
+    """Wall-clock time of one step: :meth:`lap` records the seconds since the previous lap (or the step's start)."""
+
+    def __init__(self) -> None:
+        self.t0 = time.perf_counter()
+        self.laps: dict[str, float] = {}
+        self._last = 0.0
+
+    def lap(self, name: str) -> float:
+        now = elapsed(self.t0)
+        self.laps[name], self._last = now - self._last, now
+        return self.laps[name]
+
+
+def record_step(
+    s: TrainingSession, tracker: Tracker, step: int, collected: Collected, metrics: dict[str, float], synced: dict[str, float],
+    clock: StepClock,
+) -> dict[str, float]:
+    """Everything step ``step`` logs, in one tracker call: the monitors (:func:`step_metrics`), the update's
+    ``metrics``, the round source's ``synced`` timings and the step's clock; the progress line, a note when
+    updates were skipped, and the sample table when due. Returns what was logged."""
+    if metrics.get("actor/skipped_updates"):
+        s.reporter.note(f"step {step}: {int(metrics['actor/skipped_updates'])} update(s) skipped: the loss or gradient was not finite")
+    laps = dict(clock.laps)
+    t_gen = laps.pop("timing/gen_and_score")
+    logged = {  # laps: timing/old_log_prob, when a batch was trained
+        **step_metrics(collected, collected.batch, s.cfg, s.dist, policy_version=step - 1, worker=s.worker),
+        **metrics, **laps, **synced,
+    }
+    logged["timing/gen_and_score"] = t_gen
+    logged["timing/step"] = elapsed(clock.t0)
+    logged["perf/gen_tokens_per_s"] = float(collected.generated_stats["lengths"].sum()) / max(t_gen, 1e-9)
+    tracker.log_metrics(logged, step=step)
+    s.reporter.step_done(step, logged)
+    freq = s.cfg.trainer.log_samples_freq
+    if freq > 0 and step % freq == 0:
+        tracker.log_table(sample_rows(collected.generated), f"samples/step_{step:06d}.json")
+    return logged
+
+
+def validate_and_save(s: TrainingSession, tracker: Tracker, rounds: RoundSource, step: int) -> None:
+    """Validate and checkpoint when due: every ``test_freq`` / ``save_freq`` steps and at the last step (the
+    collapsed step is the last)."""
+    trainer = s.cfg.trainer
+    last = step if s.collapsed else trainer.total_steps
+    if due(step, trainer.test_freq, last):
+        s.log_validation(tracker, step=step)
+    if due(step, trainer.save_freq, last):
+        with sigint_deferred():  # Ctrl-C stops the run after this checkpoint, not inside it
+            s.save(step, tracker, stream_state=rounds.stream_state())  # rounds drawn ahead are drawn again
 
 
 class TrainingInterrupted(KeyboardInterrupt):
