@@ -198,11 +198,13 @@ def update_policy(
     skipped = 0  # mini-batches whose gradient was not finite: no update
     for mb in schedule:
         mini = batch.select(mb.rows)
-        counts = {**reduce_sums(dist, global_counts(trained_mask(mini, cfg, corrected=corrected), algo.loss_agg_mode)), "norm_length": norm_length}
+        trained = trained_mask(mini, cfg, corrected=corrected)
+        counts = {**reduce_sums(dist, global_counts(trained, algo.loss_agg_mode)), "norm_length": norm_length}
         for i in range(mb.lockstep):
             micro = mini.select(mb.micro[i]) if i < len(mb.micro) else blank_micro(batch)
             if algo.loss_norm == "micro_batch":  # each micro-batch its own mean: not exact, for reproduction
-                counts = {**global_counts(trained_mask(micro, cfg, corrected=corrected), algo.loss_agg_mode), "norm_length": norm_length}
+                trained = trained_mask(micro, cfg, corrected=corrected)
+                counts = {**global_counts(trained, algo.loss_agg_mode), "norm_length": norm_length}
             with engine.accumulate(last=i == mb.lockstep - 1):
                 loss, m, weights = micro_loss(engine, micro, cfg, counts, corrected=corrected, old_from_update=old_from_update)
                 engine.backward(loss)
@@ -258,8 +260,9 @@ def micro_loss(
 
     ``old_from_update``: this forward is π_old's (see :func:`old_log_probs_from_update`); its detached
     log-probs become ``micro.old_log_probs`` (ratio exactly 1) and its entropy ``micro.entropy``.
-    When ``corrected`` (:func:`behaviour_correction`, decided once per update) the loss is the decoupled one (π_old = π_prox, the rollout
-    engine's log-probs = π_behav; ``algo.staleness.decoupled_policy_loss``) with ``algorithm.rollout_is.mode``."""
+    When ``corrected`` (:func:`behaviour_correction`, decided once per update) the loss is the decoupled one
+    (π_old = π_prox, the rollout engine's log-probs = π_behav; ``algo.staleness.decoupled_policy_loss``) with
+    ``algorithm.rollout_is.mode``."""
     algo = cfg.algorithm
     with_entropy = algo.entropy_coeff > 0 or old_from_update
     logp, ent = engine.log_probs(micro, temperature=cfg.rollout.temperature, with_entropy=with_entropy)

@@ -179,3 +179,15 @@ def test_the_session_counts_barren_steps_and_says_when_the_run_collapsed():
     assert (s.barren_steps, s.collapsed) == (0, False)
     s.cfg.trainer.collapse_patience, s.barren_steps = 0, 99  # 0: the guard is off
     assert not s.collapsed
+
+
+def test_the_step_clock_records_each_lap_since_the_previous_one(monkeypatch):
+    from dapo_cli.train import loop
+
+    now = iter([10.0, 12.5, 13.0, 16.0])
+    monkeypatch.setattr(loop.time, "perf_counter", lambda: next(now))
+    clock = loop.StepClock()  # starts at 10
+    assert clock.lap("timing/gen_and_score") == 2.5
+    assert clock.lap("timing/old_log_prob") == 0.5  # since the previous lap, not the start
+    assert clock.laps == {"timing/gen_and_score": 2.5, "timing/old_log_prob": 0.5}
+    assert loop.elapsed(clock.t0) == 6.0
