@@ -33,9 +33,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from dapo_cli.rollout.base import Rollouts
 
 
 @dataclass
@@ -64,6 +67,31 @@ class RolloutBatch:
     entropy: torch.Tensor | None = None
     rollout_log_probs: torch.Tensor | None = None
     versions: torch.Tensor | None = None
+
+    @classmethod
+    def from_rollouts(
+        cls, rollouts: Rollouts, *, group_ids: torch.Tensor, ground_truths: list[str], prompts: list[str], pad_id: int,
+        versions: torch.Tensor | None = None,
+    ) -> RolloutBatch:
+        """What one ``generate`` call returned (:class:`~dapo_cli.rollout.base.Rollouts`) as a batch: its tensors and
+        texts as they are, its ``logprobs`` as ``rollout_log_probs``. The caller says what the rollouts do not know:
+        each response's group, prompt text and ground truth, and (optionally) the weight version that sampled it."""
+        r = rollouts
+        return cls(
+            prompt_ids=r.prompt_ids,
+            prompt_mask=r.prompt_mask,
+            response_ids=r.response_ids,
+            response_mask=r.response_mask,
+            lengths=r.lengths,
+            truncated=r.truncated,
+            group_ids=group_ids,
+            texts=list(r.texts),
+            ground_truths=ground_truths,
+            prompts=prompts,
+            pad_id=pad_id,
+            rollout_log_probs=r.logprobs,
+            versions=versions,
+        )
 
     def __len__(self) -> int:
         return int(self.response_ids.shape[0])

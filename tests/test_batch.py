@@ -163,3 +163,27 @@ def test_select_then_concat_round_trips() -> None:
     for f in dataclasses.fields(RolloutBatch):
         x, y = getattr(c, f.name), getattr(again, f.name)
         assert torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y, f.name
+
+
+def test_from_rollouts_carries_every_field_of_the_rollouts_and_what_the_caller_adds():
+    from dapo_cli.rollout.base import Rollouts
+
+    out = Rollouts(
+        prompt_ids=torch.tensor([[PAD, 5], [PAD, 5]]), prompt_mask=torch.tensor([[F, T_], [F, T_]]),
+        response_ids=torch.tensor([[8, PAD], [9, 1]]), response_mask=torch.tensor([[T_, F], [T_, T_]]),
+        lengths=torch.tensor([1, 2]), truncated=torch.tensor([T_, F]), texts=("a", "b"),
+        prompt_index=torch.tensor([0, 0]), logprobs=torch.tensor([[-0.5, 0.0], [-0.25, -0.125]]),
+    )
+    batch = RolloutBatch.from_rollouts(out, group_ids=torch.tensor([7, 7]), ground_truths=["g", "g"], prompts=["p", "p"],
+                                       pad_id=PAD, versions=torch.tensor([3, 3]))
+    renamed = {"logprobs": "rollout_log_probs", "prompt_index": None}  # the caller numbers the groups
+    for f in dataclasses.fields(Rollouts):  # a field added to Rollouts must reach the batch (or be named here)
+        target = renamed.get(f.name, f.name)
+        if target is not None:
+            value = getattr(batch, target)
+            assert (torch.equal(value, getattr(out, f.name)) if isinstance(value, torch.Tensor)
+                    else value == list(getattr(out, f.name))), f.name
+    assert batch.texts == ["a", "b"] and isinstance(batch.texts, list)
+    assert batch.group_ids.tolist() == [7, 7] and batch.versions.tolist() == [3, 3]
+    assert (batch.ground_truths, batch.prompts, batch.pad_id) == (["g", "g"], ["p", "p"], PAD)
+    assert batch.scores is None and batch.advantages is None  # later phases fill the rest

@@ -45,12 +45,13 @@ from dapo_cli.algo.staleness import version_lag
 from dapo_cli.batch import RolloutBatch
 from dapo_cli.components import open_tracker
 from dapo_cli.config import Config
-from dapo_cli.config.schema import old_log_probs_from_update, uses_worker
+from dapo_cli.config.schema import old_log_probs_from_update
 from dapo_cli.diagnostics import contains_answer, group_length_spread, loops, on_correct_path
 from dapo_cli.engine.dist import Collective, SingleProcess, gather_cat, reduce_sums
 from dapo_cli.errors import UserError
 from dapo_cli.rewards import score_batch
 from dapo_cli.signals import sigint_deferred
+from dapo_cli.tracking.base import Tracker
 from dapo_cli.train.rounds import Round, RoundSource, open_rounds
 from dapo_cli.train.session import TrainingSession
 from dapo_cli.train.update import (
@@ -65,20 +66,13 @@ from dapo_cli.train.update import (
 
 def to_batch(rnd: Round, *, first_group: int, pad_id: int) -> RolloutBatch:
     """A round as the step's batch type; group ids ``first_group + prompt index``, every response's version."""
-    out, prompts = rnd.rollouts, rnd.prompts
-    return RolloutBatch(
-        prompt_ids=out.prompt_ids,
-        prompt_mask=out.prompt_mask,
-        response_ids=out.response_ids,
-        response_mask=out.response_mask,
-        lengths=out.lengths,
-        truncated=out.truncated,
+    out, index = rnd.rollouts, rnd.rollouts.prompt_index.tolist()
+    return RolloutBatch.from_rollouts(
+        out,
         group_ids=out.prompt_index + first_group,
-        texts=list(out.texts),
-        ground_truths=[prompts[i].ground_truth for i in out.prompt_index.tolist()],
-        prompts=[prompts[i].text for i in out.prompt_index.tolist()],
+        ground_truths=[rnd.prompts[i].ground_truth for i in index],
+        prompts=[rnd.prompts[i].text for i in index],
         pad_id=pad_id,
-        rollout_log_probs=out.logprobs,
         versions=torch.full((len(out.lengths),), rnd.version, dtype=torch.long),
     )
 
@@ -108,6 +102,9 @@ class Collected:
     """This rank's share of the trained groups (possibly no rows); None when no rank kept any."""
     generated: RolloutBatch
     """Everything this rank generated in the step."""
+    rounds_used: int
+    """Rounds scored for this step (stale rounds dropped unscored are not counted): how many rounds a step asks
+    for, what the worker queues per step ahead (logged as ``train/num_gen_batches``)."""
     metrics: dict[str, float] = field(default_factory=dict)
     generated_stats: dict[str, torch.Tensor] = field(default_factory=dict)
     """Per-response ``lengths``, ``truncated``, ``acc``, ``scores``, ``group_ids``, ``has_answer``, ``loops``, ``on_path`` of all ranks' generations."""
@@ -115,12 +112,14 @@ class Collected:
 
 def collect_batch(
     rounds: RoundSource, cfg: Config, *, step: int, pad_id: int, dist: Collective | None = None, policy_version: int | None = None,
+    worker: bool = False,
 ) -> Collected:
     """Take rounds, score and shape them; with dynamic sampling, take more until enough informative groups.
 
     ``policy_version`` (default ``step − 1``) is the version of the weights being updated; with the worker
-    process (``rollout.worker``) a round sampled more than ``rollout.max_staleness`` versions before it is
-    dropped whole, before anything is scored, and counted (``async/stale_groups_dropped``).
+    process (``worker``: the session's ``uses_worker(cfg.rollout)``) a round sampled more than
+    ``rollout.max_staleness`` versions before it is dropped whole, before anything is scored, and counted
+    (``async/stale_groups_dropped``).
 
     Data parallel: every rank takes the same round (its own share of the same prompts); the staleness
     test and the group filter run on the whole round (lag maximum, gathered accuracies, rank order), so
@@ -134,7 +133,6 @@ def collect_batch(
     share = per_round // dist.world_size
     fg = cfg.algorithm.filter_groups
     assembler = GroupBatchAssembler(target, fg.max_num_gen_batches) if fg.enable else None
-    worker = uses_worker(cfg.rollout)
     kept: list[RolloutBatch] = []
     generated: list[RolloutBatch] = []
     round_idx = stale_groups = 0
@@ -187,7 +185,7 @@ def collect_batch(
     if worker:
         metrics["async/stale_groups_dropped"] = float(stale_groups)
     trained = None if nothing else RolloutBatch.concat(kept)
-    return Collected(batch=trained, generated=everything, metrics=metrics, generated_stats=stats)
+    return Collected(batch=trained, generated=everything, rounds_used=round_idx, metrics=metrics, generated_stats=stats)
 
 
 def round_lag(rnd: Round, policy_version: int, dist: Collective) -> int:
@@ -207,9 +205,10 @@ def compute_advantages(batch: RolloutBatch, cfg: Config) -> None:
 
 def step_metrics(
     collected: Collected, batch: RolloutBatch | None, cfg: Config, dist: Collective | None = None, *, policy_version: int = 0,
+    worker: bool = False,
 ) -> dict[str, float]:
     """The paper's monitors on the trained batch, plus accuracy over everything generated (all ranks);
-    with the worker process, the trained responses' version lag behind ``policy_version`` (mean, max)."""
+    with the worker process (``worker``), the trained responses' version lag behind ``policy_version`` (mean, max)."""
     dist = dist or SingleProcess()
     gen = collected.generated_stats
     lengths = gen["lengths"].float()
@@ -258,7 +257,7 @@ def step_metrics(
                 "train/loss_tokens": tokens,
             }
         )
-        if uses_worker(cfg.rollout):
+        if worker:
             out["async/version_lag_mean"] = s["lag"] / rows
             lag_max = version_lag(policy_version, batch.versions).max() if len(batch) else torch.tensor(0)
             out["async/version_lag_max"] = float(dist.all_reduce(lag_max.double().reshape(1), "max").item())
@@ -301,7 +300,8 @@ def run_train(
     """
     s = TrainingSession.open(cfg, resume=resume, verbosity=-1 if quiet else int(verbose))
     trainer, dist = cfg.trainer, s.dist
-    step, metrics = s.start_step, {}
+    old_from_update = old_log_probs_from_update(cfg)  # one optimizer step a batch: the update's forward is π_old's
+    step, logged = s.start_step, {}
     rounds: RoundSource | None = None
     try:
         with open_tracker(
@@ -311,52 +311,39 @@ def run_train(
             s.record_start(tracker)
             s.close_orphans(tracker)
             # inline, or a worker process generating ahead (rollout.worker / max_staleness); versions count steps
-            rounds = open_rounds(cfg, s.rollout, s.stream, dist, s.engine, model_path=s.model_path, version=s.start_step)
+            rounds = open_rounds(cfg, s.rollout, s.stream, dist, s.engine, model_path=s.model_path, version=s.start_step,
+                                 worker=s.worker, worker_threads=s.worker_threads)
             if s.start_step == 0:
                 s.log_validation(tracker, step=0)
             with s.reporter:
                 for step in range(s.start_step + 1, trainer.total_steps + 1):
-                    t0 = time.perf_counter()
+                    clock = StepClock()
+                    # ---- the DAPO step (Algorithm 1): collect → advantages → old log-probs → update
                     s.reporter.phase(step, "generate + score")
-                    collected = collect_batch(rounds, cfg, step=step, pad_id=s.pad_id, dist=dist)
-                    t_gen = elapsed(t0)
-                    rounds.before_update(step, int(collected.metrics["train/num_gen_batches"]))  # the worker goes on
-                    batch, update = collected.batch, {}
-                    if batch is not None:
+                    collected = collect_batch(rounds, cfg, step=step, pad_id=s.pad_id, dist=dist, worker=s.worker)
+                    clock.lap("timing/gen_and_score")
+                    rounds.before_update(step, collected.rounds_used)  # the worker generates on while the trainer updates
+                    batch, metrics = collected.batch, {}
+                    if batch is not None:  # None: no informative group in the rounds dynamic sampling may take
                         compute_advantages(batch, cfg)
-                        old_from_update = old_log_probs_from_update(cfg)  # one optimizer step: its forward is π_old's
                         if not old_from_update:
                             s.reporter.phase(step, "old log-probs")
                             fill_old_log_probs(s.engine, batch, cfg)
-                        t_old = elapsed(t0) - t_gen
+                        clock.lap("timing/old_log_prob")
                         s.reporter.phase(step, "update")
-                        update = update_policy(s.engine, batch, cfg, step=step, old_from_update=old_from_update)
-                        update.update(rollout_mismatch(batch, cfg, dist), **{"timing/old_log_prob": t_old})
-                    if batch is not None and not s.engine.params_finite():
-                        s.stop_non_finite(tracker, step)  # raises: nothing generates with NaN weights
-                    update.update(rounds.after_update(s.engine, step, updated=batch is not None))  # weights version `step`
-                    if update.get("actor/skipped_updates"):
-                        s.reporter.note(f"step {step}: {int(update['actor/skipped_updates'])} update(s) skipped: the loss or gradient was not finite")
-                    s.barren_steps = 0 if informative_step(batch, dist) else s.barren_steps + 1
-                    metrics = {**step_metrics(collected, batch, cfg, dist, policy_version=step - 1), **update}
-                    metrics["timing/gen_and_score"] = t_gen
-                    metrics["timing/step"] = elapsed(t0)
-                    metrics["perf/gen_tokens_per_s"] = float(collected.generated_stats["lengths"].sum()) / max(t_gen, 1e-9)
-                    tracker.log_metrics(metrics, step=step)
-                    s.reporter.step_done(step, metrics)
-                    if trainer.log_samples_freq > 0 and step % trainer.log_samples_freq == 0:
-                        tracker.log_table(sample_rows(collected.generated), f"samples/step_{step:06d}.json")
-                    collapsed = 0 < trainer.collapse_patience <= s.barren_steps
-                    last = trainer.total_steps if not collapsed else step
-                    if due(step, trainer.test_freq, last):
-                        s.log_validation(tracker, step=step)
-                    if due(step, trainer.save_freq, last):
-                        with sigint_deferred():  # Ctrl-C stops the run after this checkpoint, not inside it
-                            s.save(step, stream_state=rounds.stream_state())  # rounds drawn ahead are drawn again
-                    if collapsed:
+                        metrics = update_policy(s.engine, batch, cfg, step=step, old_from_update=old_from_update)
+                        metrics.update(rollout_mismatch(batch, cfg, dist))
+                        if not s.engine.params_finite():
+                            s.stop_non_finite(tracker, step)  # raises: nothing generates with NaN weights
+                    synced = rounds.after_update(s.engine, step, updated=batch is not None)  # weights version `step`
+                    s.count_barren(informative_step(batch, dist))
+                    # ---- plumbing: record the step; validate and checkpoint when due; stop after a collapse
+                    logged = record_step(s, tracker, step, collected, metrics, synced, clock)
+                    validate_and_save(s, tracker, rounds, step)
+                    if s.collapsed:
                         s.stop_collapsed(tracker, step)
                         break
-            return s.finish(tracker, metrics)
+            return s.finish(tracker, logged)
     except KeyboardInterrupt as exc:  # the tracker has marked the run KILLED on its way out
         if dist.is_main:
             s.ckpt.clean_stale()  # a checkpoint write the interrupt cut short
@@ -369,6 +356,61 @@ def run_train(
         if rounds is not None:
             rounds.close()  # the worker process stops before the session lets go of the run
         s.close()
+
+
+# ---------------------------------------------------------------- the step's plumbing
+
+
+class StepClock:
+    """Wall-clock time of one step: :meth:`lap` records the seconds since the previous lap (or the step's start)."""
+
+    def __init__(self) -> None:
+        self.t0 = time.perf_counter()
+        self.laps: dict[str, float] = {}
+        self._last = 0.0
+
+    def lap(self, name: str) -> float:
+        now = elapsed(self.t0)
+        self.laps[name], self._last = now - self._last, now
+        return self.laps[name]
+
+
+def record_step(
+    s: TrainingSession, tracker: Tracker, step: int, collected: Collected, metrics: dict[str, float], synced: dict[str, float],
+    clock: StepClock,
+) -> dict[str, float]:
+    """Everything step ``step`` logs, in one tracker call: the monitors (:func:`step_metrics`), the update's
+    ``metrics``, the round source's ``synced`` timings and the step's clock; the progress line, a note when
+    updates were skipped, and the sample table when due. Returns what was logged."""
+    if metrics.get("actor/skipped_updates"):
+        s.reporter.note(f"step {step}: {int(metrics['actor/skipped_updates'])} update(s) skipped: the loss or gradient was not finite")
+    laps = dict(clock.laps)
+    t_gen = laps.pop("timing/gen_and_score")
+    logged = {  # laps: timing/old_log_prob, when a batch was trained
+        **step_metrics(collected, collected.batch, s.cfg, s.dist, policy_version=step - 1, worker=s.worker),
+        **metrics, **laps, **synced,
+    }
+    logged["timing/gen_and_score"] = t_gen
+    logged["timing/step"] = elapsed(clock.t0)
+    logged["perf/gen_tokens_per_s"] = float(collected.generated_stats["lengths"].sum()) / max(t_gen, 1e-9)
+    tracker.log_metrics(logged, step=step)
+    s.reporter.step_done(step, logged)
+    freq = s.cfg.trainer.log_samples_freq
+    if freq > 0 and step % freq == 0:
+        tracker.log_table(sample_rows(collected.generated), f"samples/step_{step:06d}.json")
+    return logged
+
+
+def validate_and_save(s: TrainingSession, tracker: Tracker, rounds: RoundSource, step: int) -> None:
+    """Validate and checkpoint when due: every ``test_freq`` / ``save_freq`` steps and at the last step (the
+    collapsed step is the last)."""
+    trainer = s.cfg.trainer
+    last = step if s.collapsed else trainer.total_steps
+    if due(step, trainer.test_freq, last):
+        s.log_validation(tracker, step=step)
+    if due(step, trainer.save_freq, last):
+        with sigint_deferred():  # Ctrl-C stops the run after this checkpoint, not inside it
+            s.save(step, tracker, stream_state=rounds.stream_state())  # rounds drawn ahead are drawn again
 
 
 class TrainingInterrupted(KeyboardInterrupt):

@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from dapo_cli.config import Config
-from dapo_cli.config.schema import thread_split, uses_worker
 from dapo_cli.data.loader import Prompt, PromptStream
 from dapo_cli.engine.base import TrainingEngine
 from dapo_cli.engine.dist import Collective, SingleProcess
@@ -276,13 +275,13 @@ class WorkerRounds:
 
 def open_rounds(
     cfg: Config, rollout: RolloutEngine, stream: PromptStream, dist: Collective, engine: TrainingEngine, *,
-    model_path: str, version: int,
+    model_path: str, version: int, worker: bool, worker_threads: int,
 ) -> RoundSource:
-    """The run's round source: the worker process when ``rollout.worker`` asks for it, else inline.
-    ``engine``'s current weights (after any resume) are the worker's first version, ``version``."""
-    if not uses_worker(cfg.rollout):
+    """The run's round source: the worker process (``worker``, the session's reading of ``rollout.worker``) with
+    ``worker_threads`` torch threads, else inline. ``engine``'s current weights (after any resume) are the
+    worker's first version, ``version``."""
+    if not worker:
         return InlineRounds(rollout, stream, cfg, dist, version=version)
-    _, worker_threads = thread_split(cfg.rollout, cfg.engine.num_threads, os.cpu_count() or 1)
     return WorkerRounds(
         cfg, stream, dist, engine, model_path=model_path, version=version, threads=worker_threads,
         seeds_per_prompt=rollout.seeds_per_prompt,

@@ -155,14 +155,18 @@ class TrainingSession:
     dist: Collective = dataclasses.field(default_factory=SingleProcess)
     claim: RunClaim | None = None
     stopped: str | None = None
-    _tracker: Tracker | None = None
     start_step: int = 0
     barren_steps: int = 0
+    """Steps in a row without an informative group (:meth:`count_barren`); checkpointed, so a resume continues it."""
     mlflow_run_id: str | None = None
     base_val: float | None = None
     last_val: float | None = None
     model_path: str = ""
     """The weights the run's policy was loaded from (the checkpoint's ``model/`` after a resume)."""
+    worker: bool = False
+    """Training rollouts come from the worker process (``config.schema.uses_worker``), decided once here."""
+    worker_threads: int = 1
+    """The worker process's torch threads (``config.schema.thread_split``; the trainer has the rest)."""
 
     @property
     def display_name(self) -> str:
@@ -182,8 +186,10 @@ class TrainingSession:
         from dapo_cli.models import load_policy
         from dapo_cli.warmstart import ensure_model
 
-        if uses_worker(cfg.rollout):  # the rollout worker process takes its share of the cores
-            torch.set_num_threads(thread_split(cfg.rollout, cfg.engine.num_threads, os.cpu_count() or 1)[0])
+        worker = uses_worker(cfg.rollout)
+        trainer_threads, worker_threads = thread_split(cfg.rollout, cfg.engine.num_threads, os.cpu_count() or 1)
+        if worker:  # the rollout worker process takes its share of the cores
+            torch.set_num_threads(trainer_threads)
         elif cfg.engine.num_threads > 0:
             torch.set_num_threads(cfg.engine.num_threads)
         dist = components.build_collective(cfg.engine)
@@ -238,6 +244,8 @@ class TrainingSession:
                 dist=dist,
                 claim=held[0] if held else claim,
                 model_path=str(model_path),
+                worker=worker,
+                worker_threads=worker_threads,
             )
             for note in (*claim.notes, *manifest["notes"], *engine_notes):
                 session.reporter.note(note)
@@ -284,7 +292,6 @@ class TrainingSession:
 
     def record_start(self, tracker: Tracker) -> None:
         self.mlflow_run_id = tracker.run_id or None
-        self._tracker = tracker
         if self.start_step > 0:
             tracker.set_tags({"dapo.resumed_from_step": str(self.start_step)})
             return
@@ -310,7 +317,7 @@ class TrainingSession:
         from dapo_cli.eval.metrics import tracking_metrics
         from dapo_cli.eval.run import evaluate_problems
 
-        if uses_worker(self.cfg.rollout):  # this engine only validates: a private copy (LoRA) is synced here, every rank
+        if self.worker:  # this engine only validates: a private copy (LoRA) is synced here, every rank
             self.rollout.sync_weights(self.engine)  # a no-op when it samples with the trainer's own module
         # rank 0 validates and the others wait at the next collective; an engine whose ranks generate in
         # lockstep (vLLM under torchrun) has every rank sample the same validation, and rank 0 alone records it
@@ -343,9 +350,19 @@ class TrainingSession:
         self.reporter.note(f"step {step}: val avg@{v.k} = {acc:.3f} on {len(self.val_problems)} problems")
         return metrics
 
-    def save(self, step: int, *, stream_state: dict[str, int] | None = None) -> Path:
-        """Checkpoint step ``step``; ``stream_state``: where the prompt stream resumes (default: its state now;
-        a round source that drew prompts ahead gives the position of the first prompt no trained round used)."""
+    def count_barren(self, informative: bool) -> None:
+        """Step done: the count of steps in a row without an informative group goes up by one, or back to 0."""
+        self.barren_steps = 0 if informative else self.barren_steps + 1
+
+    @property
+    def collapsed(self) -> bool:
+        """``trainer.collapse_patience`` (> 0) steps in a row without an informative group: the run stops."""
+        return 0 < self.cfg.trainer.collapse_patience <= self.barren_steps
+
+    def save(self, step: int, tracker: Tracker | None, *, stream_state: dict[str, int] | None = None) -> Path:
+        """Checkpoint step ``step``; ``tracker``: the run's, flushed first and given the checkpoint's run info (None:
+        none); ``stream_state``: where the prompt stream resumes (default: its state now; a round source that drew
+        prompts ahead gives the position of the first prompt no trained round used)."""
         if not self.engine.params_finite():
             self.reporter.note(f"step {step}: parameters are not finite; checkpoint skipped")
             return self.ckpt.root
@@ -358,16 +375,16 @@ class TrainingSession:
             "last_val": self.last_val,
             "world_size": self.dist.world_size,
         }
-        if self._tracker is not None:  # the step's metrics are in the store before its checkpoint exists:
-            self._tracker.flush()      # a resume from it never finds a recorded step missing
+        if tracker is not None:  # the step's metrics are in the store before its checkpoint exists:
+            tracker.flush()      # a resume from it never finds a recorded step missing
         run_info = {  # model/dapo_run.json: `dapo eval` of these weights links its run to this one
             "mlflow_run_id": self.mlflow_run_id or "", "experiment": self.cfg.tracking.experiment,
-            "tracking_uri": self._tracker.tracking_uri if self._tracker is not None else "", "run_name": self.display_name,
+            "tracking_uri": tracker.tracking_uri if tracker is not None else "", "run_name": self.display_name,
             "run_dir": str(self.run_dir.resolve()),
         }
         saved = self.ckpt.save(step, dist=self.dist, write=self._write_checkpoint, trainer_state=state, run_info=run_info)
-        if self.cfg.tracking.log_checkpoint == "every" and self.dist.is_main and self._tracker is not None:
-            self.upload_checkpoint(self._tracker, saved, f"checkpoints/{saved.name}")
+        if self.cfg.tracking.log_checkpoint == "every" and self.dist.is_main and tracker is not None:
+            self.upload_checkpoint(tracker, saved, f"checkpoints/{saved.name}")
         return saved
 
     def upload_checkpoint(self, tracker: Tracker, checkpoint: Path, artifact_path: str) -> None:

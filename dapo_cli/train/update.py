@@ -116,22 +116,22 @@ def rollout_mismatch(batch: RolloutBatch, cfg: Config, dist: Collective) -> dict
     return out
 
 
-def trained_mask(batch: RolloutBatch, cfg: Config) -> torch.Tensor:
+def trained_mask(batch: RolloutBatch, cfg: Config, *, corrected: bool) -> torch.Tensor:
     """``batch.loss_mask`` ``[N, T]`` without the responses a row-dropping correction drops (``geo_mask``, from π_old
-    and π_rollout): the tokens the loss and its global counts hold."""
+    and π_rollout; only when ``corrected``, :func:`behaviour_correction`): the tokens the loss and its global counts hold."""
     mode = cfg.algorithm.rollout_is.mode
-    if not (behaviour_correction(cfg) and mode in ROW_FILTERS and batch.rollout_log_probs is not None):
+    if not (corrected and mode in ROW_FILTERS and batch.rollout_log_probs is not None):
         return batch.loss_mask
     keep = ROW_FILTERS[mode](batch.old_log_probs, batch.rollout_log_probs, batch.loss_mask, **correction_args(cfg))
     return batch.loss_mask.bool() & keep.unsqueeze(-1)
 
 
-def dropped_rows(batch: RolloutBatch, cfg: Config, dist: Collective) -> dict[str, float]:
+def dropped_rows(batch: RolloutBatch, cfg: Config, dist: Collective, *, corrected: bool) -> dict[str, float]:
     """``rollout/masked_seq_frac`` of a row-dropping correction: the share of all ranks' trained responses it dropped."""
-    if not (behaviour_correction(cfg) and cfg.algorithm.rollout_is.mode in ROW_FILTERS):
+    if not (corrected and cfg.algorithm.rollout_is.mode in ROW_FILTERS):
         return {}
     rows = batch.loss_mask.bool().any(-1)
-    kept = trained_mask(batch, cfg).bool().any(-1)
+    kept = trained_mask(batch, cfg, corrected=corrected).bool().any(-1)
     total = reduce_sums(dist, {"rows": float(rows.sum()), "dropped": float((rows & ~kept).sum())})
     return {"rollout/masked_seq_frac": total["dropped"] / total["rows"]} if total["rows"] else {}
 
@@ -186,6 +186,7 @@ def update_policy(
     token means over every trained token; both are therefore independent of micro-batch size and ranks.
     """
     algo, dist = cfg.algorithm, engine.dist
+    corrected = behaviour_correction(cfg)  # decided once for the update, read by every micro-batch
     norm_length = cfg.rollout.max_response_length
     schedule = schedule_minibatches(batch, cfg, dist, step=step)
     if old_from_update and len(schedule) != 1:
@@ -197,13 +198,15 @@ def update_policy(
     skipped = 0  # mini-batches whose gradient was not finite: no update
     for mb in schedule:
         mini = batch.select(mb.rows)
-        counts = {**reduce_sums(dist, global_counts(trained_mask(mini, cfg), algo.loss_agg_mode)), "norm_length": norm_length}
+        trained = trained_mask(mini, cfg, corrected=corrected)
+        counts = {**reduce_sums(dist, global_counts(trained, algo.loss_agg_mode)), "norm_length": norm_length}
         for i in range(mb.lockstep):
             micro = mini.select(mb.micro[i]) if i < len(mb.micro) else blank_micro(batch)
             if algo.loss_norm == "micro_batch":  # each micro-batch its own mean: not exact, for reproduction
-                counts = {**global_counts(trained_mask(micro, cfg), algo.loss_agg_mode), "norm_length": norm_length}
+                trained = trained_mask(micro, cfg, corrected=corrected)
+                counts = {**global_counts(trained, algo.loss_agg_mode), "norm_length": norm_length}
             with engine.accumulate(last=i == mb.lockstep - 1):
-                loss, m, weights = micro_loss(engine, micro, cfg, counts, old_from_update=old_from_update)
+                loss, m, weights = micro_loss(engine, micro, cfg, counts, corrected=corrected, old_from_update=old_from_update)
                 engine.backward(loss)
             add_weighted(sums, m, *weights)
             if old_from_update and i < len(mb.micro):
@@ -216,7 +219,7 @@ def update_policy(
     if old_from_update and batch.old_log_probs is None:  # this rank trained no rows
         batch.old_log_probs, batch.entropy = torch.zeros(batch.response_ids.shape), torch.zeros(batch.response_ids.shape)
     metrics = update_metrics(sums, grad_norms, skipped=skipped, optimizer_steps=len(schedule), lr=engine.lr, dist=dist)
-    return {**metrics, **dropped_rows(batch, cfg, dist)}
+    return {**metrics, **dropped_rows(batch, cfg, dist, corrected=corrected)}
 
 
 def keep_old_from_update(batch: RolloutBatch, rows: torch.Tensor, micro: RolloutBatch) -> None:
@@ -248,7 +251,8 @@ def update_metrics(
 
 
 def micro_loss(
-    engine: TrainingEngine, micro: RolloutBatch, cfg: Config, counts: dict[str, float], *, old_from_update: bool = False
+    engine: TrainingEngine, micro: RolloutBatch, cfg: Config, counts: dict[str, float], *, corrected: bool,
+    old_from_update: bool = False,
 ) -> tuple[torch.Tensor, dict[str, float], tuple[float, float]]:
     """One micro-batch's term of the mini-batch loss (the chosen policy loss, optional entropy and KL terms),
     its detached metrics (token means, and sequence means for :data:`~dapo_cli.algo.objectives.SEQUENCE_METRICS`)
@@ -256,17 +260,18 @@ def micro_loss(
 
     ``old_from_update``: this forward is π_old's (see :func:`old_log_probs_from_update`); its detached
     log-probs become ``micro.old_log_probs`` (ratio exactly 1) and its entropy ``micro.entropy``.
-    With :func:`behaviour_correction` the loss is the decoupled one (π_old = π_prox, the rollout
-    engine's log-probs = π_behav; ``algo.staleness.decoupled_policy_loss``) with ``algorithm.rollout_is.mode``."""
+    When ``corrected`` (:func:`behaviour_correction`, decided once per update) the loss is the decoupled one
+    (π_old = π_prox, the rollout engine's log-probs = π_behav; ``algo.staleness.decoupled_policy_loss``) with
+    ``algorithm.rollout_is.mode``."""
     algo = cfg.algorithm
     with_entropy = algo.entropy_coeff > 0 or old_from_update
     logp, ent = engine.log_probs(micro, temperature=cfg.rollout.temperature, with_entropy=with_entropy)
     if old_from_update:
         micro.old_log_probs, micro.entropy = logp.detach(), ent.detach()
-    mask = trained_mask(micro, cfg).to(logp.device)
+    mask = trained_mask(micro, cfg, corrected=corrected).to(logp.device)
     args = {**loss_args(cfg), "loss_agg_mode": algo.loss_agg_mode, **counts}
     old, adv = micro.old_log_probs.to(logp.device), micro.advantages.to(logp.device)
-    if behaviour_correction(cfg) and micro.rollout_log_probs is not None:  # π_old is π_prox, the rollout engine's π_behav
+    if corrected and micro.rollout_log_probs is not None:  # π_old is π_prox, the rollout engine's π_behav
         behav = micro.rollout_log_probs.to(logp.device)
         loss, m = decoupled_policy_loss(
             logp, old, behav, adv, mask, correction=algo.rollout_is.mode, correction_args=correction_args(cfg),

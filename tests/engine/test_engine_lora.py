@@ -223,10 +223,8 @@ def test_a_rollout_engine_synced_from_the_export_samples_with_the_merged_policy(
     )
     assert rollout.model is not engine.module and not rollout.shares_weights
     out = rollout.generate(["What is 12+7?\n", "Q"], 3, SamplingParams(max_tokens=8, seed=0, logprobs=True))
-    batch = RolloutBatch(
-        prompt_ids=out.prompt_ids, prompt_mask=out.prompt_mask, response_ids=out.response_ids, response_mask=out.response_mask,
-        lengths=out.lengths, truncated=out.truncated, group_ids=out.prompt_index, texts=out.texts,
-        ground_truths=[""] * len(out.texts), prompts=[""] * len(out.texts), pad_id=tokenizer.pad_token_id,
+    batch = RolloutBatch.from_rollouts(
+        out, group_ids=out.prompt_index, ground_truths=[""] * len(out.texts), prompts=[""] * len(out.texts), pad_id=tokenizer.pad_token_id,
     )
     with torch.no_grad():
         trainer, _ = engine.log_probs(batch, temperature=1.0)

@@ -103,10 +103,8 @@ def test_texts_are_the_decoded_responses(engine, policy):
 def test_log_probs_are_the_trainers_log_probs_of_the_same_tokens(engine, policy, temperature):
     model, tokenizer = policy
     out = sample(engine, temperature=temperature)
-    batch = RolloutBatch(
-        prompt_ids=out.prompt_ids, prompt_mask=out.prompt_mask, response_ids=out.response_ids,
-        response_mask=out.response_mask, lengths=out.lengths, truncated=out.truncated, group_ids=out.prompt_index,
-        texts=out.texts, ground_truths=[""] * len(out.texts), prompts=[""] * len(out.texts), pad_id=tokenizer.pad_token_id,
+    batch = RolloutBatch.from_rollouts(
+        out, group_ids=out.prompt_index, ground_truths=[""] * len(out.texts), prompts=[""] * len(out.texts), pad_id=tokenizer.pad_token_id,
     )
     with torch.no_grad():
         trainer, _ = policy_forward(model, batch, temperature=temperature, with_entropy=False, device=torch.device("cpu"))

@@ -92,10 +92,8 @@ def one_hot(token: int) -> torch.Tensor:
 
 
 def batch_of(out, pad_id: int) -> RolloutBatch:
-    return RolloutBatch(
-        prompt_ids=out.prompt_ids, prompt_mask=out.prompt_mask, response_ids=out.response_ids,
-        response_mask=out.response_mask, lengths=out.lengths, truncated=out.truncated, group_ids=out.prompt_index,
-        texts=out.texts, ground_truths=[""] * len(out.texts), prompts=[""] * len(out.texts), pad_id=pad_id,
+    return RolloutBatch.from_rollouts(
+        out, group_ids=out.prompt_index, ground_truths=[""] * len(out.texts), prompts=[""] * len(out.texts), pad_id=pad_id,
     )
 
 

@@ -96,10 +96,8 @@ def test_greedy_tokens_are_the_trainers_argmax_and_end_at_im_end(engine, policy)
 def test_sampled_log_probs_are_the_trainers(engine, policy):
     model, tokenizer = policy
     out = engine.generate(prompts(tokenizer), 2, SamplingParams(temperature=1.0, max_tokens=24, seed=0, logprobs=True))
-    batch = RolloutBatch(
-        prompt_ids=out.prompt_ids, prompt_mask=out.prompt_mask, response_ids=out.response_ids,
-        response_mask=out.response_mask, lengths=out.lengths, truncated=out.truncated, group_ids=out.prompt_index,
-        texts=out.texts, ground_truths=[""] * 4, prompts=[""] * 4, pad_id=tokenizer.pad_token_id,
+    batch = RolloutBatch.from_rollouts(
+        out, group_ids=out.prompt_index, ground_truths=[""] * 4, prompts=[""] * 4, pad_id=tokenizer.pad_token_id,
     )
     with torch.no_grad():
         trainer, _ = policy_forward(model, batch, temperature=1.0, with_entropy=False, device=torch.device("cpu"))

@@ -40,10 +40,8 @@ def setup(head32_model_dir):
 
 def as_batch(out: Rollouts, pad_id: int) -> RolloutBatch:
     n = len(out.texts)
-    return RolloutBatch(
-        prompt_ids=out.prompt_ids, prompt_mask=out.prompt_mask, response_ids=out.response_ids,
-        response_mask=out.response_mask, lengths=out.lengths, truncated=out.truncated, group_ids=out.prompt_index,
-        texts=out.texts, ground_truths=[""] * n, prompts=[""] * n, pad_id=pad_id,
+    return RolloutBatch.from_rollouts(
+        out, group_ids=out.prompt_index, ground_truths=[""] * n, prompts=[""] * n, pad_id=pad_id,
     )
 
 

@@ -32,7 +32,7 @@ from dapo_cli.models import load_policy
 from dapo_cli.engine.dist import SingleProcess
 from dapo_cli.train.rounds import InlineRounds
 from dapo_cli.train import collect_batch, compute_advantages, step_metrics
-from dapo_cli.config.schema import behaviour_correction, old_log_probs_from_update
+from dapo_cli.config.schema import behaviour_correction, old_log_probs_from_update, uses_worker
 from dapo_cli.train.update import fill_old_log_probs, rollout_mismatch, update_policy
 
 GROUPS, SAMPLES = 4, 4
@@ -67,7 +67,8 @@ def one_update(model_dir: Path, cfg, *, old_from_update: bool, dtype=torch.float
 
     engine.step = recording_step
     prompts = [Prompt(text=f"p{k}", ground_truth=str(k), problem_id=str(k)) for k in range(GROUPS)]
-    collected = collect_batch(InlineRounds(ScriptedRollout(script), PromptStream(prompts, seed=0, shuffle=False), cfg, dist or SingleProcess()), cfg, step=1, pad_id=0, dist=dist)
+    collected = collect_batch(InlineRounds(ScriptedRollout(script), PromptStream(prompts, seed=0, shuffle=False), cfg, dist or SingleProcess()), cfg, step=1, pad_id=0, dist=dist,
+                              worker=uses_worker(cfg.rollout))
     batch = collected.batch
     compute_advantages(batch, cfg)
     if not old_from_update:
@@ -84,7 +85,7 @@ def one_update(model_dir: Path, cfg, *, old_from_update: bool, dtype=torch.float
         batch.rollout_log_probs = (batch.old_log_probs - 0.01 * batch.response_mask).to(batch.old_log_probs.dtype)
 
     metrics.update(rollout_mismatch(batch, cfg, dist or SingleProcess()))
-    metrics.update(step_metrics(collected, batch, cfg, dist))
+    metrics.update(step_metrics(collected, batch, cfg, dist, worker=uses_worker(cfg.rollout)))
     return {"grads": grads, "metrics": metrics, "old": batch.old_log_probs, "entropy": batch.entropy,
             "group_ids": batch.group_ids}
 

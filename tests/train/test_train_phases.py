@@ -58,6 +58,7 @@ def test_dynamic_sampling_keeps_only_mixed_groups_and_fills_the_batch():
         acc = batch.acc[batch.group_ids == g].float()
         assert 0 < acc.mean() < 1  # every trained group has non-constant accuracy
     assert collected.metrics["train/num_gen_batches"] == 3
+    assert collected.rounds_used == 3
     assert collected.metrics["train/samples_generated"] == 24
     assert collected.metrics["train/kept_group_frac"] == pytest.approx(2 / 6)
     assert len(collected.generated) == 24
@@ -163,3 +164,30 @@ def test_step_metrics_report_the_length_spread_and_what_truncation_cuts():
     assert metrics["overlong/truncated_on_correct_path_frac"] == pytest.approx(0.0)
     collected, _ = collect(cfg)  # nothing truncated: the share is not defined, so not logged
     assert "overlong/truncated_with_answer_frac" not in step_metrics(collected, None, cfg)
+
+
+def test_the_session_counts_barren_steps_and_says_when_the_run_collapsed():
+    from dapo_cli.train.session import TrainingSession
+
+    s = object.__new__(TrainingSession)  # only the counter's state: no engines
+    s.cfg, s.barren_steps = load_config(None, ["trainer.collapse_patience=2"]), 0
+    s.count_barren(False)
+    assert (s.barren_steps, s.collapsed) == (1, False)
+    s.count_barren(False)
+    assert (s.barren_steps, s.collapsed) == (2, True)
+    s.count_barren(True)
+    assert (s.barren_steps, s.collapsed) == (0, False)
+    s.cfg.trainer.collapse_patience, s.barren_steps = 0, 99  # 0: the guard is off
+    assert not s.collapsed
+
+
+def test_the_step_clock_records_each_lap_since_the_previous_one(monkeypatch):
+    from dapo_cli.train import loop
+
+    now = iter([10.0, 12.5, 13.0, 16.0])
+    monkeypatch.setattr(loop.time, "perf_counter", lambda: next(now))
+    clock = loop.StepClock()  # starts at 10
+    assert clock.lap("timing/gen_and_score") == 2.5
+    assert clock.lap("timing/old_log_prob") == 0.5  # since the previous lap, not the start
+    assert clock.laps == {"timing/gen_and_score": 2.5, "timing/old_log_prob": 0.5}
+    assert loop.elapsed(clock.t0) == 6.0

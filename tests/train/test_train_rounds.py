@@ -55,19 +55,21 @@ def test_rounds_older_than_the_bound_are_dropped_whole_and_counted_never_trained
     cfg = config("rollout.max_staleness=1")
     # step 5 updates version 4: rounds of versions 2 (lag 2) and 1 (lag 3) are too old, then 3 (lag 1) is kept
     source = VersionedRounds(cfg, [2, 1, 3])
-    collected = collect_batch(source, cfg, step=5, pad_id=0)
+    collected = collect_batch(source, cfg, step=5, pad_id=0, worker=True)
     assert source.served == [["p0", "p1"], ["p2", "p3"], ["p4", "p5"]]
     assert sorted(set(collected.batch.ground_truths)) == ["4", "5"]  # only the fresh round's groups
     assert collected.batch.versions.tolist() == [3] * 8
     assert collected.metrics["async/stale_groups_dropped"] == 4.0
     assert collected.metrics["train/num_gen_batches"] == 1.0  # dropped rounds are not examined
+    assert collected.rounds_used == 1  # what the loop reads: the same count, typed
 
 
 def test_dynamic_sampling_takes_fresh_rounds_until_the_batch_is_full():
     cfg = config("rollout.max_staleness=2", "data.train_batch_size=4", "data.gen_batch_size=2", "trainer.ppo_mini_batch_size=4")
     source = VersionedRounds(cfg, [6, 9, 7])  # step 10 updates version 9: lags 3 (dropped), 0 and 2 (kept)
-    collected = collect_batch(source, cfg, step=10, pad_id=0)
+    collected = collect_batch(source, cfg, step=10, pad_id=0, worker=True)
     assert collected.metrics["train/num_gen_batches"] == 2.0
+    assert collected.rounds_used == 2
     assert collected.metrics["async/stale_groups_dropped"] == 2.0
     assert sorted(set(collected.batch.ground_truths), key=int) == ["2", "3", "4", "5"]
     assert sorted(collected.batch.versions.tolist()) == [7] * 8 + [9] * 8
