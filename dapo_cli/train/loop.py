@@ -129,7 +129,7 @@ def collect_batch(
     dist = dist or SingleProcess()
     version = step - 1 if policy_version is None else policy_version
     target = cfg.data.train_batch_size
-    per_round = cfg.data.gen_batch_size or target
+    per_round = cfg.data.prompts_per_round
     share = per_round // dist.world_size
     fg = cfg.algorithm.filter_groups
     assembler = GroupBatchAssembler(target, fg.max_num_gen_batches) if fg.enable else None

@@ -92,7 +92,7 @@ class RoundPlanner:
 
     def __init__(self, stream: PromptStream, cfg: Config, dist: Collective, *, seeds_per_prompt: bool) -> None:
         self.stream, self.cfg, self.dist = stream, cfg, dist
-        self.per_round = cfg.data.gen_batch_size or cfg.data.train_batch_size
+        self.per_round = cfg.data.prompts_per_round
         self.share = self.per_round // dist.world_size
         self.rank_part = [dist.rank] if dist.world_size > 1 and not seeds_per_prompt else []
         self.planned: dict[int, int] = {}
