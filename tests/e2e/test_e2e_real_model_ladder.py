@@ -8,6 +8,7 @@ imported folder where that name resolves, as `make smollm2` does).
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -54,8 +55,12 @@ def test_the_base_policy_gives_the_overlong_token_level_and_dynamic_sampling_tec
     [regime] = sample_regimes(FastRolloutEngine(model, tokenizer), prompts, truths, math_dapo_score, n=cfg.rollout.n,
                               limits=[cfg.rollout.max_response_length])
     assert regime.samples == 32 * cfg.rollout.n and regime.unmet() == [], regime
-    # the soft punishment's ramp starts above every right answer (`a + b = c` / `Answer: c`, 12-14 tokens)
-    assert cfg.rollout.max_response_length - cfg.algorithm.overlong_buffer.len >= 2 * 14
+    # the soft punishment's ramp starts above the longest right answer (`a + b = c` / `Answer: c`, the example
+    # turn's form, plus EOS), so it acts on runaway text, never on a right answer
+    sums = [re.fullmatch(r"What is (\d+)\+(\d+)\?", r["extra_info"]["raw_problem"]).groups() for r in rows]
+    right = max(len(tokenizer(f"{a} + {b} = {int(a) + int(b)}\nAnswer: {int(a) + int(b)}", add_special_tokens=False)["input_ids"])
+                for a, b in sums) + 1
+    assert cfg.rollout.max_response_length - cfg.algorithm.overlong_buffer.len > right, right
 
 
 def test_several_updates_a_rollout_make_the_clip_bind_in_the_grpo_rung(cfg, smollm2_dir: Path, tmp_path: Path) -> None:
