@@ -37,8 +37,8 @@ def test_the_testbed_s_held_out_problems_are_never_trained_on(cfg) -> None:
     data = cfg.data
     train = [r for spec in data.train_files for r in load_rows(spec, split="train", synthetic_size=data.synthetic_train_size)]
     val = [r for spec in data.val_files for r in load_rows(spec, split="val", synthetic_size=data.synthetic_val_size)]
-    assert len(train) == data.synthetic_train_size and len(val) == data.synthetic_val_size == 200
-    assert len(problems(val)) == 200 and not problems(train) & problems(val)
+    assert len(train) == data.synthetic_train_size and len(val) == data.synthetic_val_size == 100
+    assert len(problems(val)) == data.synthetic_val_size and not problems(train) & problems(val)
 
 
 def test_the_base_policy_gives_the_overlong_token_level_and_dynamic_sampling_techniques_work(cfg, smollm2_dir: Path) -> None:
