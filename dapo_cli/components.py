@@ -135,18 +135,21 @@ def build_train_rollout(
     copy (``load_copy()``) that ``sync_weights(engine)`` refreshes after each update. ``vllm``: a
     colocated engine on ``model_path`` (the policy the trainer starts from; ``max_model_len`` tokens of
     prompt + response, ``max_sequences`` of them in one generate call (what its KV cache is sized for on
-    CPU), weights in ``dtype``, sampling seeded by ``seed``), synced the same way, on
+    CPU), weights in ``rollout.dtype`` (auto: bfloat16 on GPUs, the policy's ``dtype`` on CPU;
+    ``rollout.vllm.serving_dtype``), sampling seeded by ``seed``), synced the same way (and again from
+    ``engine`` when it wakes from a level-2 sleep), on
     whichever platform vLLM finds (CUDA, or its CPU build). ``note`` hears what the user should know
     about how the engine runs here (once each).
     """
     r = rollout_cfg
     if r.engine == "vllm":
-        from dapo_cli.rollout.vllm import VLLMRolloutEngine
+        from dapo_cli.rollout.vllm import VLLMRolloutEngine, platform_info, serving_dtype
 
         return VLLMRolloutEngine(
             model_path, tokenizer, gpu_memory_utilization=r.gpu_memory_utilization, tensor_parallel_size=r.tensor_parallel_size,
             sleep_level=r.sleep_level, max_model_len=max_model_len, kv_cache_gib=r.kv_cache_gib, max_sequences=max_sequences,
-            dtype=dtype, seed=seed, dist=engine.dist, note=note,
+            dtype=serving_dtype(r.dtype, dtype, platform_info()["device"]), seed=seed, dist=engine.dist, note=note,
+            weights=engine,
         )
     live = engine.generation_model()
     if live is not None:

@@ -105,6 +105,15 @@ class RolloutConfig:
         "node has available; on GPUs, gpu_memory_utilization decides)",
     )
     tensor_parallel_size: int = setting(1, "vLLM only: GPUs one vLLM engine spans (tensor parallelism); must divide the world size")
+    dtype: str = setting(
+        "auto", "vLLM only: the dtype it serves the policy in (auto: bfloat16 on GPUs, model.dtype on vLLM's CPU build); "
+        "the trainer's weights are cast per tensor as they sync", choices=("auto", "float32", "bfloat16", "float16"),
+    )
+    sync_check_gap: float = setting(
+        0.5, "vLLM only: after each weight sync, the largest mean |log pi_vLLM - log pi_trainer| per token (nats) allowed "
+        "on a fixed probe (4 of the run's prompts, 16 sampled tokens each); above it the run stops (exit 5): vLLM is not "
+        "serving the trainer's weights (bfloat16 serving measures ~0.01-0.05; 0: no check)",
+    )
     sleep_level: int = setting(
         1, "vLLM only: sleep mode during the update phase (0: stay awake, 1: offload weights and drop the KV cache, 2: drop both); "
         "vLLM's CPU build has none and stays awake",

@@ -24,8 +24,8 @@ from typing import Any
 
 from dapo_cli.config.schema import Config, ConfigError, flatten
 
-SCHEMA_VERSION = 3
-"""The version of the schema this dapo writes (3: engine.logprob_chunk, the policy-loss and rollout-correction registries; 2:
+SCHEMA_VERSION = 4
+"""The version of the schema this dapo writes (4: rollout.dtype, rollout.sync_check_gap; 3: engine.logprob_chunk, the policy-loss and rollout-correction registries; 2:
 rollout.kv_cache_gib; 1: the first recorded; 0: a config saved without one)."""
 VERSION_KEY = "schema_version"
 """The top-level key of a saved config that records its version (not a setting: never in :class:`Config`)."""
@@ -55,6 +55,11 @@ ADDED_KEYS: dict[str, Added] = {
     "rollout.tensor_parallel_size": Added(1, "vLLM only; 1: one engine per rank, as before"),
     "rollout.sleep_level": Added(1, "vLLM only: its memory during the update, not what it samples"),
     "rollout.kv_cache_gib": Added(2, "vLLM only: the size of its KV cache on CPU, not what it samples"),
+    "rollout.dtype": Added(
+        4, "vLLM only; auto serves model.dtype on vLLM's CPU build, as before; on GPUs bfloat16, where model.dtype was "
+        "served before (the sampling dtype, not the trained weights)",
+    ),
+    "rollout.sync_check_gap": Added(4, "vLLM only: a check after each sync, not what it samples or trains"),
     "rollout.max_staleness": Added(1, "0: the synchronous loop, as before"),
     "rollout.worker": Added(1, "auto: rollouts in the trainer's process at max_staleness 0, as before"),
     "rollout.worker_threads": Added(1, "read only by the rollout worker process"),

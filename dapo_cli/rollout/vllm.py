@@ -7,8 +7,10 @@ the memory of the NUMA node the process runs on, and dapo gives it an explicit s
 capped by what the node has available; ``rollout.kv_cache_gib`` overrides it), because vLLM's own
 rule there subtracts the whole process's resident memory, the trainer's included. Between generation phases it sleeps
 (``rollout.sleep_level`` 1: weights offloaded and KV cache dropped; 2: both dropped) so the update has
-the memory, and wakes before the next sync and generate. Where the platform has no sleep mode
-(vLLM's CPU build), it stays awake and says so once.
+the memory, and wakes before the next sync and generate. It never wakes without weights: at level 2 vLLM
+discarded them (its CuMem allocator maps back uninitialised memory), so waking after a step that changed
+nothing syncs them again from the training engine. Where the platform has no sleep mode (vLLM's CPU
+build), it stays awake and says so once.
 
 - Platform: read from vLLM itself (``vllm.platforms.current_platform``), never from ``torch.cuda``.
   On the CPU platform the engine runs eager (torch.compile's warm-up costs more than it saves at
@@ -16,10 +18,18 @@ the memory, and wakes before the next sync and generate. Where the platform has 
   generator, which CPU generators refuse: "CPU Generator does not use offset"), and the torch
   thread count and ``torch.set_num_threads`` that vLLM's CPU worker replaces are given back to
   the trainer that shares the process.
-- Weights: :meth:`VLLMRolloutEngine.sync_weights` passes ``engine.export_weights()`` (any training
-  engine, ZeRO-3 included) to vLLM's in-place reload (``collective_rpc("reload_weights")``), which
+- Weights: :meth:`VLLMRolloutEngine.sync_weights` streams ``engine.export_weights()`` (any training
+  engine, ZeRO-3 included) into vLLM's in-place reload (``collective_rpc("reload_weights")``), which
   loads them in checkpoint format and re-runs the platform's weight processing (the CPU backend
-  repacks linear weights into its own kernel layout); no disk round trip. vLLM runs in-process
+  repacks linear weights into its own kernel layout); no disk round trip. The pairs go one at a time
+  (:func:`stream_weights`: a generator, which crosses ``collective_rpc`` unchanged in-process, where the
+  ``uni`` and ``external_launcher`` executors call the worker directly): each tensor is cast to the
+  serving dtype as it passes and the trainer's tensor is released before the next is asked for, so the
+  sync holds one gathered parameter of the trainer's at a time; vLLM itself buffers the cast tensors
+  of one layer until the layer is complete (its layer-wise reload). A sleeping engine wakes its
+  weights first, loads, then wakes its KV cache (as verl does), so the KV cache is not mapped while
+  the weights stream. vLLM's reload warnings (a layer that loaded nothing keeps its old weights) reach
+  the log; the one it gives for rotary embeddings (no weights, by design) is dropped. vLLM runs in-process
   (``VLLM_ENABLE_V1_MULTIPROCESSING=0``; one process: the ``uni`` executor; under torchrun:
   ``external_launcher``, tensor-parallel groups of ``rollout.tensor_parallel_size`` consecutive
   ranks, the groups vLLM's data-parallel ranks).
@@ -36,6 +46,8 @@ the memory, and wakes before the next sync and generate. Where the platform has 
   ``dapo lint``), the same quantity :class:`~dapo_cli.rollout.hf.HFRolloutEngine` returns and
   the trainer compares with its own (``rollout/logprob_diff_*``).
 - Texts: decoded by the project's tokenizer (``skip_special_tokens=True``), as every engine does.
+- Dtype: :func:`serving_dtype` (``rollout.dtype``; auto: bfloat16 on CUDA, the policy's dtype on CPU).
+  The trainer's float32 tensors are cast per tensor while they stream.
 
 Tested on vLLM's CPU build in ``make test`` (``.venv-vllm``: ``tests/rollout/test_rollout_conformance.py``,
 ``tests/rollout/test_rollout_vllm.py``, ``tests/e2e/test_e2e_vllm.py``); on GPUs by ``make gpu-check``.
@@ -48,7 +60,8 @@ import hashlib
 import logging
 import math
 import os
-from collections.abc import Callable, Sequence
+import re
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -81,6 +94,62 @@ CPU_MIN_BATCHED_TOKENS = 16384
 chunked prefill off, a prompt that does not fit waits for the next step instead of being cut."""
 
 
+def serving_dtype(setting: str, model_dtype: str, device: str) -> str:
+    """The dtype vLLM serves the policy in on ``device`` (vLLM's platform: ``"cuda"``, ``"cpu"``, ...):
+    ``rollout.dtype`` (``setting``) when set; ``auto``: bfloat16 on a GPU (FlashAttention's dtype, half the
+    weights and KV cache of float32, what TRL and verl serve; the trainer's tensors are cast as they stream),
+    the policy's own ``model_dtype`` on CPU (vLLM's CPU build: float32 keeps its log-probs at the trainer's)."""
+    if setting != "auto":
+        return setting
+    return model_dtype if device == "cpu" else "bfloat16"
+
+
+def executor_layout(world_size: int, tensor_parallel_size: int) -> tuple[str, dict[str, Any]]:
+    """vLLM's ``distributed_executor_backend`` and the extra ``LLM`` arguments for ``world_size`` processes
+    (torchrun's) of ``tensor_parallel_size`` GPUs per engine.
+
+    Under torchrun (``world_size > 1``): ``external_launcher``, the TP groups vLLM's data-parallel ranks
+    (``tensor_parallel_size`` must divide the world). One process (``dapo eval``): ``uni`` for one GPU, else
+    ``mp``: vLLM starts a worker process per GPU of the engine. Raises ValueError on a TP size that does not fit."""
+    if tensor_parallel_size < 1:
+        raise ValueError(f"tensor_parallel_size={tensor_parallel_size} must be >= 1")
+    if world_size > 1:
+        if world_size % tensor_parallel_size:
+            raise ValueError(f"rollout.tensor_parallel_size={tensor_parallel_size} does not divide the world size {world_size}")
+        return "external_launcher", {"data_parallel_size": world_size // tensor_parallel_size}  # vLLM's world = TP x DP
+    return ("uni" if tensor_parallel_size == 1 else "mp"), {}
+
+
+def stream_weights(pairs: Iterator[tuple[str, torch.Tensor]], dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(name, tensor)`` of ``pairs`` one at a time, each a fresh copy in ``dtype`` (on the tensor's device).
+
+    The copy is what vLLM receives (its layer-wise reload keeps a layer's tensors until the layer is
+    complete), and the trainer's tensor is released before the next pair is asked for: a ZeRO-3 engine
+    gathers each parameter only while it is being yielded, so at most one gathered parameter of the
+    trainer's is alive on this side, plus the copies of the layer vLLM is loading."""
+    for name, tensor in pairs:
+        copy = tensor.detach().to(dtype=dtype, copy=True)
+        del tensor  # before the generator is resumed: the producer may gather the next parameter then
+        yield name, copy
+        del copy
+
+
+class DropRotaryWarning(logging.Filter):
+    """Drops the one warning vLLM's layer-wise reload gives on every sync by design ("RotaryEmbedding: Failed
+    to load weights": the layer has a computed cache, no weights); every other reload warning (a layer that
+    loaded nothing keeps its old weights) reaches the log."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.levelno == logging.WARNING and ROTARY_WARNING.fullmatch(record.getMessage()) is not None)
+
+
+ROTARY_WARNING = re.compile(r"\w*RotaryEmbedding: Failed to load weights")
+
+
+RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
+"""The logger of vLLM's layer-wise weight reload (its "Failed to load weights" warning names the layer)."""
+
+
 def request_seed(seed: int, index: int) -> int:
     """The vLLM seed of prompt ``index`` of a call sampled under ``seed``: 62 bits of a hash, so the
     ``n`` consecutive seeds vLLM gives its samples (``seed + j``) overlap no other prompt's."""
@@ -100,7 +169,8 @@ def vllm_environment() -> None:
 @functools.cache
 def platform_info() -> dict[str, Any]:
     """What vLLM's own platform detection says (imports ``vllm.platforms``, ~6 s cold):
-    ``runs`` (vLLM found a platform: a GPU, or this is its CPU build), ``name``, ``cpu``, ``sleep_mode``."""
+    ``runs`` (vLLM found a platform: a GPU, or this is its CPU build), ``name``, ``cpu``, ``device`` (``cpu``,
+    ``cuda``, ...), ``sleep_mode``."""
     vllm_environment()
     from vllm.platforms import current_platform
 
@@ -108,6 +178,7 @@ def platform_info() -> dict[str, Any]:
         "runs": not current_platform.is_unspecified(),
         "name": str(current_platform.device_name or current_platform.device_type or "unspecified"),
         "cpu": bool(current_platform.is_cpu()),
+        "device": "cpu" if current_platform.is_cpu() else str(current_platform.device_type or "cuda"),
         "sleep_mode": bool(current_platform.is_sleep_mode_available()),
     }
 
@@ -199,7 +270,9 @@ class VLLMRolloutEngine:
     """:class:`~dapo_cli.rollout.base.RolloutEngine` on ``vllm.LLM``.
 
     ``note``: called once with each thing the user should know about how the engine runs here
-    (e.g. no sleep mode on this platform)."""
+    (e.g. no sleep mode on this platform). ``weights``: where the policy's weights come from (the training
+    engine); a level-2 sleep discards vLLM's copy, and waking syncs them again from the last source synced
+    (this one until the first :meth:`sync_weights`)."""
 
     def __init__(
         self,
@@ -216,6 +289,7 @@ class VLLMRolloutEngine:
         seed: int = 0,
         dist: Collective | None = None,
         note: Callable[[str], None] | None = None,
+        weights: WeightSource | None = None,
     ) -> None:
         vllm_environment()
         from vllm import LLM
@@ -225,8 +299,8 @@ class VLLMRolloutEngine:
         self.world_size = dist.world_size if dist is not None else 1
         self.rank = dist.rank if dist is not None else 0
         self.tp = tensor_parallel_size
-        if self.world_size % self.tp:
-            raise ValueError(f"rollout.tensor_parallel_size={self.tp} does not divide the world size {self.world_size}")
+        backend, extra = executor_layout(self.world_size, self.tp)
+        self.backend = backend
         if sleep_level > 0 and not self.platform["sleep_mode"] and note is not None:
             note(
                 f"vLLM's {self.platform['name']} platform has no sleep mode: the rollout engine stays awake "
@@ -240,10 +314,6 @@ class VLLMRolloutEngine:
 
             groups = [tdist.new_group(list(range(g, g + self.tp))) for g in range(0, self.world_size, self.tp)]
             self._tp_group = groups[self.rank // self.tp]
-        backend = "external_launcher" if self.world_size > 1 else ("uni" if self.tp == 1 else "mp")
-        extra: dict[str, Any] = {}
-        if self.world_size > 1:
-            extra["data_parallel_size"] = self.world_size // self.tp  # vLLM's world = TP x DP = torchrun's
         if self.platform["cpu"]:
             from dapo_cli.hardware import node_memory
 
@@ -279,10 +349,18 @@ class VLLMRolloutEngine:
         finally:  # vLLM's CPU worker replaces torch.set_num_threads process-wide and drops to one thread
             torch.set_num_threads = set_threads
             torch.set_num_threads(threads)
-        # every reload warns that RotaryEmbedding has no weights to load (it has a computed cache only); set
-        # after LLM(...), whose logging set-up (dictConfig) resets the levels of vLLM's child loggers
-        logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").setLevel(logging.ERROR)
-        self.asleep = False
+        # every reload warns that RotaryEmbedding has no weights to load (it has a computed cache only): that one
+        # warning is dropped, the others (a layer left on its old weights) reach the log
+        reload_log = logging.getLogger(RELOAD_LOGGER)
+        if not any(isinstance(f, DropRotaryWarning) for f in reload_log.filters):
+            reload_log.addFilter(DropRotaryWarning())
+        self.serve_dtype: torch.dtype = self.llm.llm_engine.model_config.dtype
+        """The dtype vLLM resolved for the weights (what each streamed tensor is cast to)."""
+        self.sleeping: set[str] = set()
+        """vLLM's sleeping memory tags: ``weights`` and ``kv_cache`` while asleep, none awake."""
+        self.source = weights
+        self.weights_discarded = False
+        """vLLM threw its weights away (a level-2 sleep) and none were loaded since."""
 
     seeds_per_prompt = False
     """Request seeds hash (seed, the prompt's index in the call): ranks need seeds of their own."""
@@ -292,15 +370,33 @@ class VLLMRolloutEngine:
 
     # ------------------------------------------------------------ memory and weights
 
+    @property
+    def asleep(self) -> bool:
+        return bool(self.sleeping)
+
     def sleep(self) -> None:
         if self.sleep_level > 0 and not self.asleep:
             self.llm.sleep(level=self.sleep_level)
-            self.asleep = True
+            self.sleeping = {"weights", "kv_cache"}
+            self.weights_discarded = self.sleep_level >= 2
 
     def wake_up(self) -> None:
-        if self.asleep:
-            self.llm.wake_up()
-            self.asleep = False
+        """Awake again with valid weights: after a level-1 sleep vLLM maps back the weights it kept; after a
+        level-2 sleep it has none, so they are synced again from the last source (:meth:`sync_weights`)."""
+        if not self.asleep:
+            return
+        if self.weights_discarded:
+            if self.source is None:
+                raise RuntimeError("vLLM discarded its weights (rollout.sleep_level=2) and has no source to load them from")
+            self.sync_weights(self.source)
+            return
+        self._wake(["weights", "kv_cache"])
+
+    def _wake(self, tags: list[str]) -> None:
+        tags = [t for t in tags if t in self.sleeping]
+        if tags:
+            self.llm.wake_up(tags=tags)
+            self.sleeping -= set(tags)
 
     def close(self) -> None:
         """Shut vLLM's engine core down now (KV cache, its process groups), while the trainer's process
@@ -311,13 +407,24 @@ class VLLMRolloutEngine:
 
     @torch.no_grad()
     def sync_weights(self, source: WeightSource) -> None:
-        """Every ``(name, tensor)`` of ``source.export_weights()`` into vLLM's model, in place.
+        """Every ``(name, tensor)`` of ``source.export_weights()`` into vLLM's model, in place, one at a time
+        (:func:`stream_weights`, cast to :attr:`serve_dtype`); a sleeping engine wakes its weights first and its
+        KV cache after the load, so the two are never mapped beside a sync's tensors at once.
 
         vLLM's ``reload_weights`` takes checkpoint-format names (those ``save_pretrained`` writes),
         loads them through each layer's weight loader and re-runs the platform's processing, so a
-        backend that repacks weights after loading (the CPU one does) serves the new values."""
-        weights = [(name, tensor.detach()) for name, tensor in source.export_weights()]
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        backend that repacks weights after loading (the CPU one does) serves the new values. The stream
+        is a generator: it crosses ``collective_rpc`` only in-process (the ``uni`` and
+        ``external_launcher`` executors; ``mp``, a TP engine of one process, is ``dapo eval``'s and never synced)."""
+        if self.backend == "mp":
+            raise RuntimeError("a multi-process vLLM engine (tensor parallelism in one process) cannot take streamed weights")
+        self.source = source
+        self._wake(["weights"])
+        self.llm.collective_rpc(
+            "reload_weights", kwargs={"weights_iterator": stream_weights(source.export_weights(), self.serve_dtype)}
+        )
+        self.weights_discarded = False
+        self._wake(["kv_cache"])
         self.llm.reset_prefix_cache()  # cached prefixes were computed with the old weights
 
     # ------------------------------------------------------------ generation
@@ -414,6 +521,6 @@ def load_vllm_engine(
         if not context or longest + max_tokens <= context:
             kwargs["max_model_len"] = longest + max_tokens
     kwargs.setdefault("sleep_level", 0)
-    # like the fast and hf engines: float32 on CPU (vLLM's "auto" may pick another dtype), the model's own on GPUs
-    kwargs.setdefault("dtype", "float32" if platform_info()["cpu"] else "auto")
+    # like the fast and hf engines: float32 on CPU (vLLM's "auto" may pick another dtype), bfloat16 on GPUs
+    kwargs.setdefault("dtype", serving_dtype("auto", "float32", platform_info()["device"]))
     return VLLMRolloutEngine(model, tokenizer, **kwargs), tokenizer

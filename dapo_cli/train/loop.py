@@ -312,7 +312,7 @@ def run_train(
             s.close_orphans(tracker)
             # inline, or a worker process generating ahead (rollout.worker / max_staleness); versions count steps
             rounds = open_rounds(cfg, s.rollout, s.stream, dist, s.engine, model_path=s.model_path, version=s.start_step,
-                                 worker=s.worker, worker_threads=s.worker_threads)
+                                 worker=s.worker, worker_threads=s.worker_threads, pad_id=s.pad_id)
             if s.start_step == 0:
                 s.log_validation(tracker, step=0)
             with s.reporter:

@@ -34,6 +34,7 @@ from dapo_cli.engine.dist import Collective, SingleProcess
 from dapo_cli.errors import EnvironmentFailure
 from dapo_cli.rollout.base import RolloutEngine, Rollouts, SamplingParams
 from dapo_cli.runs import derive_seed
+from dapo_cli.train.sync_check import PROBE_PROMPTS, check_gap, probe_gap
 from dapo_cli.train.worker import POLL_S, WorkerSpec, worker_main
 
 START_TIMEOUT_S = 600.0
@@ -107,18 +108,29 @@ class RoundPlanner:
 
 
 class InlineRounds:
-    """The synchronous loop: ``rollout`` generates each round on request, with the newest weights."""
+    """The synchronous loop: ``rollout`` generates each round on request, with the newest weights.
+
+    With vLLM (``rollout.engine=vllm``) and ``rollout.sync_check_gap > 0``, every wake-up or sync after an update
+    is followed by the probe of :mod:`dapo_cli.train.sync_check` (``pad_id``: the tokenizer's), whose gap is logged
+    (``rollout/sync_probe_gap``) and stops the run above the bound."""
 
     def __init__(
         self, rollout: RolloutEngine, stream: PromptStream, cfg: Config, dist: Collective | None = None, *, version: int = 0,
+        pad_id: int | None = None,
     ) -> None:
         self.rollout = rollout
         self.stream = stream
-        self.planner = RoundPlanner(stream, cfg, dist or SingleProcess(), seeds_per_prompt=rollout.seeds_per_prompt)
+        self.dist = dist or SingleProcess()
+        self.planner = RoundPlanner(stream, cfg, self.dist, seeds_per_prompt=rollout.seeds_per_prompt)
         self.version = version
+        self.pad_id = pad_id
+        self.probe: list[str] = []
+        """The sync check's prompts: the first ones this rank drew (fixed for the run)."""
 
     def next_round(self, step: int) -> Round:
         prompts, params = self.planner.plan(step)
+        if not self.probe:
+            self.probe = [p.text for p in prompts[:PROBE_PROMPTS]]
         out = self.rollout.generate([p.text for p in prompts], self.planner.cfg.rollout.n, params)
         return Round(prompts, out, self.version)
 
@@ -126,13 +138,31 @@ class InlineRounds:
         self.rollout.sleep()  # a colocated engine hands its GPU memory to the update
 
     def after_update(self, engine: TrainingEngine, version: int, *, updated: bool) -> dict[str, float]:
+        """Wake the engine (vLLM after a level-2 sleep: with the weights synced again, never without) or, after an
+        update, sync it (a sleeping vLLM wakes its weights, loads, then wakes its KV cache); then the sync check."""
         t0 = time.perf_counter()
-        self.rollout.wake_up()
         self.version = version
-        if not updated:
+        metrics: dict[str, float] = {}
+        if updated:
+            self.rollout.sync_weights(engine)  # in memory, from engine.export_weights(), one tensor at a time
+            metrics["timing/weight_sync"] = time.perf_counter() - t0
+        else:
+            self.rollout.wake_up()
+        metrics.update(self.check_sync(engine, version))
+        return metrics
+
+    def check_sync(self, engine: TrainingEngine, version: int) -> dict[str, float]:
+        """The sync check (vLLM with ``rollout.sync_check_gap > 0``, once the probe's prompts are known): its gap, or
+        :class:`EnvironmentFailure` above the bound."""
+        r = self.planner.cfg.rollout
+        if r.engine != "vllm" or r.sync_check_gap <= 0 or not self.probe or self.pad_id is None:
             return {}
-        self.rollout.sync_weights(engine)  # in memory, from engine.export_weights()
-        return {"timing/weight_sync": time.perf_counter() - t0}
+        gap = probe_gap(
+            self.rollout, engine, self.probe, temperature=r.temperature, pad_id=self.pad_id, dist=self.dist,
+            seed=derive_seed(self.planner.cfg.trainer.seed, "sync-probe"),
+        )
+        check_gap(gap, r.sync_check_gap, version)
+        return {"rollout/sync_probe_gap": gap}
 
     def stream_state(self) -> dict[str, int]:
         return self.stream.state_dict()
@@ -275,13 +305,13 @@ class WorkerRounds:
 
 def open_rounds(
     cfg: Config, rollout: RolloutEngine, stream: PromptStream, dist: Collective, engine: TrainingEngine, *,
-    model_path: str, version: int, worker: bool, worker_threads: int,
+    model_path: str, version: int, worker: bool, worker_threads: int, pad_id: int | None = None,
 ) -> RoundSource:
     """The run's round source: the worker process (``worker``, the session's reading of ``rollout.worker``) with
-    ``worker_threads`` torch threads, else inline. ``engine``'s current weights (after any resume) are the
-    worker's first version, ``version``."""
+    ``worker_threads`` torch threads, else inline (``pad_id``: the tokenizer's, for the sync check). ``engine``'s
+    current weights (after any resume) are the worker's first version, ``version``."""
     if not worker:
-        return InlineRounds(rollout, stream, cfg, dist, version=version)
+        return InlineRounds(rollout, stream, cfg, dist, version=version, pad_id=pad_id)
     return WorkerRounds(
         cfg, stream, dist, engine, model_path=model_path, version=version, threads=worker_threads,
         seeds_per_prompt=rollout.seeds_per_prompt,
