@@ -162,12 +162,12 @@ def build_train_rollout(
 
 def build_eval_rollout(
     name: str, model: str, batch_size: int, log: Callable[[str], None], *,
-    messages: Sequence[Any] = (), max_tokens: int = 0, max_sequences: int = 0,
+    messages: Sequence[Any] = (), max_tokens: int = 0, max_sequences: int = 0, tensor_parallel_size: int = 1,
 ) -> tuple[RolloutEngine, PromptFormatter]:
     """``dapo eval``'s engine on a checkpoint or hub id, with the prompt formatter of its tokenizer
     (``--engine vllm`` is checked by the command's preflight). vLLM's is sized for the evaluation: its
     context for the longest of ``messages`` plus ``max_tokens``, its KV cache on CPU for ``max_sequences``
-    sequences in one generate call."""
+    sequences in one generate call, across ``tensor_parallel_size`` GPUs."""
     from dapo_cli.models.tokenizer import format_prompt
 
     if name in LOCAL_ROLLOUT_ENGINES:
@@ -180,7 +180,9 @@ def build_eval_rollout(
 
         log(f"loading {model} with vLLM")
         sizing: dict[str, Any] = {"max_sequences": max_sequences} if max_sequences else {}
-        engine, tokenizer = vllm_rollout.load_vllm_engine(model, messages=messages, max_tokens=max_tokens, note=log, **sizing)
+        engine, tokenizer = vllm_rollout.load_vllm_engine(
+            model, messages=messages, max_tokens=max_tokens, note=log, tensor_parallel_size=tensor_parallel_size, **sizing,
+        )
         return engine, lambda m: format_prompt(tokenizer, m)
     raise unknown_name("engine", name, ROLLOUT_ENGINES, listed=LISTED_AS_NAMES)
 

@@ -77,6 +77,10 @@ def eval_command(
         int, typer.Option(help="Sequences per generate call, whole problems (0: auto, up to 64; one problem's K when more).",
                           rich_help_panel=Panel.RUN),
     ] = DEFAULTS.batch_size,
+    tensor_parallel_size: Annotated[
+        int, typer.Option(help="vLLM only: GPUs the engine spans (tensor parallelism; vLLM starts a worker process per GPU).",
+                          rich_help_panel=Panel.RUN),
+    ] = 1,
     output: Annotated[
         Path | None,
         typer.Option(help="Write generations.parquet + summary.json here; reruns resume.", rich_help_panel=Panel.OUTPUT,
@@ -128,6 +132,7 @@ def eval_command(
         verifier=verifier,
         engine=engine.value,
         batch_size=batch_size,
+        tensor_parallel_size=tensor_parallel_size,
         seed=seed,
         output=output,
         limit=limit,

@@ -386,6 +386,8 @@ class EvalOptions:
     """Most samples in the MLflow generations table (0: none; see :mod:`dapo_cli.eval.table`)."""
     memory_limit_bytes: int | None = None
     """Most memory an evaluation may plan to hold (None: this machine's, see :func:`memory_limit`)."""
+    tensor_parallel_size: int = 1
+    """``--engine vllm``: GPUs the engine spans (vLLM's ``mp`` executor when more than one)."""
 
 
 @dataclass
@@ -464,6 +466,8 @@ def run_eval(
         raise UserError(f"--limit must be at least 1 (got {opts.limit})")
     if opts.table_rows < 0:
         raise UserError(f"--table-rows must be 0 or more (got {opts.table_rows})")
+    if opts.tensor_parallel_size < 1 or (opts.tensor_parallel_size > 1 and opts.engine != "vllm"):
+        raise UserError(f"--tensor-parallel-size {opts.tensor_parallel_size}: a whole number >= 1, above 1 only with --engine vllm")
     check_memory(opts, 1)  # before anything loads: even one problem may not fit
     from dapo_cli.components import build_eval_rollout
     from dapo_cli.config.schema import ROLLOUT_ENGINES
@@ -490,7 +494,7 @@ def run_eval(
     # the model loads before the run opens: a checkpoint that fails to load leaves no MLflow run behind
     engine, format_prompt = build_eval_rollout(
         opts.engine, model, opts.batch_size, log, messages=[p.messages for p in problems], max_tokens=opts.max_tokens,
-        max_sequences=sequences_per_call(opts.k, opts.batch_size),
+        max_sequences=sequences_per_call(opts.k, opts.batch_size), tensor_parallel_size=opts.tensor_parallel_size,
     ) if todo else (None, None)
     try:
         prompts = [format_prompt(p.messages) for p in problems] if todo else []

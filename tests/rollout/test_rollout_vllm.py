@@ -151,3 +151,33 @@ def test_the_engine_starts_in_a_process_that_holds_more_than_its_memory_share(he
     finally:
         rollout.close()
         del ballast
+
+
+def test_a_layer_the_sync_leaves_out_is_reported_in_the_log_and_the_rotary_warning_is_not(setup):
+    """vLLM's reload logger is no longer muted: a layer that loaded nothing (kept on its old weights) is named."""
+    import logging
+
+    from dapo_cli.rollout.vllm import RELOAD_LOGGER
+
+    rollout, trainer, _, _ = setup
+
+    class Partial:
+        def export_weights(self):
+            return ((n, t) for n, t in trainer.export_weights() if ".layers.0.mlp." not in n)
+
+    seen: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record.getMessage())
+
+    handler = Keep(logging.WARNING)
+    log = logging.getLogger(RELOAD_LOGGER)
+    log.addHandler(handler)
+    try:
+        rollout.sync_weights(Partial())
+    finally:
+        log.removeHandler(handler)
+        rollout.sync_weights(trainer)  # the module's other tests see the whole policy again
+    failed = [m for m in seen if m.endswith("Failed to load weights")]
+    assert failed and not any("RotaryEmbedding" in m for m in failed), seen

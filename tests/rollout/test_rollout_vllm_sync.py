@@ -302,3 +302,24 @@ def test_the_gate_rejects_a_gap_above_the_bound_or_not_a_number_and_0_turns_it_o
     for bad in (0.51, float("nan"), float("inf")):
         with pytest.raises(EnvironmentFailure, match="step 3"):
             check_gap(bad, 0.5, 3)
+
+
+def test_dapo_eval_on_vllm_can_span_gpus_with_tensor_parallelism(tiny_model_dir, monkeypatch):
+    from dapo_cli import components
+
+    fake = install(monkeypatch, device="cuda")
+    engine, _ = components.build_eval_rollout("vllm", str(tiny_model_dir), 0, lambda _m: None, tensor_parallel_size=2)
+    given = fake.instances[-1].kwargs
+    assert given["tensor_parallel_size"] == 2 and given["distributed_executor_backend"] == "mp"
+    assert given["dtype"] == "bfloat16" and not given["enable_sleep_mode"]  # eval: bf16 on a GPU, no sleep
+    with pytest.raises(RuntimeError, match="cannot take streamed weights"):  # never synced: said, not pickled
+        engine.sync_weights(Source({}))
+
+
+def test_eval_refuses_tensor_parallelism_off_vllm(tiny_model_dir):
+    from typer.testing import CliRunner
+
+    from dapo_cli.cli import app
+
+    out = CliRunner().invoke(app, ["eval", str(tiny_model_dir), "--engine", "fast", "--tensor-parallel-size", "2", "--no-track"])
+    assert out.exit_code == 2 and "--tensor-parallel-size 2" in out.output
