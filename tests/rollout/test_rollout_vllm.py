@@ -181,3 +181,15 @@ def test_a_layer_the_sync_leaves_out_is_reported_in_the_log_and_the_rotary_warni
         rollout.sync_weights(trainer)  # the module's other tests see the whole policy again
     failed = [m for m in seen if m.endswith("Failed to load weights")]
     assert failed and not any("RotaryEmbedding" in m for m in failed), seen
+
+
+def test_gpu_checks_engine_facts_read_the_runner_and_attention_backend_from_a_real_engine(setup):
+    """``benchmarks/gpu_check.py``'s environment report, against vLLM's real worker (here its CPU build)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import gpu_check
+
+    facts = gpu_check.engine_facts(setup[0].llm)
+    assert facts["model_runner"].endswith("ModelRunner") and facts["attention_backends"], facts
