@@ -5,6 +5,7 @@
 * ``update.py``   the optimisation phases: old log-probs, the behaviour correction, ``update_policy``
 * ``rounds.py``   where a step's generation rounds come from (``InlineRounds``, ``WorkerRounds``)
 * ``worker.py``   the rollout worker process of asynchronous rollouts (spawned by ``rounds.WorkerRounds``)
+* ``sync_check.py`` after each sync to vLLM, its log-probs of a fixed probe against the trainer's (``InlineRounds``)
 * ``session.py``  plumbing of one run: build/restore components, record, validate, checkpoint
 
 What ``--algo direct-advantage`` shares with this loop (seeds, run tags, the run's data) is in

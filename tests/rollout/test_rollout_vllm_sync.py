@@ -7,7 +7,6 @@ Runs in ``.venv`` (no vLLM needed); ``test_rollout_vllm.py`` checks the sync aga
 from __future__ import annotations
 
 import contextlib
-import gc
 import logging
 import sys
 import weakref
@@ -19,6 +18,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 
 from fake_vllm import RELOAD_LOGGER, install  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "train"))
+from fakes import Recorder  # noqa: E402
 
 from dapo_cli.config import load_config  # noqa: E402
 from dapo_cli.data.schema import make_row, write_dapo_parquet  # noqa: E402
@@ -76,7 +78,6 @@ class Source:
         previous: weakref.ref | None = None
         last = ""
         for name, tensor in self.state.items():
-            gc.collect()
             if previous is not None and previous() is not None:
                 self.held_back.append(last)
             gathered = tensor.detach().clone()
@@ -94,7 +95,6 @@ def test_the_stream_releases_each_tensor_before_asking_for_the_next_and_casts_it
     assert source.held_back == []
     assert out == [(f"w{i}", torch.bfloat16, float(i)) for i in range(5)]
     # negative control: a list (the old sync) holds every gathered tensor at once
-    listed = [(n, t.detach()) for n, t in Source(source.state).export_weights()]
     control = Source(source.state)
     listed = list(control.export_weights())
     assert len(control.held_back) == 4 and listed
@@ -185,20 +185,6 @@ def test_the_engine_is_given_the_serving_dtype_under_each_engine_config(tiny_mod
 # ---------------------------------------------------------------- the real training loop on the fake vLLM
 
 
-class Recorder:
-    def __init__(self) -> None:
-        from dapo_cli.tracking import NullTracker
-
-        self.null = NullTracker()
-        self.metrics: dict[int, dict[str, float]] = {}
-
-    def log_metrics(self, metrics, step=None):
-        self.metrics.setdefault(step, {}).update(metrics)
-
-    def __getattr__(self, name):
-        return getattr(self.null, name)
-
-
 BARREN = {2}
 """Steps whose every sample is wrong: no informative group, no update."""
 
@@ -229,7 +215,6 @@ def train_on_fake(tmp_path: Path, model_dir: Path, monkeypatch, *, level: int, e
 
     monkeypatch.setattr(loop, "open_tracker", fake_tracker)
     steps = [0]
-    real_next = loop.InlineRounds.next_round if hasattr(loop, "InlineRounds") else None
     from dapo_cli.train import rounds as rounds_mod
 
     real_next = rounds_mod.InlineRounds.next_round
@@ -316,6 +301,7 @@ def test_dapo_eval_on_vllm_can_span_gpus_with_tensor_parallelism(tiny_model_dir,
         engine.sync_weights(Source({}))
 
 
+@pytest.mark.slow
 def test_eval_refuses_tensor_parallelism_off_vllm(tiny_model_dir):
     from typer.testing import CliRunner
 

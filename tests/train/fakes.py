@@ -58,3 +58,19 @@ class ScriptedRollout:
             texts=[text for text, _, _ in rows],
             prompt_index=torch.arange(len(prompts)).repeat_interleave(n),
         )
+
+
+class Recorder:
+    """A tracker that keeps what run_train logs (a NullTracker with a memory)."""
+
+    def __init__(self) -> None:
+        from dapo_cli.tracking import NullTracker
+
+        self.null = NullTracker()
+        self.metrics: dict[int, dict[str, float]] = {}
+
+    def log_metrics(self, metrics, step=None):
+        self.metrics.setdefault(step, {}).update(metrics)
+
+    def __getattr__(self, name):
+        return getattr(self.null, name)

@@ -23,7 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from fakes import ScriptedRollout
+from fakes import Recorder, ScriptedRollout
 
 from dapo_cli.config import apply_techniques, load_config
 from dapo_cli.data.loader import Prompt, PromptStream
@@ -197,22 +197,6 @@ def test_two_ranks_with_old_from_update_give_the_one_process_update_and_metrics(
 
 
 # ---------------------------------------------------------------- through run_train
-
-
-class Recorder:
-    """A tracker that keeps what run_train logs (a NullTracker with a memory)."""
-
-    def __init__(self) -> None:
-        from dapo_cli.tracking import NullTracker
-
-        self.null = NullTracker()
-        self.metrics: dict[int, dict[str, float]] = {}
-
-    def log_metrics(self, metrics, step=None):
-        self.metrics.setdefault(step, {}).update(metrics)
-
-    def __getattr__(self, name):
-        return getattr(self.null, name)
 
 
 def recorded_run(tiny_model_dir, out, monkeypatch, *, mini: int, extra: tuple[str, ...] = ()) -> dict:
