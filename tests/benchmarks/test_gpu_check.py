@@ -74,3 +74,15 @@ def test_the_arguments_run_every_check_by_default_and_a_child_one():
     assert child.check == "sleep" and child.work == Path("/w")
     with pytest.raises(SystemExit):
         gpu_check.parse_args(["--only", "nope"])
+
+
+@pytest.mark.parametrize("check", ["deepspeed", "lora"], ids=["zero3", "torch-adapters"])  # "lora" in an id marks it lora
+def test_the_training_checks_configs_are_valid_and_read_back(tmp_path, check):
+    from dapo_cli.config import load_config
+
+    sets = {"deepspeed": ["engine.name=deepspeed", "engine.zero_stage=3", "rollout.sleep_level=2"],
+            "lora": ["engine.name=torch", "model.lora.rank=8", "rollout.sleep_level=1", "trainer.lr=1e-3"]}[check]
+    cfg = load_config(gpu_check.train_config(tmp_path, check, sets))
+    assert cfg.rollout.engine == "vllm" and cfg.model.dtype == "bfloat16" and cfg.trainer.save_freq == 1
+    assert cfg.algorithm.filter_groups.max_num_gen_batches == 1  # a forced barren step trains nothing
+    assert (cfg.engine.name, cfg.rollout.sleep_level) == (("deepspeed", 2) if check == "deepspeed" else ("torch", 1))
