@@ -81,7 +81,8 @@ def build_training_engine(
 
         return DeepSpeedEngine(
             model, dist=dist, zero_stage=e.zero_stage, bf16=bf16,
-            offload_optimizer=e.offload_optimizer, offload_params=e.offload_params, device=e.device, **common,
+            offload_optimizer=e.offload_optimizer, offload_params=e.offload_params, device=e.device,
+            optimizer=e.optimizer, **common,
         )
     from dapo_cli.engine.torch import TorchEngine
 

@@ -9,8 +9,11 @@ every rank runs the same number of micro-batches (the trainer pads with empty on
 DeepSpeed averages gradients over ranks; the trainer's loss is a sum over ranks, so
 :meth:`DeepSpeedEngine.backward` multiplies by the world size, as the torch engine does.
 
-Optimizer: on CPU a torch ``AdamW`` is passed in (a config ``"optimizer"`` would JIT-build
-FusedAdam/CPUAdam, ~50 s on these machines); on GPU DeepSpeed's own AdamW is configured.
+Optimizer (``engine.optimizer``, :func:`optimizer_choice`): by default a torch ``AdamW`` is built here and passed
+to ``deepspeed.initialize`` (fused kernels on CUDA): nothing to compile. DeepSpeed's own
+(``fused_adam``: FusedAdam, JIT-built with nvcc; ``cpu_adam``: DeepSpeedCPUAdam, C++-built, for
+``offload_optimizer``) only when asked; a build that fails is one line (:func:`build_optimizer`). The
+config never names an ``"optimizer"``, so DeepSpeed never builds one of its own.
 A non-finite gradient makes DeepSpeed's ZeRO optimizers skip the step (its overflow
 check); at stage 0 the engine averages, measures and checks the gradients itself.
 """
@@ -28,7 +31,8 @@ import torch
 from dapo_cli.batch import RolloutBatch
 from dapo_cli.engine.base import no_context
 from dapo_cli.engine.dist import Collective
-from dapo_cli.engine.torch import adamw, frozen, pick_device, policy_forward, reference_log_probs, warmup_constant
+from dapo_cli.engine.torch import frozen, pick_device, policy_forward, reference_log_probs, warmup_constant
+from dapo_cli.errors import UserError
 
 CHECKPOINT_TAG = "state"
 
@@ -40,10 +44,8 @@ def deepspeed_config(
     grad_clip: float,
     offload_optimizer: bool,
     offload_params: bool,
-    lr: float | None = None,
-    weight_decay: float = 0.0,
 ) -> dict[str, Any]:
-    """The DeepSpeed JSON config for one training engine (``lr`` set → DeepSpeed's own AdamW)."""
+    """The DeepSpeed JSON config for one training engine (the optimizer is passed in: :func:`build_optimizer`)."""
     zero: dict[str, Any] = {"stage": zero_stage}
     if offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu"}
@@ -63,9 +65,55 @@ def deepspeed_config(
         "steps_per_print": 2**31 - 1,
         "wall_clock_breakdown": False,
     }
-    if lr is not None:
-        cfg["optimizer"] = {"type": "AdamW", "params": {"lr": lr, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": weight_decay}}
     return cfg
+
+
+BETAS = (0.9, 0.999)
+
+
+def optimizer_choice(name: str, *, device_type: str, offload_optimizer: bool) -> tuple[str, dict[str, Any]]:
+    """``engine.optimizer`` → (the class that steps, its extra keyword arguments).
+
+    ``torch``: ``torch.optim.AdamW``, ``fused=True`` where its states live on CUDA (no offload), else torch's
+    default implementation (CPU, or the CPU partitions of ``offload_optimizer``; the torch engine's AdamW); ``fused_adam``: ``deepspeed.ops.adam.FusedAdam``
+    (AdamW mode); ``cpu_adam``: ``deepspeed.ops.adam.DeepSpeedCPUAdam`` (AdamW mode). Validation has already
+    refused the combinations that cannot run (:func:`dapo_cli.config.validate.optimizer_problem`)."""
+    if name == "fused_adam":
+        return "FusedAdam", {"adam_w_mode": True}
+    if name == "cpu_adam":
+        return "DeepSpeedCPUAdam", {"adamw_mode": True}
+    if name != "torch":
+        raise ValueError(f"unknown engine.optimizer {name!r}")
+    on_cuda = device_type == "cuda" and not offload_optimizer
+    return "torch.optim.AdamW", ({"fused": True} if on_cuda else {})
+
+
+def build_optimizer(
+    name: str, params: list[torch.nn.Parameter], *, lr: float, weight_decay: float, device_type: str, offload_optimizer: bool
+) -> torch.optim.Optimizer:
+    """The optimizer of :func:`optimizer_choice` over ``params``. DeepSpeed's build theirs on construction (a JIT
+    compile); one that cannot be built (no nvcc / CUDA_HOME, a toolkit that does not match torch, no compiler)
+    raises a one-line :class:`~dapo_cli.errors.UserError` naming ``engine.optimizer=torch`` as the fix."""
+    kind, extra = optimizer_choice(name, device_type=device_type, offload_optimizer=offload_optimizer)
+    common = dict(lr=lr, weight_decay=weight_decay, betas=BETAS, eps=1e-8)
+    if kind == "torch.optim.AdamW":
+        return torch.optim.AdamW(params, **common, **extra)
+    import subprocess
+
+    from deepspeed.ops import adam
+    from deepspeed.ops.op_builder.builder import CUDAMismatchException, MissingCUDAException
+
+    # what DeepSpeed's op builders raise when the JIT build cannot run or fails (no CUDA_HOME / nvcc, a toolkit
+    # that does not match torch, no ninja or compiler, the compile failing, the built library not loading)
+    failed = (MissingCUDAException, CUDAMismatchException, RuntimeError, ImportError, OSError, subprocess.CalledProcessError)
+    try:
+        return getattr(adam, kind)(params, **common, **extra)
+    except failed as exc:
+        reason = (str(exc).strip().splitlines() or [""])[0][:200]
+        raise UserError(
+            f"engine.optimizer={name}: DeepSpeed could not build {kind} ({type(exc).__name__}: {reason}); "
+            "set engine.optimizer=torch (torch.optim.AdamW, nothing to compile)"
+        ) from None
 
 
 def reference_config(zero_stage: int, bf16: bool) -> dict[str, Any]:
@@ -96,6 +144,7 @@ class DeepSpeedEngine:
         offload_params: bool = False,
         device: str = "auto",
         ref_model: torch.nn.Module | None = None,
+        optimizer: str = "torch",
     ) -> None:
         import deepspeed
 
@@ -103,10 +152,9 @@ class DeepSpeedEngine:
         self.dist = dist
         self.device = pick_device(device, dist.local_rank)
         self.zero_stage = zero_stage
-        on_gpu = self.device.type == "cuda"
         config = deepspeed_config(
             zero_stage=zero_stage, bf16=bf16, grad_clip=grad_clip, offload_optimizer=offload_optimizer,
-            offload_params=offload_params, lr=lr if on_gpu else None, weight_decay=weight_decay,
+            offload_params=offload_params,
         )
         factor = warmup_constant(warmup_steps)
 
@@ -114,9 +162,11 @@ class DeepSpeedEngine:
             return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
         params = [p for p in model.parameters() if p.requires_grad]
-        optimizer = None if on_gpu else adamw(params, lr=lr, weight_decay=weight_decay)
+        client = build_optimizer(
+            optimizer, params, lr=lr, weight_decay=weight_decay, device_type=self.device.type, offload_optimizer=offload_optimizer,
+        )
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
-            model=model, model_parameters=params, optimizer=optimizer, lr_scheduler=schedule, config=config,
+            model=model, model_parameters=params, optimizer=client, lr_scheduler=schedule, config=config,
             dist_init_required=True,
         )
         self.module: torch.nn.Module = self.engine.module

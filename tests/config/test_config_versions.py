@@ -145,5 +145,6 @@ def test_a_version_1_config_gets_the_kv_cache_size_of_version_2_and_the_registri
         "algorithm.rollout_is.mode": "token_tis", "algorithm.rollout_is.geo_bound": 1.001,
         "algorithm.rollout_is.opsm_delta": 1e-4,
         "engine.logprob_chunk": 1024,  # version 3 too: how the head is computed, not what (its default)
+        "engine.optimizer": "torch",  # version 4: which AdamW implementation steps, not the update (its default)
     }
     assert upgraded["rollout"]["kv_cache_gib"] is None and upgraded["algorithm"]["policy_loss"] == "dapo"
