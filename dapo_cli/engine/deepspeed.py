@@ -29,8 +29,10 @@ from typing import Any
 import torch
 
 from dapo_cli.batch import RolloutBatch
+from dapo_cli.algo.logits import chunked_head_log_probs
 from dapo_cli.engine.base import no_context
 from dapo_cli.engine.dist import Collective
+from dapo_cli.engine.forward import PLAIN_HEAD_TYPES, Packing
 from dapo_cli.engine.torch import frozen, pick_device, policy_forward, reference_log_probs, warmup_constant
 from dapo_cli.errors import UserError
 
@@ -116,6 +118,51 @@ def build_optimizer(
         ) from None
 
 
+def load_sharded(path: str | Path, *, dtype: torch.dtype, config: dict[str, Any]) -> torch.nn.Module:
+    """The causal LM of the folder ``path`` with every parameter a ZeRO-3 shard from the start: host memory per rank
+    is a shard of the model plus one tensor, never the whole model (``transformers``' own load would build it whole).
+
+    The model is built under ``deepspeed.zero.Init`` (``config``: the engine's DeepSpeed config; each parameter is
+    partitioned as its module is created). Then each parameter in turn is gathered with
+    ``GatheredParameters(modifier_rank=0)``; rank 0 copies the file's tensor into it (read memory-mapped from
+    its ``*.safetensors`` file, one tensor at a time) and on exit DeepSpeed broadcasts it and keeps each
+    rank's partition. A tied output head is the embedding's parameter (filled once). A folder without
+    safetensors weights is loaded whole (``models.load_policy``) and partitioned by ``deepspeed.initialize``."""
+    import deepspeed
+    import torch.distributed as tdist
+    from safetensors import safe_open
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from dapo_cli.models.loading import load_policy, local_model_dir, safetensors_index
+
+    index = safetensors_index(path)
+    if index is None:
+        return load_policy(path, device="cpu", dtype=dtype)[0]
+    local = local_model_dir(path)
+    try:  # transformers' own ZeRO-3 build: skip the random init (it indexes into empty partitions), keep RoPE's dtype
+        from transformers.initialization import no_init_weights
+    except ImportError:  # transformers 4
+        from transformers.modeling_utils import no_init_weights
+    try:
+        from transformers.integrations.deepspeed import prevent_arange_dtype_change
+    except ImportError:
+        prevent_arange_dtype_change = contextlib.nullcontext
+    with no_init_weights(), prevent_arange_dtype_change(), deepspeed.zero.Init(config_dict_or_path=config, dtype=dtype):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(local), dtype=dtype)
+    model.tie_weights()  # a tied head is the embedding's parameter (from_pretrained ties after its load too)
+    main = not tdist.is_initialized() or tdist.get_rank() == 0
+    missing = [name for name, _ in model.named_parameters() if name not in index]
+    if missing:
+        raise UserError(f"cannot load model from {local}: its weights lack {missing[0]} (and {len(missing) - 1} more); "
+                        "re-save it or give another model directory")
+    for name, param in model.named_parameters():
+        with deepspeed.zero.GatheredParameters([param], modifier_rank=0):
+            if main:
+                with safe_open(str(index[name]), "pt") as f, torch.no_grad():
+                    param.copy_(f.get_tensor(name))
+    return model
+
+
 def reference_config(zero_stage: int, bf16: bool) -> dict[str, Any]:
     """Inference-only engine for the frozen reference: sharded like the policy at stage 3."""
     return {
@@ -124,6 +171,77 @@ def reference_config(zero_stage: int, bf16: bool) -> dict[str, Any]:
         "bf16": {"enabled": bf16},
         "steps_per_print": 2**31 - 1,
     }
+
+
+def chunkable_plain_head(model: torch.nn.Module) -> torch.nn.Linear | None:
+    """The output head :func:`gathered_head_log_probs` may chunk: a bias-free ``nn.Linear`` of a model whose forward is
+    ``lm_head(base_model(...))`` (``forward.PLAIN_HEAD_TYPES``), else None (the model's own forward then)."""
+    config = getattr(model, "config", None)
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if getattr(config, "model_type", None) not in PLAIN_HEAD_TYPES or type(head) is not torch.nn.Linear or head.bias is not None:
+        return None
+    return head if getattr(model, "base_model", model) is not model else None
+
+
+class _GatheredHead(torch.autograd.Function):
+    """``algo.logits.chunked_head_log_probs`` on the whole head weight of a ZeRO-3 parameter, gathered by the caller.
+
+    Forward (inside ``GatheredParameters``): the chunked head on a detached view of the gathered weight, its own
+    small graph kept for the backward (which therefore holds the head's gathered storage, ``[V, H]``, from the
+    forward to the backward: DeepSpeed's ``free_param`` drops the parameter's reference, not the storage). Backward:
+    that graph's gradients, ``∂h`` to the backbone and ``∂W`` (full shape) to the parameter, whose ZeRO-3 hook
+    reduce-scatters it into the partitions as for any module's weight."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, temperature, chunk, with_entropy, grad):  # type: ignore[override]
+        h = hidden.detach().requires_grad_(grad and hidden.requires_grad)
+        w = weight.detach().requires_grad_(grad and weight.requires_grad)
+        with torch.set_grad_enabled(grad):
+            logp, ent = chunked_head_log_probs(h, w, None, targets, temperature=temperature, chunk=chunk, with_entropy=with_entropy)
+        ctx.graph = (h, w, logp, ent)
+        return logp.detach(), (ent.detach() if ent is not None else torch.zeros_like(logp))
+
+    @staticmethod
+    def backward(ctx, g_logp, g_ent):  # type: ignore[override]
+        h, w, logp, ent = ctx.graph
+        outs, grads = [logp], [g_logp]
+        if ent is not None:
+            outs, grads = [logp, ent], [g_logp, g_ent]
+        inputs = [t for t in (h, w) if t.requires_grad]
+        got = iter(torch.autograd.grad(outs, inputs, grads, allow_unused=True))
+        ctx.graph = None
+        return (next(got) if h.requires_grad else None), (next(got) if w.requires_grad else None), None, None, None, None, None
+
+
+def gathered_head_log_probs(
+    ds: Any, model: Any, inner: torch.nn.Module, batch: RolloutBatch, *, temperature: float, with_entropy: bool,
+    device: torch.device, chunk: int,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``forward.plain_log_probs`` with the chunked head, at any ZeRO stage (at 0-2 the gather is a no-op): the model runs through ``model`` (the
+    DeepSpeed engine, its hooks gathering each layer) keeping the logits of one position only; the backbone's
+    last hidden states (a forward hook) at the real response positions go through the head in ``chunk`` rows,
+    its weight gathered for the call (``GatheredParameters(head.weight, modifier_rank=None)``, :class:`_GatheredHead`)."""
+    prompt_ids, prompt_mask = batch.prompt_ids.to(device), batch.prompt_mask.to(device)
+    response_ids, response_mask = batch.response_ids.to(device), batch.response_mask.to(device)
+    input_ids = torch.cat([prompt_ids, response_ids], dim=1)
+    attention = torch.cat([prompt_mask, response_mask], dim=1)
+    position_ids = (attention.long().cumsum(-1) - 1).clamp(min=0)
+    n, t = response_ids.shape
+    seen: list[torch.Tensor] = []
+    backbone = inner.base_model
+    handle = backbone.register_forward_hook(lambda _m, _i, out: seen.append(out.last_hidden_state))
+    try:
+        model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids, logits_to_keep=1, use_cache=False)
+    finally:
+        handle.remove()
+    layout = Packing(response_mask.reshape(-1).nonzero().squeeze(1), n * t)
+    hidden = layout.pack(seen[-1][:, -(t + 1) : -1].reshape(n * t, -1))
+    targets = layout.pack(response_ids.reshape(-1)).long()
+    weight = inner.get_output_embeddings().weight
+    with ds.zero.GatheredParameters([weight], modifier_rank=None):
+        grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+        logp, ent = _GatheredHead.apply(hidden, weight, targets, float(temperature), int(chunk), bool(with_entropy), grad)
+    return layout.unpack(logp).view(n, t), (layout.unpack(ent).view(n, t) if with_entropy else None)
 
 
 class DeepSpeedEngine:
@@ -145,6 +263,8 @@ class DeepSpeedEngine:
         device: str = "auto",
         ref_model: torch.nn.Module | None = None,
         optimizer: str = "torch",
+        logprob_chunk: int = 0,
+        zero_extra: dict[str, Any] | None = None,
     ) -> None:
         import deepspeed
 
@@ -156,6 +276,8 @@ class DeepSpeedEngine:
             zero_stage=zero_stage, bf16=bf16, grad_clip=grad_clip, offload_optimizer=offload_optimizer,
             offload_params=offload_params,
         )
+        config["zero_optimization"].update(zero_extra or {})  # tests: stage3_param_persistence_threshold 0 shards every tensor
+        self.chunk = logprob_chunk
         factor = warmup_constant(warmup_steps)
 
         def schedule(optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:
@@ -187,10 +309,24 @@ class DeepSpeedEngine:
     def log_probs(
         self, batch: RolloutBatch, *, temperature: float, with_entropy: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        return policy_forward(self.engine, batch, temperature=temperature, with_entropy=with_entropy, device=self.device)
+        return self._forward(self.engine, batch, temperature=temperature, with_entropy=with_entropy)
 
     def ref_log_probs(self, batch: RolloutBatch, *, temperature: float) -> torch.Tensor:
-        return reference_log_probs(self.ref, batch, temperature=temperature, device=self.device)
+        if self.ref is None:
+            return reference_log_probs(None, batch, temperature=temperature, device=self.device)
+        with torch.no_grad():
+            return self._forward(self.ref, batch, temperature=temperature, with_entropy=False)[0]
+
+    def _forward(
+        self, model: Any, batch: RolloutBatch, *, temperature: float, with_entropy: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The plain forward; with ``logprob_chunk`` > 0 and a plain head, through the chunked head
+        (:func:`gathered_head_log_probs`: no ``[N, T+1, V]`` logits), else the model's logits of the last T + 1 positions."""
+        inner = getattr(model, "module", model)
+        if self.chunk > 0 and chunkable_plain_head(inner) is not None:
+            return gathered_head_log_probs(self._ds, model, inner, batch, temperature=temperature, with_entropy=with_entropy,
+                                   device=self.device, chunk=self.chunk)
+        return policy_forward(model, batch, temperature=temperature, with_entropy=with_entropy, device=self.device)
 
     def accumulate(self, *, last: bool) -> contextlib.AbstractContextManager[None]:
         """No-op: with unmanaged accumulation, ``step`` is the boundary."""
@@ -243,9 +379,10 @@ class DeepSpeedEngine:
                 yield name, tensor.detach()
 
     def params_finite(self) -> bool:
-        bad = False
-        for _, tensor in self.export_weights():
-            bad = bad or not bool(torch.isfinite(tensor).all())
+        """Every parameter finite on every rank. Each rank checks what it holds, ZeRO-3's local partition
+        (``ds_tensor``; its padding is zeros) without gathering anything; one all-reduce of the flag."""
+        local = [getattr(p, "ds_tensor", p) for p in self.module.parameters()] + list(self.module.buffers())
+        bad = any(not bool(torch.isfinite(t).all()) for t in local)
         return not bool(self.dist.all_reduce(torch.tensor([float(bad)]), "max").item())
 
     # ------------------------------------------------------------ checkpoints
