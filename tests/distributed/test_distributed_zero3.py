@@ -66,6 +66,16 @@ def test_the_sync_gathers_one_parameter_at_a_time_and_sends_the_trainers_weights
     assert kept["peak"] >= total > 2 * largest  # a consumer that keeps them holds the whole model: the measure sees it
 
 
+def test_the_memory_plans_sync_term_is_the_measured_peak(zero3, tiny_model_dir):
+    import json
+
+    from dapo_cli.plan.memory import sync_term
+    from dapo_cli.plan.shape import shape_from_config
+
+    shape = shape_from_config(json.loads((tiny_model_dir / "config.json").read_text()), "tiny")
+    assert sync_term(shape, 4, zero_stage=3, lora=False).gpu == zero3["sync"]["peak"]  # float32: b = 4
+
+
 def test_params_finite_checks_local_shards_without_gathering(zero3):
     assert zero3["finite"] == {"before": True, "no_gather": True, "inf_on_rank1": False, "after": True}
 
