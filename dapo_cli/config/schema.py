@@ -324,7 +324,7 @@ class EngineConfig:
         "its keys/values) and logits only at response positions; same log-probs and gradients (other models: plain forward)",
     )
     logprob_chunk: int = setting(
-        1024, "torch engine: score the output head this many tokens at a time (log-probs and entropy, forward and "
+        1024, "torch and DeepSpeed engines: score the output head this many tokens at a time (log-probs and entropy, forward and "
         "backward, each chunk's logits recomputed in the backward), so the [response tokens, vocabulary] logits never "
         "exist at once; the same numbers to float32 rounding (0: all tokens at once, the full logits kept)",
     )

@@ -28,9 +28,9 @@ from dapo_cli.batch import RolloutBatch
 from dapo_cli.config import load_config
 from dapo_cli.components import build_collective, sharded_model_loader
 from dapo_cli.engine.deepspeed import DeepSpeedEngine
-from dapo_cli.engine.dist import shutdown_process_group
 from dapo_cli.engine.torch import policy_forward
 from dapo_cli.models import load_policy
+from dist_worker import finish  # this script's folder is on sys.path
 
 SHARD_ALL = {"stage3_param_persistence_threshold": 0}
 HEAD_CALLS: list[int] = []
@@ -167,11 +167,7 @@ def main() -> None:
         results["plain_logp"] = policy_forward(plain, rows, temperature=0.7, with_entropy=False, device=torch.device("cpu"))[0][rows.response_mask.bool()]
     count_head_calls()
     results["head"] = {chunk: head_case(engine, rows, chunk) for chunk in (0, 3)}
-    if dist.is_main:
-        torch.save(results, out)
-    dist.barrier()
-    dist.close()
-    shutdown_process_group()
+    finish(dist, results, out)
 
 
 if __name__ == "__main__":
