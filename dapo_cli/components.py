@@ -81,7 +81,8 @@ def build_training_engine(
 
         return DeepSpeedEngine(
             model, dist=dist, zero_stage=e.zero_stage, bf16=bf16,
-            offload_optimizer=e.offload_optimizer, offload_params=e.offload_params, device=e.device, **common,
+            offload_optimizer=e.offload_optimizer, offload_params=e.offload_params, device=e.device,
+            optimizer=e.optimizer, logprob_chunk=e.logprob_chunk, **common,
         )
     from dapo_cli.engine.torch import TorchEngine
 
@@ -198,6 +199,30 @@ def open_tracker(tracking_cfg: TrackingConfig, dist: Collective, run_name: str, 
         return
     with start_run(tracking_cfg, run_name, background=tracking_cfg.background, **kwargs) as tracker:
         yield tracker
+
+
+def sharded_model_loader(
+    engine_cfg: EngineConfig, path: str | Path, dtype: torch.dtype, *, bf16: bool, reference: bool = False
+) -> Callable[[], torch.nn.Module] | None:
+    """Under DeepSpeed ZeRO-3, a loader that builds the policy at ``path`` already partitioned
+    (``engine.deepspeed.load_sharded``: host memory per rank is a shard), with the zero config of the engine
+    (``reference``: of the frozen reference's engine) it is handed to; None at any other engine or stage
+    (the whole model is loaded, :func:`model_loader`). Call it after :func:`build_collective`."""
+    e = engine_cfg
+    if e.name != "deepspeed" or e.zero_stage != 3:
+        return None
+
+    def load() -> torch.nn.Module:
+        from dapo_cli.engine.deepspeed import deepspeed_config, load_sharded, reference_config
+        from dapo_cli.engine.dist import ensure_single_process_env
+
+        ensure_single_process_env()  # zero.Init starts DeepSpeed's process group when alone
+        config = reference_config(3, bf16) if reference else deepspeed_config(
+            zero_stage=3, bf16=bf16, grad_clip=0.0, offload_optimizer=e.offload_optimizer, offload_params=e.offload_params,
+        )
+        return load_sharded(path, dtype=dtype, config=config)
+
+    return load
 
 
 def model_loader(path: str | Path, dtype: torch.dtype) -> Callable[[], torch.nn.Module]:

@@ -163,3 +163,16 @@ def test_eval_rollouts_come_from_the_same_factory(tiny_model_dir):
     assert rollout.shares_weights and "hi" in fmt([{"role": "user", "content": "hi"}])
     with pytest.raises(UserError, match="unknown engine 'nope'"):
         components.build_eval_rollout("nope", str(tiny_model_dir), 0, lambda _m: None)
+
+
+def test_only_zero3_loads_the_policy_sharded():
+    # ZeRO-3 partitions parameters: the session builds the model under zero.Init (tests/distributed/test_distributed_zero3.py);
+    # every other engine and stage loads it whole
+    from dapo_cli.components import sharded_model_loader
+
+    def loader(*settings):
+        return sharded_model_loader(load_config(None, list(settings)).engine, "unused", torch.float32, bf16=False)
+
+    assert loader("engine.name=deepspeed", "engine.zero_stage=3") is not None
+    assert loader("engine.name=deepspeed", "engine.zero_stage=2") is None
+    assert loader("engine.name=torch") is None

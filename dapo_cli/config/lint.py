@@ -494,11 +494,11 @@ def vllm_sleep_on_cpu(cfg: Config) -> list[Finding]:
 
 @rule("logits-unchunked")
 def logits_unchunked(cfg: Config) -> list[Finding]:
-    """``engine.logprob_chunk: 0`` on the torch engine holds every micro-batch's [tokens, vocabulary] float32
+    """``engine.logprob_chunk: 0`` (torch or DeepSpeed engine) holds every micro-batch's [tokens, vocabulary] float32
     logits (~12 bytes a token per vocabulary entry with their copies) where chunks give the same log-probs
     (``dapo train --dry-run`` prints both sizes)."""
     t = cfg.trainer
-    if cfg.engine.name != "torch" or cfg.engine.logprob_chunk > 0:
+    if cfg.engine.logprob_chunk > 0:
         return []
     tokens = t.ppo_micro_batch_size * (cfg.rollout.max_response_length + 1)
     return [Finding(

@@ -322,13 +322,18 @@ class EngineConfig:
     zero_stage: int = setting(3, "DeepSpeed only: ZeRO stage 0-3 (0: plain data parallel, 1: optimizer states, 2: + gradients, 3: + parameters sharded)")
     offload_optimizer: bool = setting(False, "DeepSpeed only: keep optimizer states (and their update) in CPU memory")
     offload_params: bool = setting(False, "DeepSpeed ZeRO-3 only: keep sharded parameters in CPU memory between uses")
+    optimizer: str = setting(
+        "torch", "DeepSpeed only: the AdamW it steps: torch (torch.optim.AdamW, fused on CUDA, no compiler needed), fused_adam "
+        "(DeepSpeed's FusedAdam, JIT-built with nvcc on first use) or cpu_adam (DeepSpeedCPUAdam, C++-built; with offload_optimizer)",
+        choices=("torch", "fused_adam", "cpu_adam"),
+    )
     gradient_checkpointing: bool = setting(False, "recompute activations in backward to save memory")
     shared_prompt_forward: bool = setting(
         True, "torch engine, Llama/Qwen2: compute each distinct prompt of a micro-batch once (its rows' responses attend to "
         "its keys/values) and logits only at response positions; same log-probs and gradients (other models: plain forward)",
     )
     logprob_chunk: int = setting(
-        1024, "torch engine: score the output head this many tokens at a time (log-probs and entropy, forward and "
+        1024, "torch and DeepSpeed engines: score the output head this many tokens at a time (log-probs and entropy, forward and "
         "backward, each chunk's logits recomputed in the backward), so the [response tokens, vocabulary] logits never "
         "exist at once; the same numbers to float32 rounding (0: all tokens at once, the full logits kept)",
     )

@@ -60,7 +60,23 @@ def engine_problems(engine: EngineConfig) -> list[tuple[str, str]]:
         problems.append(("offload needs DeepSpeed", "CPU offload (engine.offload_optimizer / engine.offload_params) needs engine.name=deepspeed"))
     if engine.offload_params and engine.zero_stage != 3:
         problems.append(("offload_params needs ZeRO-3", "engine.offload_params needs engine.zero_stage=3 (parameters are sharded only at stage 3)"))
+    if (problem := optimizer_problem(engine)) is not None:
+        problems.append(("optimizer fits the engine", problem))
     return problems
+
+
+def optimizer_problem(engine: EngineConfig) -> str | None:
+    """``engine.optimizer`` against the engine and its offload (None: it fits): DeepSpeed's optimizers need DeepSpeed,
+    FusedAdam steps GPU tensors (not the CPU partitions of ``offload_optimizer``), DeepSpeedCPUAdam CPU ones (only those)."""
+    opt = engine.optimizer
+    if opt != "torch" and engine.name != "deepspeed":
+        return f"engine.optimizer={opt} is DeepSpeed's; set engine.name=deepspeed or engine.optimizer=torch"
+    if opt == "fused_adam" and engine.offload_optimizer:
+        return ("engine.optimizer=fused_adam steps GPU tensors, but engine.offload_optimizer keeps the optimizer states on the CPU; "
+                "set engine.optimizer=cpu_adam (DeepSpeed's, C++-built) or engine.optimizer=torch (no compiler)")
+    if opt == "cpu_adam" and not engine.offload_optimizer:
+        return "engine.optimizer=cpu_adam steps CPU tensors: set engine.offload_optimizer=true, or engine.optimizer=torch / fused_adam"
+    return None
 
 
 def check_engine(engine: EngineConfig) -> None:

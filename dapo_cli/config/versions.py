@@ -25,7 +25,7 @@ from typing import Any
 from dapo_cli.config.schema import Config, ConfigError, flatten
 
 SCHEMA_VERSION = 4
-"""The version of the schema this dapo writes (4: rollout.dtype, rollout.sync_check_gap; 3: engine.logprob_chunk, the policy-loss and rollout-correction registries; 2:
+"""The version of the schema this dapo writes (4: rollout.dtype, rollout.sync_check_gap, engine.optimizer; 3: engine.logprob_chunk, the policy-loss and rollout-correction registries; 2:
 rollout.kv_cache_gib; 1: the first recorded; 0: a config saved without one)."""
 VERSION_KEY = "schema_version"
 """The top-level key of a saved config that records its version (not a setting: never in :class:`Config`)."""
@@ -76,6 +76,10 @@ ADDED_KEYS: dict[str, Added] = {
     "direct_advantage": Added(1, "read only with algo: direct-advantage"),
     "engine.offload_optimizer": Added(1, "DeepSpeed only; false: no offload, as before"),
     "engine.offload_params": Added(1, "DeepSpeed only; false: no offload, as before"),
+    "engine.optimizer": Added(
+        4, "DeepSpeed only; torch: AdamW's update either way (CPU runs stepped torch's AdamW before, GPU runs DeepSpeed's "
+        "FusedAdam / CPUAdam, the same formula and state keys), so an older run resumes at the default",
+    ),
     "engine.shared_prompt_forward": Added(
         1, "the plain forward ran before; the shared one gives the same log-probs to 1e-5, not bit for bit", before=False,
     ),

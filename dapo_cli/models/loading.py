@@ -120,6 +120,26 @@ def local_model_dir(path: str | Path) -> Path:
     raise UserError(f"model directory not found: {spec} (give a folder written by save_pretrained)")
 
 
+def safetensors_index(path: str | Path) -> dict[str, Path] | None:
+    """Which ``*.safetensors`` file of the model folder ``path`` holds each tensor (``model.safetensors``, or the
+    shards of ``model.safetensors.index.json``); None when the folder has no safetensors weights (a ``*.bin`` folder).
+    Checks the folder as :func:`load_policy` does (one-line :class:`UserError`)."""
+    local = local_model_dir(path)
+    if not local.is_dir() or not (local / "config.json").is_file():
+        raise UserError(f"{local} is not a model directory (no config.json); give a folder written by save_pretrained")
+    check_model_dir(local)
+    index = local / "model.safetensors.index.json"
+    if index.is_file():
+        return {name: local / shard for name, shard in json.loads(index.read_text())["weight_map"].items()}
+    single = local / "model.safetensors"
+    if not single.is_file():
+        return None
+    from safetensors import safe_open
+
+    with safe_open(str(single), "pt") as f:
+        return {name: single for name in f.keys()}
+
+
 def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
     """The tokenizer of a local folder or cached hub id, set up as :func:`load_policy` sets it up."""
     local = local_model_dir(path)

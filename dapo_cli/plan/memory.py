@@ -25,7 +25,12 @@ layers, ``h`` hidden size, ``I`` MLP width, ``q``/``kv`` the query / key-value w
   ``c = b + 8``; + 4 for the softmax when entropy is computed (always for old log-probs,
   in the update when ``entropy_coeff > 0``). The torch engine scores the head in chunks
   (``engine.logprob_chunk``): ``k·V·c'`` for ``k = min(logprob_chunk, m·(R+1))`` rows at a time
-  (:func:`logits_term`), whatever the length; the DeepSpeed engine still holds the full logits;
+  (:func:`logits_term`), whatever the length; so does the DeepSpeed engine (under ZeRO-3 with the head's
+  weight gathered for the call, inside the "gathered" term's ``V·h``);
+- the weight sync before a rollout (:func:`sync_term`): ``export_weights`` yields one tensor at a time and
+  the consumer drops it, so the extra memory is one tensor: under ZeRO-3 the largest parameter gathered
+  (``max(V, I, q)·h·b``), with LoRA the largest merged layer (``max(I, q)·h·b``), otherwise nothing (the
+  module's own tensors are sent);
 - vLLM (``rollout.engine=vllm``) takes ``gpu_memory_utilization × GPU`` while awake: its weights
   ``P·b/TP`` and a KV cache of the rest, ``2·L·(kv_heads/TP)·head_dim·b`` bytes a token; asleep,
   level 1 frees the KV cache and moves the weights to CPU memory, level 2 drops both;
@@ -239,6 +244,7 @@ class _Estimator:
         if self.cfg.algorithm.use_kl_loss:
             div = W if z == 3 else 1
             terms["reference"] = Term("reference", "reference policy (KL)", pb / div, "P·b/W" if z == 3 else "P·b")
+        terms["sync"] = sync_term(self.shape, b, zero_stage=z, lora=self.cfg.model.lora.rank > 0)
         if s.rollout_engine in ("hf", "fast") and z == 3:
             terms["copy"] = Term("copy", "hf rollout copy (unsharded)", pb, "P·b: ZeRO-3 samples with a full copy")
         return terms
@@ -273,6 +279,8 @@ class _Estimator:
             roll.append(Term("kv_cache", f"hf KV cache ({gen_rows} rows × S)", gen_rows * self.S * kv_bytes_per_token(shape, b),
                              "rows·S·2·L·kv·b"))
             roll.append(Term("next_logits", "hf next-token logits", gen_rows * V * 4 * 2, "rows·V·4·2"))
+        if st["sync"].gpu > 0:
+            roll.append(st["sync"])
         phases = [Phase("rollout", roll, gpu, problem=problem)]
 
         # old log-probs (no grad) and the update, vLLM as configured
@@ -287,7 +295,7 @@ class _Estimator:
 
         gathered = [st["gathered"]] if "gathered" in st else []
         mo = self.rows(s, update=False)
-        chunk = self.cfg.engine.logprob_chunk if s.engine == "torch" else 0
+        chunk = self.cfg.engine.logprob_chunk
         old = list(resident) + gathered + [
             Term("activations", f"activations, no grad ({mo} × {self.S})", mo * self.S * A, "m·S·A"),
             logits_term(mo * (self.R + 1), V, b, entropy=True, chunk=chunk, grad=False),
@@ -310,6 +318,20 @@ class _Estimator:
             label = "update, vLLM awake" if other == 0 else "update, vLLM asleep (sleep_level 1)"
             alternatives.append(Phase(label, update_core + vllm_term(other), gpu))
         return phases, alternatives, info
+
+
+def sync_term(shape: ModelShape, b: int, *, zero_stage: int, lora: bool) -> Term:
+    """The weight sync's extra bytes (one tensor in flight): the largest parameter gathered under ZeRO-3
+    (``max(V, I, q)·h·b``: the (un)embedding, an MLP or a query projection), the largest merged LoRA layer
+    (``max(I, q)·h·b``; the embedding is never adapted), else 0 (the live module's tensors are sent as they are).
+    Measured on 2 gloo ranks (tests/distributed/test_distributed_zero3.py): the peak equals this term."""
+    h = shape.hidden_size
+    linear = max(shape.intermediate_size, shape.q_width) * h
+    if zero_stage == 3:
+        return Term("sync", "weight sync: one gathered parameter", max(shape.vocab_size * h, linear) * b, "max(V, I, q)·h·b")
+    if lora:
+        return Term("sync", "weight sync: one merged LoRA layer", linear * b, "max(I, q)·h·b")
+    return Term("sync", "weight sync: the module's own tensors", 0.0, "0")
 
 
 def logits_term(tokens: int, V: int, b: int, *, entropy: bool, chunk: int, grad: bool) -> Term:

@@ -184,6 +184,7 @@ class TrainingSession:
     def open(cls, cfg: Config, *, resume: bool, verbosity: int = 0) -> TrainingSession:
         from dapo_cli import components
         from dapo_cli.models import load_policy
+        from dapo_cli.models.loading import load_tokenizer
         from dapo_cli.warmstart import ensure_model
 
         worker = uses_worker(cfg.rollout)
@@ -212,12 +213,20 @@ class TrainingSession:
             torch.manual_seed(cfg.trainer.seed)
             dtype = getattr(torch, cfg.model.dtype)
             # LoRA adapts the original base: a resume loads it too (model/ is merged), the adapters come from engine/
-            model, tokenizer = load_policy(base_path if cfg.model.lora.rank > 0 else model_path, device="cpu", dtype=dtype)
+            policy_path = base_path if cfg.model.lora.rank > 0 else model_path
+            bf16 = cfg.model.dtype == "bfloat16"
+            # ZeRO-3 builds the policy (and reference) partitioned: each rank holds a shard, never the whole model
+            sharded = components.sharded_model_loader(cfg.engine, policy_path, dtype, bf16=bf16)
+            if sharded is not None:
+                model, tokenizer = sharded(), load_tokenizer(policy_path)
+            else:
+                model, tokenizer = load_policy(policy_path, device="cpu", dtype=dtype)
+            load_ref = components.sharded_model_loader(cfg.engine, base_path, dtype, bf16=bf16, reference=True)
             t = cfg.trainer
             engine = components.build_training_engine(
                 cfg.engine, model, dist, lr=t.lr, weight_decay=t.weight_decay, warmup_steps=t.lr_warmup_steps,
-                grad_clip=t.grad_clip, bf16=cfg.model.dtype == "bfloat16",
-                load_reference=components.model_loader(base_path, dtype) if cfg.algorithm.use_kl_loss else None,
+                grad_clip=t.grad_clip, bf16=bf16,
+                load_reference=(load_ref or components.model_loader(base_path, dtype)) if cfg.algorithm.use_kl_loss else None,
                 lora=cfg.model.lora,
             )
             rollout = components.build_train_rollout(

@@ -95,6 +95,7 @@ TRIGGERS = [
     ("autocast-needs-float32", ["engine.name=torch", "engine.autocast=bfloat16"], [(WARN, "engine.autocast")]),
     ("vllm-sleep-on-cpu", ["rollout.engine=vllm", "engine.device=cpu"], [(WARN, "rollout.sleep_level")]),
     ("logits-unchunked", ["engine.logprob_chunk=0", "engine.name=torch"], [(WARN, "engine.logprob_chunk")]),
+    ("logits-unchunked", ["engine.logprob_chunk=0", "engine.name=deepspeed"], [(WARN, "engine.logprob_chunk")]),  # it chunks too
     # the truncated-IS / decoupled weights against the float32 sampler, with one optimizer step per batch
     ("autocast-ratio", [*AUTOCAST, *ONE_STEP, "algorithm.rollout_is.enable=true"], [(WARN, "engine.autocast")]),
     ("autocast-ratio", [*AUTOCAST, *ONE_STEP, "rollout.engine=fast", "rollout.max_staleness=1"], [(WARN, "engine.autocast")]),
@@ -147,7 +148,7 @@ NON_TRIGGERS = [
     ("autocast-needs-float32", ["engine.name=torch", "model.dtype=float32", "engine.autocast=bfloat16"]),
     ("vllm-sleep-on-cpu", ["rollout.engine=vllm", "engine.device=cpu", "rollout.sleep_level=0"]),
     ("vllm-sleep-on-cpu", ["rollout.engine=vllm", "engine.device=cuda"]),
-    ("logits-unchunked", ["engine.logprob_chunk=0", "engine.name=deepspeed"]),
+    ("logits-unchunked", ["engine.logprob_chunk=1024", "engine.name=deepspeed"]),
     # the ratio unaffected: old log-probs from the update's own forward and no correction (ratio exactly 1) ...
     ("autocast-ratio", [*AUTOCAST, *ONE_STEP, "trainer.ppo_micro_batch_size=32"]),
     # ... a separate pass whose forwards each hold one prompt's rows (the paper's micro-batch of 1), or the plain forward

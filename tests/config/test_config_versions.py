@@ -147,5 +147,6 @@ def test_a_version_1_config_gets_the_kv_cache_size_of_version_2_and_the_registri
         "engine.logprob_chunk": 1024,  # version 3 too: how the head is computed, not what (its default)
         # version 4: vLLM's serving dtype (auto: model.dtype on CPU, as before) and its check after each sync
         "rollout.dtype": "auto", "rollout.sync_check_gap": 0.5,
+        "engine.optimizer": "torch",  # version 4: which AdamW implementation steps, not the update (its default)
     }
     assert upgraded["rollout"]["kv_cache_gib"] is None and upgraded["algorithm"]["policy_loss"] == "dapo"

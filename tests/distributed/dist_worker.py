@@ -134,6 +134,11 @@ def main() -> None:
         for stage in (0, 1, 2, 3):
             results["cases"][f"deepspeed-zero{stage}"] = one_update(model_dir, dist, "deepspeed", stage, 4, 1)
         results["cases"]["deepspeed-zero3-uneven"] = one_update(model_dir, dist, "deepspeed", 3, 4, 1, uneven=True)
+    finish(dist, results, out)
+
+
+def finish(dist, results: dict, out: Path) -> None:
+    """Rank 0 writes ``results`` to ``out``; every rank waits for it and leaves the process group."""
     if dist.is_main:
         torch.save(results, out)
     dist.barrier()

@@ -183,6 +183,42 @@ def test_export_weights_are_the_plain_state_dict_merged():
         torch.testing.assert_close(exported[key], value, rtol=0, atol=1e-12, msg=key)
 
 
+def test_the_merged_export_streams_one_adapted_layer_at_a_time():
+    """The extra memory of a LoRA sync, measured: at each yield, the bytes of yielded tensors still alive that are no
+    tensor of the module (merged weights ``W0 + s B A``; weak references, dropped by finalizers). A consumer that
+    drops each tensor (the weight-sync contract) holds at most the largest adapted layer's weight; one that keeps
+    them holds every merged weight (the measure sees materialisation). Every tensor received is the merge by hand."""
+    import weakref
+
+    model, adapters, plain = lora_model(dtype=torch.float64)
+    engine = TorchEngine(model, lr=1e-2, weight_decay=0.0, warmup_steps=0, grad_clip=1.0, adapters=adapters)
+    own = {t.untyped_storage().data_ptr() for t in model.state_dict().values()}
+    expected = merged_by_hand(plain, adapter_tensors(model))
+    merged_sizes = [expected[key].numel() * 8 for key in adapter_tensors(model)]
+
+    def peak_of(keep: bool) -> int:
+        alive: dict[int, int] = {}
+        kept, peak = [], 0
+        for name, tensor in engine.export_weights():
+            torch.testing.assert_close(tensor, expected[name], rtol=0, atol=1e-12, msg=name)
+            if tensor.untyped_storage().data_ptr() not in own:  # a merged weight, made for this yield
+                alive[id(tensor)] = tensor.untyped_storage().nbytes()
+                weakref.finalize(tensor, alive.pop, id(tensor), None)
+            peak = max(peak, sum(alive.values()))
+            if keep:
+                kept.append(tensor)
+            del tensor
+        return peak
+
+    assert peak_of(keep=False) == max(merged_sizes)  # one merged layer at a time, no other buffer
+    from dapo_cli.plan.memory import sync_term
+    from dapo_cli.plan.shape import shape_from_config
+
+    shape = shape_from_config(model.config.to_dict(), "test")  # the memory plan's term for this model, float64: b = 8
+    assert sync_term(shape, 8, zero_stage=0, lora=True).gpu == max(merged_sizes)
+    assert peak_of(keep=True) == sum(merged_sizes) > max(merged_sizes)
+
+
 def test_only_the_named_modules_get_adapters():
     model, adapters, plain = lora_model(dtype=torch.float32, target=("q_proj", "v_proj"))
     assert sorted(adapters.layers()) == [f"model.layers.{i}.self_attn.{p}" for i in range(2) for p in ("q_proj", "v_proj")]

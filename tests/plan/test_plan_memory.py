@@ -103,8 +103,28 @@ def test_logits_term() -> None:
     assert gpu(ent, "update", "logits") == 4 * 65 * 32000 * 14
     # one 20k-token response of a 152k-vocabulary model: 1·20481·152064·10 = 31,144,227,840 bytes ≈ 29 GiB
     q32 = KNOWN_MODELS["Qwen/Qwen2.5-32B"]
-    long = memory_plan(cfg("trainer.ppo_micro_batch_size=1", "rollout.max_response_length=20480"), q32, world_size=1)
+    long = memory_plan(cfg("trainer.ppo_micro_batch_size=1", "rollout.max_response_length=20480", "engine.logprob_chunk=0"), q32,
+                       world_size=1)
     assert gpu(long, "update", "logits") == 31_144_227_840
+
+
+def test_the_sync_term_is_one_tensor_in_flight() -> None:
+    # ZeRO-3: the largest parameter, gathered: max(V·h, I·h, q·h) = 32000·1024 (the embedding) · b 2 = 65,536,000 bytes,
+    # in the rollout phase; LoRA (torch engine): the largest merged linear, I·h·b = 4096·1024·2 = 8,388,608; otherwise 0
+    z3 = memory_plan(cfg("engine.zero_stage=3"), SHAPE, world_size=2)
+    assert gpu(z3, "rollout", "sync") == 32000 * 1024 * 2 == 65_536_000
+    assert "one gathered parameter" in phase(z3, "rollout").term("sync").name
+    lora = memory_plan(cfg("engine.name=torch", "model.lora.rank=8"), SHAPE, world_size=1)
+    assert gpu(lora, "rollout", "sync") == 4096 * 1024 * 2
+    assert phase(memory_plan(cfg("engine.zero_stage=2"), SHAPE, world_size=2), "rollout").term("sync") is None
+
+
+def test_the_deepspeed_engine_plans_one_chunk_of_logits_too() -> None:
+    # the same k·V·(8 + b) as the torch engine below: 1024·152064·10 = 1,557,135,360 bytes for a 20k-token response
+    q32 = KNOWN_MODELS["Qwen/Qwen2.5-32B"]
+    plan = memory_plan(cfg("trainer.ppo_micro_batch_size=1", "rollout.max_response_length=20480", "engine.zero_stage=3"), q32,
+                       world_size=8)
+    assert gpu(plan, "update", "logits") == 1_557_135_360
 
 
 def test_the_torch_engine_plans_one_chunk_of_logits() -> None:
@@ -150,8 +170,9 @@ def test_vllm_kv_cache() -> None:
     assert asleep.term("vllm").cpu == v.weights
     level2 = memory_plan(q32_cfg("trainer.ppo_micro_batch_size=1", "rollout.sleep_level=2"), q32, world_size=32)
     assert phase(level2, "update").term("vllm").cpu == 0
-    # the rollout phase: trainer weights 2P/32 + AdamW 12P/32 resident next to the pool
-    assert phase(plan, "rollout").total == pytest.approx(14 * 32_763_876_352 / 32 + v.pool)
+    # the rollout phase: trainer weights 2P/32 + AdamW 12P/32 resident next to the pool, and the sync's one gathered
+    # parameter, the embedding: V·h·b = 152,064·5,120·2 = 1,557,135,360 bytes
+    assert phase(plan, "rollout").total == pytest.approx(14 * 32_763_876_352 / 32 + v.pool + 152_064 * 5_120 * 2)
 
 
 def test_tiny_fits_everywhere() -> None:
