@@ -73,7 +73,7 @@ def run_case(engine, workload: str, problems, prompts, k: int, params) -> dict:
         records = generate_records(engine, problems, prompts, k=k, params=params, verifier="math_dapo",
                                    max_sequences=sequences_per_call(k, 0), stopwatch=watch)
         seconds = watch.seconds
-        samples = [(r.text, r.length) for r in records]
+        samples = [(r.response, r.length) for r in records]
     stats = {key: engine.prefill_stats[key] - before[key] for key in before}
     return {"seconds": seconds, "samples": samples, **stats}
 
