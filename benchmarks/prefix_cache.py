@@ -21,7 +21,11 @@ Two workloads, each timed around the engine calls only (model load excluded):
   sequences a call, a seed per call): the same calls ``dapo eval --avg k`` makes, so later calls find the prefix
   cached by the first.
 
-Each prints seconds, samples/s, the prefill tokens run against the prompt tokens read, and whether every
+Then the tail of one training round (8 prompts x 8 at ``--max-tokens``, the ladder's round: every row fits one
+batch, so none waits and nothing refills): each decode step's running rows and seconds, and how many steps and
+seconds the last quarter of the rows decoded alone.
+
+Each workload prints seconds, samples/s, the prefill tokens run against the prompt tokens read, and whether every
 sample (its tokens) is the same in both; then the two target lines.
 """
 
@@ -78,6 +82,35 @@ def run_case(engine, workload: str, problems, prompts, k: int, params) -> dict:
     return {"seconds": seconds, "samples": samples, **stats}
 
 
+def round_tail(model, tokenizer, prompts, params) -> str:
+    """Decode steps of one 8 x 8 round with the default engine: (running rows, seconds) each, summarised."""
+    from dapo_cli.rollout.continuous import SlotDecoder
+    from dapo_cli.rollout.fast import FastRolloutEngine
+
+    steps: list[tuple[int, float]] = []
+    forward = SlotDecoder._forward
+
+    def timed(self) -> None:
+        t0 = time.perf_counter()
+        running = int(self.alive.sum())
+        forward(self)
+        steps.append((running, time.perf_counter() - t0))
+
+    SlotDecoder._forward = timed
+    try:
+        t0 = time.perf_counter()
+        out = FastRolloutEngine(model, tokenizer).generate(prompts[:8], 8, params)
+        total = time.perf_counter() - t0
+    finally:
+        SlotDecoder._forward = forward
+    tail = [(r, s) for r, s in steps if r <= 16]
+    lengths = sorted(out.lengths.tolist())
+    return (f"round tail (8 prompts x 8, <= {params.max_tokens} tokens): {total:.1f} s, {len(steps)} decode steps "
+            f"({sum(s for _, s in steps):.1f} s); rows' lengths median {lengths[32]}, 90th percentile {lengths[57]}, "
+            f"max {lengths[-1]}, {int(out.truncated.sum())} truncated; steps with <= 16 of 64 rows running: {len(tail)} "
+            f"({sum(s for _, s in tail):.1f} s, {sum(s for _, s in tail) / total:.0%} of the round)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--problems", type=int, default=100)
@@ -102,6 +135,7 @@ def main() -> None:
                 r = run_case(FastRolloutEngine(model, tokenizer, **kw), workload, problems, prompts, args.k, params)
                 results.setdefault((workload, name), []).append(r)
                 print(f"{workload} {name}: {r['seconds']:.1f} s", file=sys.stderr, flush=True)
+    tail = round_tail(model, tokenizer, prompts, params)
     lengths = [len(tokenizer(p, add_special_tokens=False)["input_ids"]) for p in prompts]
     print(f"## prefix cache and refill: SmolLM2-135M-Instruct, {args.problems} problems x {args.k} of fewshot-add-2digit "
           f"(val split), <= {args.max_tokens} tokens, T=1 top-p 0.7, float32, {args.threads} thread(s), median of "
@@ -123,6 +157,7 @@ def main() -> None:
           f"{v_after[0]:.1f} s (before {v_before[0]:.1f} s; target <= 25 s); same samples {v_after[2]}")
     print(f"T5 dapo eval ({args.problems} x {args.k}, {args.max_tokens} tokens): {e_after[1]:.2f} samples/s, "
           f"{e_after[1] / e_before[1]:.2f}x before ({e_before[1]:.2f}; target >= 2.5x); same samples {e_after[2]}")
+    print(tail)
 
 
 if __name__ == "__main__":

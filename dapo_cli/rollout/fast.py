@@ -12,11 +12,18 @@ log-prob of each sampled token is log softmax(z / T) before truncation), with le
   mask builders, logits processors or stopping criteria per token (the blocks live in
   ``models/native.py``, shared with the trainer's forward). Other architectures take the
   generic path (the model's own ``forward`` and its cache); both share everything else below.
-- **The prompt is read once per prompt**, not once per sample: prefill runs on the ``P`` distinct
-  prompts and its keys/values are repeated to the ``P * n`` rows.
-- **Finished rows leave the batch.** A row stops at its first EOS; once a quarter of the batch has
-  stopped (``compact_at``), the cache is re-indexed to the rows still running, so a long tail of a
-  few runaway samples decodes with a small batch instead of the full one.
+- **A prefix is read once** (default, Llama / Qwen2): prompts that share leading token ids (the chat
+  template, an instruction, few-shot examples) compute those keys/values once, in this call or an
+  earlier one with the same weights (``rollout/prefix_cache.py``: a radix tree over token ids, at most
+  ``cache_mib`` kept between calls, cleared by :meth:`FastRolloutEngine.sync_weights` and whenever a
+  parameter changes in place); ``prefill_stats`` counts the prompt tokens read against those computed.
+- **Finished rows are refilled** (default, Llama / Qwen2; ``rollout/continuous.py``): when a row ends, the
+  next waiting row (prompt x sample) takes its place, so a batch of ``batch_size`` rows stays full while
+  rows wait; once none waits, finished rows leave the batch when a quarter of it has stopped
+  (``compact_at``), so a long tail of a few runaway samples decodes with a small batch.
+- ``prefix_cache=False, refill=False`` (and every other architecture): the chunked loop, ``batch_size`` rows
+  at a time, each chunk's distinct prompts prefilled whole (keys/values repeated to the ``n`` rows of a
+  prompt) and finished rows dropped the same way. Both loops draw the same tokens.
 - **Log-probs and the draw come from the same logits** (one ``log_softmax``), under
   ``torch.inference_mode``.
 
@@ -189,6 +196,9 @@ class FastRolloutEngine(LocalRolloutEngine):
     no-op); False: a private copy refreshed by :meth:`sync_weights`. ``compact_at``: drop finished
     rows from the batch once this share of it has finished (0: at every finish; > 1: never).
     ``native``: use the Llama/Qwen2 decoder when the model is one (False: always the model's forward).
+    ``prefix_cache``: share prompt prefixes' keys/values within and across calls, keeping at most ``cache_mib``
+    MiB of them between calls; ``refill``: refill finished rows from the waiting ones (both Llama/Qwen2 only;
+    both False: the chunked loop, the benchmarks' "before").
     """
 
     seeds_per_prompt = True
