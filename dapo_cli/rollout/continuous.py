@@ -7,7 +7,9 @@ columns of one buffer ``[layers, 2, B, kv_heads, C, head_dim]`` (column ``c`` = 
 position, and its step (how many tokens it has drawn). Each step runs every slot's last token at the slot's
 own column (:func:`~dapo_cli.rollout.prefix_cache.run_layers` with per-row columns), attends to columns
 ``<=`` its position (an additive mask), and draws each row's next token from the row's own stream at the
-row's own step (:func:`~dapo_cli.rollout.sampling.row_uniforms`).
+row's own step (:func:`~dapo_cli.rollout.sampling.row_uniforms`). With the prefix cache, a prefix every prompt of
+the call shares (at least :data:`SHARED_MIN` tokens) is attended to from one copy for the whole batch
+(:func:`~dapo_cli.rollout.prefix_cache.shared_attend`), the rows' own columns after it.
 
 **Refill.** When a row ends (EOS, or ``max_tokens``), the next waiting row takes its slot at once: its prompt's
 keys/values are copied in from the prefill (:func:`~dapo_cli.rollout.prefix_cache.prefill`, shared prefixes
@@ -37,6 +39,19 @@ from dapo_cli.models.native import NativeLlama
 from dapo_cli.rollout.base import SamplingParams
 from dapo_cli.rollout.prefix_cache import PrefixCache, prefill, run_layers
 from dapo_cli.rollout.sampling import draw, row_uniforms
+
+
+SHARED_MIN = 16
+"""A prefix every prompt of a call shares, of at least this many tokens, is attended to once per step for the
+whole batch (:func:`~dapo_cli.rollout.prefix_cache.shared_attend`) rather than once per row."""
+
+
+def _common_prefix(prompts: Sequence[Sequence[int]]) -> int:
+    """Tokens every prompt starts with, short of the shortest prompt's last (a row's own columns are never empty)."""
+    first, k = prompts[0], min(len(p) for p in prompts) - 1
+    for p in prompts[1:]:
+        k = next((i for i in range(k) if p[i] != first[i]), k)
+    return max(k, 0)
 
 
 @dataclass
@@ -69,6 +84,8 @@ class SlotDecoder:
         self.limit = params.max_tokens
         self.max_prompt = max(len(p) for p in prompts)
         net.build_rope_table(self.max_prompt + self.limit + 1, self.device)
+        self.shared_len = _common_prefix(prompts) if cache is not None else 0
+        self.shared: torch.Tensor | None = None  # [layers, 2, kv_heads, P0, d]: what every row's columns 0..P0-1 hold
 
     # ------------------------------------------------------------ the batch
 
@@ -126,6 +143,8 @@ class SlotDecoder:
                 if r >= self.total or r // self.n not in self.ready:
                     break
                 segments, z = self.ready[r // self.n]
+                if self.shared is None and self.shared_len >= SHARED_MIN:
+                    self.shared = torch.cat(segments, dim=3)[:, :, :, : self.shared_len]
                 col = 0
                 for seg in segments:
                     self.kv[:, :, s, :, col : col + seg.shape[3]] = seg
@@ -169,11 +188,14 @@ class SlotDecoder:
         width = int(self.pos.max()) + 1
         self._grow(width)
         b, kvh = len(self.pos), self.net.kv_heads
-        cols = torch.arange(width, device=self.device)
-        bias = torch.zeros(b, width, dtype=self.net.dtype, device=self.device)
+        p0 = self.shared_len if self.shared is not None else 0
+        cols = torch.arange(p0, width, device=self.device)
+        bias = torch.zeros(b, width - p0, dtype=self.net.dtype, device=self.device)
         bias.masked_fill_(cols[None, :] > self.pos[:, None], float("-inf"))
-        flat = bias[:, None, :].expand(b, kvh, width).reshape(b * kvh, 1, width)
-        hidden = run_layers(self.net, self.kv, self.net.embed(self.tok[:, None]), self.pos[:, None], self.pos, width, flat)
+        flat = bias[:, None, :].expand(b, kvh, width - p0).reshape(b * kvh, 1, width - p0)
+        hidden = run_layers(
+            self.net, self.kv, self.net.embed(self.tok[:, None]), self.pos[:, None], self.pos, width, flat, self.shared,
+        )
         logits = self.head(hidden[:, -1])
         index = self.alive.nonzero().squeeze(1)
         self._draw(index, logits.index_select(0, index) if len(index) < b else logits)

@@ -156,14 +156,38 @@ class _Job:
         return sum(p.shape[3] for p in self.past)
 
 
+def shared_attend(
+    net: NativeLlama, q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+    bias: torch.Tensor,
+) -> torch.Tensor:
+    """One decode query per row (``q`` [B, h, 1, d]) attending to a prefix every row shares, ``k0``/``v0``
+    [kv_heads, P0, d] (one copy, read once for the whole batch as a matrix product), then to each row's own
+    columns ``keys``/``values`` [B, kv_heads, c, d] under ``bias`` [B * kv_heads, 1, c] (0 / -inf): the softmax of
+    :meth:`NativeLlama.attend` over the concatenated keys, summed in another order. [B, h, 1, d]."""
+    b, h, _, d = q.shape
+    kvh, p0, c = k0.shape[0], k0.shape[1], keys.shape[2]
+    g = h // kvh
+    qh = q.view(b, kvh, g, d)
+    shared = torch.matmul(qh.transpose(0, 1).reshape(kvh, b * g, d), k0.transpose(1, 2))  # [kvh, B*g, P0]
+    shared = shared.view(kvh, b, g, p0).transpose(0, 1).reshape(b * kvh, g, p0)
+    own = torch.baddbmm(bias, qh.reshape(b * kvh, g, d), keys.reshape(b * kvh, c, d).transpose(1, 2), alpha=net.scaling)
+    weights = torch.softmax(torch.cat([shared.mul_(net.scaling), own], dim=-1).float(), dim=-1).to(q.dtype)
+    w0 = weights[:, :, :p0].reshape(b, kvh, g, p0).transpose(0, 1).reshape(kvh, b * g, p0)
+    out = torch.matmul(w0, v0).view(kvh, b, g, d).transpose(0, 1)  # [B, kvh, g, d]
+    out = out + torch.bmm(weights[:, :, p0:], values.reshape(b * kvh, c, d)).view(b, kvh, g, d)
+    return out.reshape(b, h, 1, d)
+
+
 def run_layers(
     net: NativeLlama, kv: torch.Tensor, x: torch.Tensor, positions: torch.Tensor, write: int | torch.Tensor,
-    width: int, bias: torch.Tensor,
+    width: int, bias: torch.Tensor, shared: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Every layer on ``x`` [B, q, H] at ``positions`` [B, q], keys/values kept in ``kv``
     [layers, 2, B, kv_heads, C, d]: written at columns ``write .. write+q-1`` (an int: the same for every
     row) or, for one token per row, at column ``write[b]`` of row ``b`` (a LongTensor [B]); queries attend
     to columns ``< width`` under the additive ``bias`` (0 or -inf; see :meth:`NativeLlama.attend`).
+    ``shared`` [layers, 2, kv_heads, P0, d] (decode only): keys/values of columns ``0 .. P0-1``, the same in every
+    row, read once (:func:`shared_attend`); the buffer's own columns from ``P0`` on, ``bias`` covering those.
     Returns the final-norm hidden states [B, q, H]."""
     cos, sin = net.rope(positions)
     rows = torch.arange(x.shape[0], device=x.device) if isinstance(write, torch.Tensor) else None
@@ -175,7 +199,11 @@ def run_layers(
         else:
             kv[i, 0, rows, :, write] = k[:, :, 0]
             kv[i, 1, rows, :, write] = v[:, :, 0]
-        att = net.attend(q, kv[i, 0, :, :, :width], kv[i, 1, :, :, :width], bias)
+        if shared is None:
+            att = net.attend(q, kv[i, 0, :, :, :width], kv[i, 1, :, :, :width], bias)
+        else:
+            p0 = shared.shape[3]
+            att = shared_attend(net, q, shared[i, 0], shared[i, 1], kv[i, 0, :, :, p0:width], kv[i, 1, :, :, p0:width], bias)
         x = net.finish(layer, x, att)
     return net.rms_norm(net.norm, x)
 

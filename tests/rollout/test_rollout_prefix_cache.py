@@ -188,3 +188,22 @@ def test_a_weight_change_empties_the_cache(tok):
             p.mul_(0.5)
     ref = copy.deepcopy(model)
     assert_same(engine.generate(PROMPTS, 2, params), FastRolloutEngine(ref, tok).generate(PROMPTS, 2, params))
+
+
+def test_a_prefix_every_prompt_shares_is_attended_once_per_step_with_the_same_samples(tok, monkeypatch):
+    from dapo_cli.rollout.continuous import SlotDecoder
+
+    model = build_tiny_model_for(TinyModelConfig(architecture="qwen2", hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64), tok)
+    seen = []
+    forward = SlotDecoder._forward
+
+    def recording(self):
+        seen.append((self.shared_len, None if self.shared is None else tuple(self.shared.shape)))
+        forward(self)
+
+    monkeypatch.setattr(SlotDecoder, "_forward", recording)
+    prompts = [SHARED + "12+7?\n", SHARED + "3+4?\n", SHARED + "1+1?\n"]
+    got = FastRolloutEngine(model, tok, batch_size=4).generate(prompts, 3, PARAMS)
+    # every prompt starts with SHARED (one token a character), then "1" twice: the common prefix is SHARED
+    assert set(seen) == {(len(SHARED), (2, 2, 2, len(SHARED), 16))}  # [layers, k/v, kv_heads, P0, head_dim]
+    assert_same(got, plain(model, tok).generate(prompts, 3, PARAMS))
