@@ -103,14 +103,6 @@ class PrefixCache:
             node = node.parent
         return out[::-1]
 
-    def store(self, node: Node, kv: torch.Tensor | None = None, logits: torch.Tensor | None = None) -> None:
-        before = node.nbytes()
-        if kv is not None:
-            node.kv = kv
-        if logits is not None:
-            node.logits = logits
-        self.bytes += node.nbytes() - before
-
     def evict(self) -> None:
         """Drop least recently used leaves until at most ``budget_bytes`` are held."""
         if self.bytes <= self.budget_bytes:
@@ -210,8 +202,10 @@ def run_layers(
 
 def _run_wave(net: NativeLlama, jobs: list[_Job], head) -> None:
     """One batched forward of ``jobs``: row ``i`` holds its past in columns ``0 .. p_i-1`` (zeros after, masked)
-    and its new tokens from column ``P`` (the longest past); a new token sees its past and the new tokens at
-    or before it, a right-pad query only itself (finite values that nothing reads)."""
+    and its ``s_i`` new tokens left-padded into columns ``P .. P+S-1`` (``P`` the longest past, ``S`` the most new
+    tokens), so every row's last token is in the last column (the embedding's and the head's rows correspond, as
+    forward hooks on them expect); a new token sees its past and the new tokens at or before it, a pad query only
+    itself (finite values that nothing reads)."""
     n, device = len(jobs), net.embed.weight.device
     big_p, big_s = max(j.past_len for j in jobs), max(len(j.tokens) for j in jobs)
     kv = torch.zeros(len(net.layers), 2, n, net.kv_heads, big_p + big_s, net.head_dim, dtype=net.dtype, device=device)
@@ -223,22 +217,23 @@ def _run_wave(net: NativeLlama, jobs: list[_Job], head) -> None:
         for seg in job.past:
             kv[:, :, i, :, col : col + seg.shape[3]] = seg
             col += seg.shape[3]
-        ids[i, : len(job.tokens)] = torch.tensor(job.tokens, device=device)
+        ids[i, big_s - len(job.tokens) :] = torch.tensor(job.tokens, device=device)
     j = torch.arange(big_s, device=device)
-    positions = past[:, None] + torch.minimum(j[None, :], size[:, None] - 1)  # [n, S]; a right-pad query repeats the last position
+    first = big_s - size  # [n]: the column (after P) of each row's first new token
+    positions = past[:, None] + (j[None, :] - first[:, None]).clamp(min=0)  # [n, S]; a pad query takes the first position
     c = torch.arange(big_p + big_s, device=device)
-    new = c[None, None, :] - big_p  # [1, 1, C]: index of a new-token column, negative over the past
-    sees = (c[None, None, :] < past[:, None, None]) | ((new >= 0) & (new <= j[None, :, None]) & (new < size[:, None, None]))
-    sees |= new == j[None, :, None]  # every query sees its own column (right-pad queries: only that)
+    new = c[None, None, :] - big_p  # [1, 1, C]: new-token column index, negative over the past
+    real = new >= first[:, None, None]  # [n, 1, C]
+    sees = (c[None, None, :] < past[:, None, None]) | ((new >= 0) & (new <= j[None, :, None]) & real)
+    sees |= new == j[None, :, None]  # every query sees its own column (pad queries: only that)
     bias = torch.zeros(n, 1, big_s, big_p + big_s, dtype=net.dtype, device=device).masked_fill_(~sees[:, None], float("-inf"))
     hidden = run_layers(net, kv, net.embed(ids), positions, big_p, big_p + big_s, bias)
-    ends = [i for i, job in enumerate(jobs) if job.end is not None]
-    logits = head(hidden[ends, size[ends] - 1]) if ends else None
+    logits = head(hidden[:, -1]) if any(job.end is not None for job in jobs) else None
     for i, job in enumerate(jobs):
         if job.node is not None:
-            job.node.kv = kv[:, :, i, :, big_p : big_p + len(job.tokens)].clone()
-    for row, i in enumerate(ends):
-        jobs[i].end.logits = logits[row].float().clone()
+            job.node.kv = kv[:, :, i, :, big_p + big_s - len(job.tokens) :].clone()
+        if job.end is not None:
+            job.end.logits = logits[i].float().clone()
 
 
 def prefill(
@@ -256,7 +251,7 @@ def prefill(
             _run_wave(net, wave, head)
         return [[j.node.kv] for j in jobs], [j.node.logits for j in jobs], sum(len(p) for p in prompts)
     ends = [cache.insert(p) for p in prompts]
-    want = set(ends)
+    want = dict.fromkeys(ends)  # in call order (a set's order would vary the waves' batch shapes run to run)
     computed = 0
     while True:  # waves: the uncomputed nodes whose parent is computed, and prompt ends lacking logits
         jobs = [
