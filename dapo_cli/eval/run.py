@@ -54,7 +54,7 @@ from dapo_cli.eval.generations import (
 )
 from dapo_cli.eval.limits import check_memory, problems_per_call, sequences_per_call
 from dapo_cli.eval.problems import Problem
-from dapo_cli.eval.speed import Stopwatch, throughput
+from dapo_cli.eval.speed import Stopwatch, prefill_counts, throughput
 from dapo_cli.fileio import write_json_atomic
 from dapo_cli.rollout.base import RolloutEngine, SamplingParams
 
@@ -506,6 +506,7 @@ def run_eval(
             tracker.log_params(settings)
             new: list[SampleRecord] = []
             stopwatch = Stopwatch(clock)
+            counts = prefill_counts(engine)
             if todo:
 
                 def on_batch(b: int, records: list[SampleRecord]) -> None:
@@ -520,7 +521,8 @@ def run_eval(
                     max_sequences=sequences_per_call(opts.k, opts.batch_size), stopwatch=stopwatch,
                 )
             result = summarize(problems, previous + new, k=opts.k, pass_k=opts.pass_k)
-            speed = throughput(new, stopwatch.seconds)
+            after = prefill_counts(engine)
+            speed = throughput(new, stopwatch.seconds, {k: after[k] - counts[k] for k in after} if counts and after else None)
             tracker.log_metrics({**M.tracking_metrics(result.metrics), **speed})  # NaN rates (nothing new) are skipped
             tracker.log_table(result.per_problem, "per_problem.json")
             log_generations_table(tracker, result.records, {p.problem_id: p.raw_problem for p in problems}, max_rows=opts.table_rows)

@@ -17,6 +17,11 @@ from dapo_cli.eval.generations import SampleRecord
 SPEED_KEYS = ("eval/gen_samples", "eval/gen_tokens", "eval/gen_seconds", "eval/samples_per_s", "eval/gen_tokens_per_s")
 """Keys of :func:`throughput` (MLflow metric names, and ``--json``'s ``speed``)."""
 
+PREFILL_KEYS = ("eval/prompt_tokens", "eval/prefill_tokens")
+"""Added by :func:`throughput` for an engine that counts its prefill (the fast engine's ``prefill_stats``): the
+prompt tokens its calls read (each distinct prompt of a call once) and the tokens it ran through the model (fewer
+where its prefix cache served a shared prefix)."""
+
 
 class Stopwatch:
     """Sums the seconds spent inside ``with stopwatch:`` blocks, read from ``clock`` (a test injects one)."""
@@ -34,29 +39,48 @@ class Stopwatch:
         self.seconds += self.clock() - self._start
 
 
-def throughput(records: Sequence[SampleRecord], seconds: float) -> dict[str, float]:
+def prefill_counts(engine: Any) -> dict[str, int] | None:
+    """The engine's prefill counters so far (``prefill_stats``), or None for an engine without them."""
+    stats = getattr(engine, "prefill_stats", None)
+    return dict(stats) if isinstance(stats, Mapping) else None
+
+
+def throughput(
+    records: Sequence[SampleRecord], seconds: float, prefill: Mapping[str, int] | None = None,
+) -> dict[str, float]:
     """Counts and rates of ``records`` generated in ``seconds`` of generation (keys :data:`SPEED_KEYS`).
 
     ``eval/samples_per_s`` = samples / seconds, ``eval/gen_tokens_per_s`` = Σ response length / seconds
     (the tokens each sample generated, its EOS included). Rates are NaN when nothing was generated.
+    ``prefill`` (``prompt_tokens``, ``computed_tokens`` of this invocation) adds :data:`PREFILL_KEYS`.
     """
     tokens = sum(r.length for r in records)
     timed = bool(records) and seconds > 0
+    extra = {} if prefill is None else {
+        "eval/prompt_tokens": float(prefill["prompt_tokens"]), "eval/prefill_tokens": float(prefill["computed_tokens"]),
+    }
     return {
         "eval/gen_samples": float(len(records)),
         "eval/gen_tokens": float(tokens),
         "eval/gen_seconds": seconds,
         "eval/samples_per_s": len(records) / seconds if timed else float("nan"),
         "eval/gen_tokens_per_s": tokens / seconds if timed else float("nan"),
+        **extra,
     }
 
 
 def speed_line(speed: Mapping[str, float]) -> str | None:
-    """``generation: 64 samples, 3,012 tokens in 27.1 s: 2.36 samples/s, 111.1 tokens/s`` (None: nothing generated)."""
+    """``generation: 64 samples, 3,012 tokens in 27.1 s: 2.36 samples/s, 111.1 tokens/s``, then with prefill counts
+    ``; prefill: 2,310 of 11,648 prompt tokens computed (80.2% served by the prefix cache)`` (None: nothing generated)."""
     if not speed["eval/gen_samples"] or speed["eval/gen_seconds"] <= 0:
         return None
-    return (
+    line = (
         f"generation: {int(speed['eval/gen_samples']):,} samples, {int(speed['eval/gen_tokens']):,} tokens in "
         f"{speed['eval/gen_seconds']:.1f} s: {speed['eval/samples_per_s']:.2f} samples/s, "
         f"{speed['eval/gen_tokens_per_s']:.1f} tokens/s"
     )
+    read = speed.get("eval/prompt_tokens", 0.0)
+    if read > 0:
+        run = speed["eval/prefill_tokens"]
+        line += f"; prefill: {int(run):,} of {int(read):,} prompt tokens computed ({1 - run / read:.1%} served by the prefix cache)"
+    return line

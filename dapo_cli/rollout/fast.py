@@ -12,11 +12,18 @@ log-prob of each sampled token is log softmax(z / T) before truncation), with le
   mask builders, logits processors or stopping criteria per token (the blocks live in
   ``models/native.py``, shared with the trainer's forward). Other architectures take the
   generic path (the model's own ``forward`` and its cache); both share everything else below.
-- **The prompt is read once per prompt**, not once per sample: prefill runs on the ``P`` distinct
-  prompts and its keys/values are repeated to the ``P * n`` rows.
-- **Finished rows leave the batch.** A row stops at its first EOS; once a quarter of the batch has
-  stopped (``compact_at``), the cache is re-indexed to the rows still running, so a long tail of a
-  few runaway samples decodes with a small batch instead of the full one.
+- **A prefix is read once** (default, Llama / Qwen2): prompts that share leading token ids (the chat
+  template, an instruction, few-shot examples) compute those keys/values once, in this call or an
+  earlier one with the same weights (``rollout/prefix_cache.py``: a radix tree over token ids, at most
+  ``cache_mib`` kept between calls, cleared by :meth:`FastRolloutEngine.sync_weights` and whenever a
+  parameter changes in place); ``prefill_stats`` counts the prompt tokens read against those computed.
+- **Finished rows are refilled** (default, Llama / Qwen2; ``rollout/continuous.py``): when a row ends, the
+  next waiting row (prompt x sample) takes its place, so a batch of ``batch_size`` rows stays full while
+  rows wait; once none waits, finished rows leave the batch when a quarter of it has stopped
+  (``compact_at``), so a long tail of a few runaway samples decodes with a small batch.
+- ``prefix_cache=False, refill=False`` (and every other architecture): the chunked loop, ``batch_size`` rows
+  at a time, each chunk's distinct prompts prefilled whole (keys/values repeated to the ``n`` rows of a
+  prompt) and finished rows dropped the same way. Both loops draw the same tokens.
 - **Log-probs and the draw come from the same logits** (one ``log_softmax``), under
   ``torch.inference_mode``.
 
@@ -36,7 +43,6 @@ RNG (advancing it); with a seed the global RNG is not touched.
 
 from __future__ import annotations
 
-import hashlib
 import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -47,86 +53,13 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from dapo_cli.models.native import NativeLlama
 from dapo_cli.models.context import check_fits
-from dapo_cli.rollout.base import Rollouts, SamplingParams
+from dapo_cli.rollout.base import Rollouts, SamplingParams, WeightSource
+from dapo_cli.rollout.continuous import Outputs, SlotDecoder
 from dapo_cli.rollout.hf import LocalRolloutEngine, eos_token_ids
-
-_MASK64 = (1 << 64) - 1
-_GAMMA = 0x9E3779B97F4A7C15
-_MIX1 = 0xBF58476D1CE4E5B9
-_MIX2 = 0x94D049BB133111EB
-
-
-def _signed(x: int) -> int:
-    """The int64 with the same 64 bits as ``x mod 2**64``."""
-    x &= _MASK64
-    return x - (1 << 64) if x >> 63 else x
-
-
-def _lsr(z: torch.Tensor, k: int) -> torch.Tensor:
-    """Logical right shift of int64 bits (``>>`` on int64 is arithmetic)."""
-    return (z >> k) & ((1 << (64 - k)) - 1)
-
-
-def splitmix64(z: torch.Tensor) -> torch.Tensor:
-    """SplitMix64's output function on int64 tensors (wrapping multiplication = arithmetic mod 2**64)."""
-    z = (z ^ _lsr(z, 30)) * _signed(_MIX1)
-    z = (z ^ _lsr(z, 27)) * _signed(_MIX2)
-    return z ^ _lsr(z, 31)
-
-
-def stream_uniforms(keys: torch.Tensor, start: int, count: int = 1) -> torch.Tensor:
-    """Uniforms ``start .. start+count-1`` in [0, 1) (float64, 53 random bits) of each row's stream:
-    float64 [B, count] for int64 ``keys`` [B]. Uniform ``t`` is SplitMix64(key + (t + 1) * gamma)."""
-    offsets = torch.tensor([_signed((t + 1) * _GAMMA) for t in range(start, start + count)], device=keys.device)
-    z = splitmix64(keys[:, None] + offsets[None, :])
-    return _lsr(z, 11).double() * (2.0**-53)
-
-
-def row_key(seed: int, text: str, copy: int, sample: int) -> int:
-    """The int64 key of sample ``sample`` of the ``copy``-th occurrence of prompt ``text`` under ``seed``."""
-    digest = hashlib.sha256(f"dapo-rollout\0{seed}\0{copy}\0{sample}\0".encode() + text.encode("utf-8")).digest()
-    return _signed(int.from_bytes(digest[:8], "little"))
-
-
-def row_keys(seed: int, prompts: Sequence[str], n: int) -> torch.Tensor:
-    """LongTensor [P * n]: one stream key per response row (row ``i`` answers prompt ``i // n``)."""
-    seen: dict[str, int] = {}
-    keys = []
-    for text in prompts:
-        copy = seen.get(text, 0)
-        seen[text] = copy + 1
-        keys.extend(row_key(seed, text, copy, j) for j in range(n))
-    return torch.tensor(keys, dtype=torch.long)
-
-
-def truncated_probs(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """Unnormalised probabilities [B, V] of softmax(``logits``) restricted like transformers' warpers:
-    top-k keeps tokens whose logit is >= the k-th largest (ties kept), then top-p keeps the
-    smallest most-probable set whose mass (renormalised after top-k) reaches ``top_p``
-    (at least one token). ``logits`` are already divided by the temperature."""
-    vocab = logits.shape[-1]
-    if 0 < top_k < vocab:
-        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
-    if top_p < 1.0:
-        sorted_p, order = torch.sort(probs, dim=-1, descending=True)
-        before = torch.cumsum(sorted_p, dim=-1) - sorted_p  # mass strictly more probable than each token
-        keep_sorted = before < top_p
-        keep_sorted[:, 0] = True
-        keep = torch.zeros_like(keep_sorted).scatter_(1, order, keep_sorted)
-        probs = probs.masked_fill(~keep, 0.0)
-    return probs
-
-
-def inverse_cdf_draw(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-    """Token i with probability probs[i] / sum(probs) for each row: the first index whose cumulative
-    mass exceeds ``u * total`` (float64; a zero-probability token is never chosen)."""
-    cdf = torch.cumsum(probs.double(), dim=-1)
-    total = cdf[:, -1]
-    x = torch.minimum(uniforms * total, torch.nextafter(total, torch.zeros_like(total)))
-    return torch.searchsorted(cdf, x.unsqueeze(1), right=True).squeeze(1)
-
+from dapo_cli.rollout.prefix_cache import PrefixCache, run_layers
+from dapo_cli.rollout.sampling import (  # re-exported: tests and benchmarks import them from here
+    draw, inverse_cdf_draw, row_keys, splitmix64, stream_uniforms, truncated_probs,
+)
 
 @dataclass
 class _Chunk:
@@ -172,19 +105,9 @@ class _NativeDecoder:
         return NativeLlama.supports(model)
 
     def _blocks(self, x: torch.Tensor, positions: torch.Tensor, start: int, bias: torch.Tensor) -> torch.Tensor:
-        """Run every layer on ``x`` [B, q, H] at ``positions`` [B, q], writing keys/values into buffer
-        columns ``start .. start+q-1`` and attending to columns ``< start + q`` under the additive
-        ``bias`` (0 or -inf; see :meth:`NativeLlama.attend`). Returns the final-norm hidden states [B, q, H]."""
-        net, kv = self.net, self.kv
-        cos, sin = net.rope(positions)
-        end = start + x.shape[1]
-        for i, layer in enumerate(net.layers):
-            q, k, v = net.qkv(layer, x, cos, sin)
-            kv[i, 0, :, :, start:end] = k
-            kv[i, 1, :, :, start:end] = v
-            att = net.attend(q, kv[i, 0, :, :, :end], kv[i, 1, :, :, :end], bias)
-            x = net.finish(layer, x, att)
-        return net.rms_norm(net.norm, x)
+        """Every layer on ``x`` [B, q, H] at ``positions`` [B, q], keys/values written into buffer columns
+        ``start .. start+q-1``, attending to columns ``< start + q`` (:func:`run_layers`)."""
+        return run_layers(self.net, self.kv, x, positions, start, start + x.shape[1], bias)
 
     def prefill(self, ids: torch.Tensor, mask: torch.Tensor, capacity: int, max_position: int) -> torch.Tensor:
         """Fill columns ``0 .. S-1`` for the distinct prompts ``ids`` [P, S]; logits [P, V] of the next token.
@@ -273,6 +196,9 @@ class FastRolloutEngine(LocalRolloutEngine):
     no-op); False: a private copy refreshed by :meth:`sync_weights`. ``compact_at``: drop finished
     rows from the batch once this share of it has finished (0: at every finish; > 1: never).
     ``native``: use the Llama/Qwen2 decoder when the model is one (False: always the model's forward).
+    ``prefix_cache``: share prompt prefixes' keys/values within and across calls, keeping at most ``cache_mib``
+    MiB of them between calls; ``refill``: refill finished rows from the waiting ones (both Llama/Qwen2 only;
+    both False: the chunked loop, the benchmarks' "before").
     """
 
     seeds_per_prompt = True
@@ -289,10 +215,34 @@ class FastRolloutEngine(LocalRolloutEngine):
         shares_weights: bool = True,
         compact_at: float = 0.25,
         native: bool = True,
+        prefix_cache: bool = True,
+        refill: bool = True,
+        cache_mib: float = 512,
     ) -> None:
         super().__init__(model, tokenizer, batch_size=batch_size, shares_weights=shares_weights)
         self.compact_at = compact_at
         self.native = native
+        self.refill = refill
+        self.cache = PrefixCache(int(cache_mib * 2**20)) if prefix_cache else None
+        self.prefill_stats = {"prompt_tokens": 0, "computed_tokens": 0}
+        """Prompt tokens the calls so far had to read (each distinct prompt of a call, once) and tokens their
+        prefill actually ran through the model (fewer where the prefix cache served a prefix)."""
+
+    def sync_weights(self, source: WeightSource) -> None:
+        """Copy the trainer's weights in (a no-op when sharing its module) and forget every cached prefix."""
+        if self.cache is not None:
+            self.cache.clear()
+        super().sync_weights(source)
+
+    def _cache_for_call(self) -> PrefixCache | None:
+        """The prefix cache, cleared first if a parameter changed in place since it was filled (PyTorch's
+        version counters: an optimizer step, ``load_state_dict``); ``sync_weights`` clears it in any case."""
+        if self.cache is not None:
+            stamp = (id(self.model), tuple(p._version for p in self.model.parameters()))
+            if stamp != self.cache.stamp:
+                self.cache.clear()
+                self.cache.stamp = stamp
+        return self.cache
 
     def generate(self, prompts: Sequence[str], n: int, params: SamplingParams) -> Rollouts:
         """Sample ``n`` responses per already-templated prompt; see :class:`Rollouts` for shapes."""
@@ -319,21 +269,66 @@ class FastRolloutEngine(LocalRolloutEngine):
         logprobs = torch.zeros(total, params.max_tokens) if params.logprobs else None
         lengths = torch.zeros(total, dtype=torch.long)
         ended = torch.zeros(total, dtype=torch.bool)
-        chunk = self.batch_size or total
         was_training = self.model.training
         self.model.eval()
         try:
             with torch.inference_mode():
-                decoder = _NativeDecoder(self.model) if self.native and _NativeDecoder.supports(self.model) else _GenericDecoder(self.model)
-                for start in range(0, total, chunk):
-                    rows = torch.arange(start, min(start + chunk, total))
-                    chunk_prompts, local = torch.unique(prompt_of_row[rows], return_inverse=True)
-                    p_ids, p_mask = _trim_left(ids[chunk_prompts], mask[chunk_prompts])
-                    part = _Chunk(rows, p_ids, p_mask, local, keys[rows])
-                    self._decode(decoder, part, params, eos_ids, tokens, logprobs, lengths, ended)
-                decoder.release()
+                native = self.native and _NativeDecoder.supports(self.model)
+                if native and (self.cache is not None or self.refill):
+                    self._decode_slots(ids, mask, n, keys, params, eos_ids, tokens, logprobs, lengths, ended)
+                else:
+                    self._decode_chunks(ids, mask, prompt_of_row, keys, params, eos_ids, tokens, logprobs, lengths, ended, native)
         finally:
             self.model.train(was_training)
+        return self._rollouts(ids, mask, n, tokens, logprobs, lengths, ended, prompt_of_row)
+
+    def _decode_chunks(
+        self, ids: torch.Tensor, mask: torch.Tensor, prompt_of_row: torch.Tensor, keys: torch.Tensor, params: SamplingParams,
+        eos_ids: list[int], tokens: torch.Tensor, logprobs: torch.Tensor | None, lengths: torch.Tensor, ended: torch.Tensor,
+        native: bool,
+    ) -> None:
+        """The chunked loop (no prefix cache, no refill; any architecture): ``batch_size`` rows at a time, each
+        chunk's distinct prompts prefilled whole."""
+        total = len(prompt_of_row)
+        chunk = self.batch_size or total
+        decoder = _NativeDecoder(self.model) if native else _GenericDecoder(self.model)
+        for start in range(0, total, chunk):
+            rows = torch.arange(start, min(start + chunk, total))
+            chunk_prompts, local = torch.unique(prompt_of_row[rows], return_inverse=True)
+            p_ids, p_mask = _trim_left(ids[chunk_prompts], mask[chunk_prompts])
+            part = _Chunk(rows, p_ids, p_mask, local, keys[rows])
+            self.prefill_stats["prompt_tokens"] += int(p_mask.sum())
+            self.prefill_stats["computed_tokens"] += int(p_mask.sum())
+            self._decode(decoder, part, params, eos_ids, tokens, logprobs, lengths, ended)
+        decoder.release()
+
+    def _decode_slots(
+        self, ids: torch.Tensor, mask: torch.Tensor, n: int, keys: torch.Tensor, params: SamplingParams, eos_ids: list[int],
+        tokens: torch.Tensor, logprobs: torch.Tensor | None, lengths: torch.Tensor, ended: torch.Tensor,
+    ) -> None:
+        """The refilled loop with the prefix cache (``continuous.py``), for Llama / Qwen2 models."""
+        net = NativeLlama(self.model)
+        device = self.model.device
+        prompts = [row[m].tolist() for row, m in zip(ids, mask)]
+        out = Outputs(tokens.to(device), logprobs.to(device) if logprobs is not None else None, lengths.to(device), ended.to(device))
+        decoder = SlotDecoder(
+            net, lambda h: vocab_logits(net.lm_head, h), self._cache_for_call(), prompts, n, keys, params,
+            torch.tensor(eos_ids, device=device), batch=self.batch_size or len(prompts) * n, refill=self.refill,
+            compact_at=self.compact_at,
+        )
+        decoder.run(out)
+        tokens.copy_(out.tokens.cpu())
+        if logprobs is not None:
+            logprobs.copy_(out.logprobs.float().cpu())
+        lengths.copy_(out.lengths.cpu())
+        ended.copy_(out.ended.cpu())
+        self.prefill_stats["prompt_tokens"] += out.prompt_tokens
+        self.prefill_stats["computed_tokens"] += out.computed_tokens
+
+    def _rollouts(
+        self, ids: torch.Tensor, mask: torch.Tensor, n: int, tokens: torch.Tensor, logprobs: torch.Tensor | None,
+        lengths: torch.Tensor, ended: torch.Tensor, prompt_of_row: torch.Tensor,
+    ) -> Rollouts:
         width = int(lengths.max())
         tokens = tokens[:, :width]
         response_mask = torch.arange(width)[None, :] < lengths[:, None]
@@ -361,7 +356,6 @@ class FastRolloutEngine(LocalRolloutEngine):
         """Decode one chunk's rows, writing into the call's ``tokens``/``logprobs``/``lengths``/``ended``."""
         device = self.model.device
         greedy = params.temperature <= 0
-        temperature = params.temperature if not greedy else 1.0
         limit = params.max_tokens
         eos = torch.tensor(eos_ids, device=device)
         p_ids, p_mask = part.prompt_ids.to(device), part.prompt_mask.to(device)
@@ -380,24 +374,15 @@ class FastRolloutEngine(LocalRolloutEngine):
         done_len = torch.full((len(rows),), limit, dtype=torch.long, device=device)  # filled as rows end
         done_eos = torch.zeros(len(rows), dtype=torch.bool, device=device)
         slot = torch.arange(len(rows), device=device)  # batch row -> chunk row
-        truncate = params.top_k > 0 or params.top_p < 1.0
         block = 64  # uniforms are computed for this many steps at a time
         dead = 0
         for t in range(limit):
             if not greedy and t % block == 0:  # by chunk row; a batch row reads its own through ``slot``
                 uniforms = stream_uniforms(keys, t, min(block, limit - t))  # [B_chunk, block]
-            z = logits.float()
-            if temperature != 1.0:
-                z = z / temperature
-            logp = torch.log_softmax(z, dim=-1)
-            if greedy:
-                tok = z.argmax(-1)
-            else:
-                probs = truncated_probs(z, params.top_k, params.top_p) if truncate else logp.exp()
-                tok = inverse_cdf_draw(probs, uniforms[slot, t % block])
+            tok, lp = draw(logits, params, None if greedy else uniforms[slot, t % block])
             out_tok[slot, t] = tok
             if out_lp is not None:
-                out_lp[slot, t] = logp.gather(1, tok[:, None]).squeeze(1)
+                out_lp[slot, t] = lp
             finished = torch.isin(tok, eos) & alive
             if bool(finished.any()):
                 done_len[slot[finished]] = t + 1

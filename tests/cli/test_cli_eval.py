@@ -15,6 +15,8 @@ from typer.testing import CliRunner
 from dapo_cli.cli import app
 from dapo_cli.data.schema import make_row, write_dapo_parquet
 from dapo_cli.eval.generations import CHECKPOINT_FILE, SampleRecord, write_generations
+from dapo_cli.models import load_policy
+from dapo_cli.models.tokenizer import format_prompt
 
 DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
 AIME = DATA / "aime-2024.parquet"
@@ -162,18 +164,26 @@ def test_eval_prints_and_logs_its_generation_speed(tiny_model_dir: Path, short_s
     assert result.exit_code == 0, result.output
     tokens = sum(r["length"] for r in pq.read_table(out / "generations.parquet").to_pylist())
     # 2 problems (4 sequences) per call: 3 calls of 0.5 s = 1.5 s for 10 samples and their tokens
-    line = f"generation: 10 samples, {tokens} tokens in 1.5 s: 6.67 samples/s, {tokens / 1.5:.1f} tokens/s"
-    assert line in result.stdout.splitlines()
     client = MlflowClient(tracking_uri=uri)
     [run] = client.search_runs([client.get_experiment_by_name("speed").experiment_id])
     speed = {k: v for k, v in run.data.metrics.items() if k.startswith("eval/")}
+    # the fast engine's prefill: every problem's prompt read once (its call's); what its prefix cache served
+    # (here little: the tiny model's template adds nothing before the problems, which differ from their first token)
+    _, tokenizer = load_policy(tiny_model_dir)
+    read = sum(len(tokenizer(format_prompt(tokenizer, [{"role": "user", "content": f"{i}+1="}]), add_special_tokens=False)["input_ids"])
+               for i in range(5))
+    run_ = speed.pop("eval/prefill_tokens")
+    assert speed.pop("eval/prompt_tokens") == read and 0 < run_ <= read
     assert speed == {"eval/gen_samples": 10, "eval/gen_tokens": tokens, "eval/gen_seconds": 1.5,
                      "eval/samples_per_s": 10 / 1.5, "eval/gen_tokens_per_s": tokens / 1.5}
+    line = (f"generation: 10 samples, {tokens} tokens in 1.5 s: 6.67 samples/s, {tokens / 1.5:.1f} tokens/s; "
+            f"prefill: {int(run_)} of {read} prompt tokens computed ({1 - run_ / read:.1%} served by the prefix cache)")
+    assert line in result.stdout.splitlines()
 
     # --json carries the same numbers; --quiet prints the results without the speed line
     monkeypatch.setattr(run_module, "run_eval", functools.partial(run_module.run_eval.func, clock=ticking(0.5)))
     data = json.loads(runner.invoke(app, [*args, "--no-track", "--json"]).stdout)
-    assert data["speed"] == {**speed, "eval/gen_tokens": data["speed"]["eval/gen_tokens"],
+    assert data["speed"] == {**speed, "eval/prompt_tokens": read, "eval/prefill_tokens": run_, "eval/gen_tokens": data["speed"]["eval/gen_tokens"],
                              "eval/gen_tokens_per_s": data["speed"]["eval/gen_tokens"] / 1.5}
     quiet = runner.invoke(app, [*args, "--no-track", "--quiet"])
     assert quiet.exit_code == 0 and "avg@2" in quiet.stdout and "generation:" not in quiet.stdout

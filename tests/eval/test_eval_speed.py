@@ -15,7 +15,7 @@ from dapo_cli.data.schema import make_row, write_dapo_parquet
 from dapo_cli.eval.generations import CHECKPOINT_FILE, SampleRecord
 from dapo_cli.eval.problems import group_problems
 from dapo_cli.eval.run import EvalOptions, generate_records, run_eval
-from dapo_cli.eval.speed import SPEED_KEYS, Stopwatch, speed_line, throughput
+from dapo_cli.eval.speed import PREFILL_KEYS, SPEED_KEYS, Stopwatch, speed_line, throughput
 
 from fixtures.scripted_engine import PARAMS, ScriptedEngine
 
@@ -51,6 +51,11 @@ def test_throughput_is_samples_and_tokens_over_generation_seconds() -> None:
     nothing = throughput([], 0.0)  # a resumed run with every batch already done
     assert math.isnan(nothing["eval/samples_per_s"]) and math.isnan(nothing["eval/gen_tokens_per_s"])
     assert speed_line(nothing) is None
+    # with the engine's prefill counts: 40 of 200 prompt tokens run, the other 160 (80%) from the prefix cache
+    cached = throughput(records, 2.5, {"prompt_tokens": 200, "computed_tokens": 40})
+    assert tuple(cached) == SPEED_KEYS + PREFILL_KEYS and cached["eval/prompt_tokens"] == 200 and cached["eval/prefill_tokens"] == 40
+    assert speed_line(cached) == ("generation: 4 samples, 40 tokens in 2.5 s: 1.60 samples/s, 16.0 tokens/s; "
+                                  "prefill: 40 of 200 prompt tokens computed (80.0% served by the prefix cache)")
 
 
 def test_only_generate_calls_are_timed() -> None:
@@ -81,7 +86,7 @@ def test_run_eval_reports_the_rates_of_what_it_generated(tiny_model_dir: Path, t
     report = run_eval(_options(tiny_model_dir, data, out, batch_size=4), clock=ticking(0.25))
     lengths = [r["length"] for r in pq.read_table(out / "generations.parquet").to_pylist()]
     # --batch-size 4, K=2: 2 problems per call, 3 calls of 0.25 s each
-    assert report.speed == {"eval/gen_samples": 10.0, "eval/gen_tokens": float(sum(lengths)), "eval/gen_seconds": 0.75,
+    assert {k: report.speed[k] for k in SPEED_KEYS} == {"eval/gen_samples": 10.0, "eval/gen_tokens": float(sum(lengths)), "eval/gen_seconds": 0.75,
                             "eval/samples_per_s": 10 / 0.75, "eval/gen_tokens_per_s": sum(lengths) / 0.75}
 
     # the default batch size: up to 64 // 2 = 32 problems per call, so all 5 problems × 2 in one call
@@ -105,5 +110,5 @@ def test_a_resumed_run_times_only_the_batches_it_generates(tiny_model_dir: Path,
     resumed = run_eval(opts, clock=ticking(1.0))
     assert resumed.resumed_problems == 2
     new = [r for r in resumed.result.records if r.problem_id == "2"]
-    assert resumed.speed == throughput(new, 1.0) and resumed.speed["eval/gen_samples"] == 32
+    assert {k: resumed.speed[k] for k in SPEED_KEYS} == throughput(new, 1.0) and resumed.speed["eval/gen_samples"] == 32
     assert resumed.result.records == complete.result.records  # the same samples as the uninterrupted run

@@ -102,3 +102,21 @@ def test_sampled_log_probs_are_the_trainers(engine, policy):
     with torch.no_grad():
         trainer, _ = policy_forward(model, batch, temperature=1.0, with_entropy=False, device=torch.device("cpu"))
     assert float(((trainer - out.logprobs).abs() * out.response_mask).max()) < LOGPROB_TOL
+
+
+def test_the_prefix_cache_and_refill_give_the_plain_loops_samples_on_fewshot_prompts(policy):
+    """A few few-shot prompts (~182 tokens, the first ~170 shared): the fast engine's defaults (prefix cache,
+    refilled batch of 3 rows) against its chunked loop without either, token for token; log-probs the trainer's."""
+    from dapo_cli.data.synthetic import generate_rows
+    from dapo_cli.rollout.fast import FastRolloutEngine
+
+    model, tokenizer = policy
+    texts = [format_prompt(tokenizer, row["prompt"]) for row in generate_rows("fewshot-add-2digit", 3, seed=0, split="val")]
+    params = SamplingParams(temperature=1.0, top_p=0.7, max_tokens=16, seed=0, logprobs=True)
+    want = FastRolloutEngine(model, tokenizer, prefix_cache=False, refill=False).generate(texts, 2, params)
+    engine = FastRolloutEngine(model, tokenizer, batch_size=3)
+    got = engine.generate(texts, 2, params)
+    assert got.texts == want.texts and torch.equal(got.response_ids, want.response_ids)
+    assert float(((got.logprobs - want.logprobs).abs() * got.response_mask).max()) < LOGPROB_TOL
+    stats = engine.prefill_stats
+    assert stats["computed_tokens"] < 0.5 * stats["prompt_tokens"]  # the shared ~170 tokens run once, not 3 times
