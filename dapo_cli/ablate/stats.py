@@ -56,7 +56,11 @@ def paired_t_power(delta: float, sd: float, n: int, alpha: float = ALPHA) -> flo
         return math.nan
     df, ncp = n - 1, abs(delta) * math.sqrt(n) / sd
     c = float(sps.t.ppf(1 - alpha / 2, df))
-    return float(sps.nct.sf(c, df, ncp) + sps.nct.cdf(-c, df, ncp))
+    upper, lower = float(sps.nct.sf(c, df, ncp)), float(sps.nct.cdf(-c, df, ncp))
+    # scipy's noncentral t returns NaN far in a tail for large ncp: there the lower tail is ~0 (ncp >= 0)
+    lower = lower if math.isfinite(lower) else 0.0
+    upper = upper if math.isfinite(upper) else float(ncp > c)
+    return upper + lower
 
 
 def min_detectable_delta(sd: float, n: int, power: float = POWER, alpha: float = ALPHA) -> float:

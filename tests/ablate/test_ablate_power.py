@@ -61,3 +61,9 @@ def test_the_ladders_closing_note_is_reproduced() -> None:
     n = seeds_needed(delta, 15.9)
     normal = ((1.959964 + 0.841621) * 15.9 / delta) ** 2
     assert normal < n <= normal + 3
+
+
+def test_power_stays_finite_where_scipys_noncentral_t_tail_is_nan() -> None:
+    # nct.cdf(-c, 1, ncp=40) is NaN in scipy 1.17; the lower tail there is below 1e-15, the upper 0.998
+    assert paired_t_power(40 * 10.0 / math.sqrt(2), 10.0, 2) == pytest.approx(0.9983, abs=1e-3)
+    assert math.isfinite(min_detectable_delta(1e-6, 2))

@@ -1,0 +1,155 @@
+"""The report's curve fits and power (issue 48): per variant A, B, C_mid with intervals and verdicts, and per
+comparison the paired sd over seeds, the minimum detectable Δ at the seeds run and the seeds needed.
+
+Reads an :class:`~dapo_cli.ablate.results.AblationReport` (its rows for the order, its children for the curves
+and the final avg@K); renders Markdown lines and plain table rows that ``dapo report`` prints in the terminal.
+Formulas: ``docs/ablation-statistics.md``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from dapo_cli.ablate.curves import CurveFit, SeedFits, fit_curve, over_seeds
+from dapo_cli.ablate.results import SAMPLES_METRIC, VAL_CURVE, AblationReport, ChildResult
+from dapo_cli.ablate.stats import min_detectable_delta, sample_sd, seeds_needed
+
+
+def samples_curve(child: ChildResult) -> tuple[list[float], list[float]]:
+    """``(C, R)``: the child's validations over cumulative generated samples (``C = 0`` at step 0)."""
+    per_step = child.curves.get(SAMPLES_METRIC, {})
+    val = child.curves.get(VAL_CURVE, {})
+    c, r = [], []
+    for step in sorted(val):
+        c.append(float(sum(v for s, v in per_step.items() if s <= step)))
+        r.append(val[step])
+    return c, r
+
+
+def child_fit(child: ChildResult) -> CurveFit:
+    """The child's validation curve over generated samples, fitted (``not identified`` without a step-0 point)."""
+    c, r = samples_curve(child)
+    if not c or c[0] != 0:
+        return CurveFit(math.nan, math.nan, math.nan, math.nan, c[-1] if c else 0.0, len(c), "not identified",
+                        "no step-0 validation (R0)")
+    samples = len(child.per_problem) * child.k
+    return fit_curve(c, r, samples=samples)
+
+
+def variant_fits(report: AblationReport) -> dict[str, SeedFits]:
+    """Each variant's fits over its seeds (seed order)."""
+    by = {row.name: [ch for ch in report.children if ch.variant == row.name] for row in report.rows}
+    return {name: over_seeds([child_fit(ch) for ch in sorted(kids, key=lambda ch: ch.seed)]) for name, kids in by.items()}
+
+
+def fit_rows(report: AblationReport) -> list[dict[str, str]]:
+    """One row per variant: A and B (mean ± t 95% over the identified seeds), C_mid, the predictions at 2x and 10x
+    the budget, and the verdict with each unidentified seed's reason."""
+    rows = []
+    fits = variant_fits(report)
+    for row in report.rows:
+        sf = fits[row.name]
+        ok = [f for f in sf.fits if f.fitted]
+        reasons = sorted(set(sf.reasons))
+        rows.append({
+            "rung": str(row.position), "variant": row.name,
+            "points": "/".join(str(f.points) for f in sf.fits) or "—",
+            "A %": interval(sf.a_mean, sf.a_half, 100), "B": interval(sf.b_mean, sf.b_half, 1),
+            "C_mid (samples)": f"{sf.c_mid_mean:.0f}" if math.isfinite(sf.c_mid_mean) else "—",
+            "at 2x budget %": pct(sum(f.predict(2 * f.budget) for f in ok) / len(ok)) if ok else "—",
+            "at 10x budget %": pct(sum(f.predict(10 * f.budget) for f in ok) / len(ok)) if ok else "—",
+            "verdict": f"fitted ({len(ok)}/{len(sf.fits)} seeds)" if ok else "not identified",
+            "why not": "; ".join(reasons) if reasons else "—",
+        })
+    return rows
+
+
+@dataclass
+class Power:
+    """One comparison's power over seeds (Δ in points)."""
+
+    variant: str
+    vs: str
+    pairs: int
+    delta: float
+    sd: float
+    detectable: float
+    needed: int | None
+    needed_effect: int | None
+
+
+def comparisons(report: AblationReport) -> list[tuple[str, str]]:
+    """The report's comparisons: a ladder's rungs against the previous and against the first (the last against the
+    first once), otherwise each variant against the first."""
+    names = [row.name for row in report.rows]
+    pairs = [(b, a) for a, b in zip(names, names[1:])] if report.mode == "ladder" else []
+    pairs += [(n, names[0]) for n in names[1:] if (n, names[0]) not in pairs]
+    return pairs
+
+
+def power_table(report: AblationReport, effect: float | None = None) -> list[Power]:
+    """Per comparison: the by-seed Δ and its paired sd, the minimum detectable Δ at those pairs (80% power,
+    two-sided 5%), the seeds needed for the observed Δ and for ``effect`` (points)."""
+    avg = {(ch.variant, ch.seed): 100 * ch.avg for ch in report.children}
+    out = []
+    for variant, vs in comparisons(report):
+        seeds = sorted(s for v, s in avg if v == variant and (vs, s) in avg)
+        diffs = [avg[variant, s] - avg[vs, s] for s in seeds]
+        if not diffs:
+            continue
+        delta, sd = sum(diffs) / len(diffs), sample_sd(diffs)
+        out.append(Power(variant, vs, len(diffs), delta, sd, min_detectable_delta(sd, len(diffs)),
+                         seeds_needed(delta, sd), seeds_needed(effect, sd) if effect else None))
+    return out
+
+
+def power_rows(report: AblationReport, effect: float | None = None) -> list[dict[str, str]]:
+    """:func:`power_table` as text cells."""
+    rows = []
+    for p in power_table(report, effect):
+        row = {"variant": p.variant, "vs": p.vs, "seed pairs": str(p.pairs), "Δ by seed": f"{p.delta:+.1f}",
+               "paired sd": num(p.sd), "detectable Δ (80%)": num(p.detectable),
+               "seeds for Δ": str(p.needed) if p.needed else "—"}
+        if effect:
+            row[f"seeds for {effect:g}"] = str(p.needed_effect) if p.needed_effect else "—"
+        rows.append(row)
+    return rows
+
+
+FIT_LEGEND = ("Fit of each child's validation curve over generated samples to R(C) = R0 + (A − R0)/(1 + (C_mid/C)^B) "
+              "(ScaleRL); A: ceiling, B: efficiency, C_mid: samples at half the gain; A and B: mean ± Student t 95% "
+              "over the seeds whose fit is identified; predictions are the mean fitted curve at 2x and 10x each "
+              "child's budget; points: validations per seed, step 0 included (a fit needs 5).")
+POWER_LEGEND = ("Paired two-sided t-test over seeds at 5%: paired sd of the by-seed Δ (points), the smallest Δ detected "
+                "with 80% power at the seeds run (noncentral t), and the seeds needed to detect the observed Δ "
+                "(— when Δ is 0 or more than 10,000 seeds would be needed).")
+
+
+def fit_markdown(report: AblationReport, effect: float | None = None) -> list[str]:
+    """``report.md``'s sections "Curve fits" and "Power"."""
+    lines: list[str] = []
+    for title, legend, rows in (("Curve fits", FIT_LEGEND, fit_rows(report)),
+                                ("Power", POWER_LEGEND, power_rows(report, effect))):
+        if rows:
+            head = list(rows[0])
+            lines += ["", f"## {title}", "", legend, "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head),
+                      *("| " + " | ".join(r[h] for h in head) + " |" for r in rows)]
+    return lines
+
+
+def interval(mean: float, half: float, scale: float) -> str:
+    if not math.isfinite(mean):
+        return "—"
+    text = f"{scale * mean:.1f}" if scale == 100 else f"{mean:.2f}"
+    if math.isfinite(half):
+        text += f" ± {scale * half:.1f}" if scale == 100 else f" ± {half:.2f}"
+    return text
+
+
+def pct(v: float) -> str:
+    return f"{100 * v:.1f}" if math.isfinite(v) else "—"
+
+
+def num(v: float) -> str:
+    return f"{v:.1f}" if math.isfinite(v) else "—"
