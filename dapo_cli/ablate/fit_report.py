@@ -12,18 +12,14 @@ import math
 from dataclasses import dataclass
 
 from dapo_cli.ablate.curves import CurveFit, SeedFits, fit_curve, over_seeds
-from dapo_cli.ablate.results import SAMPLES_METRIC, VAL_CURVE, AblationReport, ChildResult
+from dapo_cli.ablate.budget import AXES, EqualBudget, budget_curve, budget_rows, equal_budget
+from dapo_cli.ablate.results import AblationReport, ChildResult
 from dapo_cli.ablate.stats import min_detectable_delta, sample_sd, seeds_needed
 
 
 def samples_curve(child: ChildResult) -> tuple[list[float], list[float]]:
     """``(C, R)``: the child's validations over cumulative generated samples (``C = 0`` at step 0)."""
-    per_step = child.curves.get(SAMPLES_METRIC, {})
-    val = child.curves.get(VAL_CURVE, {})
-    c, r = [], []
-    for step in sorted(val):
-        c.append(float(sum(v for s, v in per_step.items() if s <= step)))
-        r.append(val[step])
+    _, c, r = budget_curve(child, "samples")
     return c, r
 
 
@@ -117,6 +113,26 @@ def power_rows(report: AblationReport, effect: float | None = None) -> list[dict
     return rows
 
 
+def equal_budget_table(report: AblationReport) -> list[EqualBudget]:
+    """Each comparison at equal budget on every axis the children logged (samples; tokens and FLOPs from the
+    trainer's ``compute/*``)."""
+    by = {}
+    for ch in report.children:
+        by.setdefault(ch.variant, []).append(ch)
+    out = []
+    for variant, vs in comparisons(report):
+        for axis in AXES:
+            if axis == "steps":
+                continue
+            e = equal_budget(variant, by.get(variant, []), vs, by.get(vs, []), axis)
+            if e is not None:
+                out.append(e)
+    return out
+
+
+BUDGET_LEGEND = ("Δ at equal budget: each seed's pair read at the smaller of the two final budgets, each curve "
+                 "interpolated linearly between the two validations around it (steps read: a–b; one step when the "
+                 "budget falls on a validation); 95% CI Student t over the seeds.")
 FIT_LEGEND = ("Fit of each child's validation curve over generated samples to R(C) = R0 + (A − R0)/(1 + (C_mid/C)^B) "
               "(ScaleRL); A: ceiling, B: efficiency, C_mid: samples at half the gain; A and B: mean ± Student t 95% "
               "over the seeds whose fit is identified; predictions are the mean fitted curve at 2x and 10x each "
@@ -130,7 +146,8 @@ def fit_markdown(report: AblationReport, effect: float | None = None) -> list[st
     """``report.md``'s sections "Curve fits" and "Power"."""
     lines: list[str] = []
     for title, legend, rows in (("Curve fits", FIT_LEGEND, fit_rows(report)),
-                                ("Power", POWER_LEGEND, power_rows(report, effect))):
+                                ("Power", POWER_LEGEND, power_rows(report, effect)),
+                                ("Δ at equal budget (interpolated)", BUDGET_LEGEND, budget_rows(equal_budget_table(report)))):
         if rows:
             head = list(rows[0])
             lines += ["", f"## {title}", "", legend, "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head),

@@ -67,3 +67,7 @@ def test_the_sections_are_printed_and_written() -> None:
     md = "\n".join(fit_markdown(report, effect=5))
     assert "## Curve fits" in md and "## Power" in md and "| dapo | grpo | 3 | +14.7 | 15.9 |" in md
     assert not math.isnan(power_table(report)[0].sd)
+    # Δ at equal samples, interpolated: DAPO (seeds 0-2) against GRPO at GRPO's 512 samples, never step 0
+    assert "Δ at equal budget (interpolated)" in text and "## Δ at equal budget (interpolated)" in md
+    dapo_budget = next(line for line in md.splitlines() if line.startswith("| dapo | grpo | samples |"))
+    assert "; 0" not in dapo_budget and "0; " not in dapo_budget
