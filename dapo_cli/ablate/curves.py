@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy import optimize, stats
 
-from dapo_cli.ablate.stats import sample_sd, seed_interval, t_critical_95
+from dapo_cli.ablate.stats import seed_interval
 
 MIN_POINTS = 5
 """Validations a fit needs, step 0 included (three parameters and at least two points to spare)."""
@@ -220,4 +220,4 @@ def compare_fits(variant: str, fits: Sequence[CurveFit], vs: str, ref: Sequence[
 
 
 __all__ = ["CurveFit", "FitComparison", "MARGIN_A", "MIN_POINTS", "SeedFits", "compare_fits", "fit_curve",
-           "grid_fit", "over_seeds", "saturating", "sample_sd", "t_critical_95"]
+           "grid_fit", "over_seeds", "saturating"]

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from dapo_cli.ablate.curves import CurveFit, SeedFits, fit_curve, over_seeds
 from dapo_cli.ablate.budget import AXES, EqualBudget, budget_curve, budget_rows, equal_budget
 from dapo_cli.ablate.results import AblationReport, ChildResult
+from dapo_cli.ablate.sequential import comparison_pairs
 from dapo_cli.ablate.stats import min_detectable_delta, sample_sd, seeds_needed
 
 
@@ -78,10 +79,7 @@ class Power:
 def comparisons(report: AblationReport) -> list[tuple[str, str]]:
     """The report's comparisons: a ladder's rungs against the previous and against the first (the last against the
     first once), otherwise each variant against the first."""
-    names = [row.name for row in report.rows]
-    pairs = [(b, a) for a, b in zip(names, names[1:])] if report.mode == "ladder" else []
-    pairs += [(n, names[0]) for n in names[1:] if (n, names[0]) not in pairs]
-    return pairs
+    return comparison_pairs([row.name for row in report.rows], report.mode == "ladder")
 
 
 def power_table(report: AblationReport, effect: float | None = None) -> list[Power]:

@@ -98,6 +98,13 @@ def needed_variants(comparisons: Sequence[tuple[str, str]], verdicts: dict[tuple
     return out
 
 
+def comparison_pairs(names: Sequence[str], ladder: bool) -> list[tuple[str, str]]:
+    """``(variant, reference)`` pairs: a ladder's rungs against the previous and against the first (the second rung
+    once), otherwise each variant against the first."""
+    pairs = [(b, a) for a, b in zip(names, names[1:])] if ladder else []
+    return pairs + [(n, names[0]) for n in names[1:] if (n, names[0]) not in pairs]
+
+
 def worst_case_children(variants: int, looks: Sequence[int]) -> int:
     """Children the rule runs when no comparison is ever decided: every variant to the last look's seeds."""
     return variants * looks[-1]
@@ -120,4 +127,59 @@ def plan_text(variants: Sequence[str], comparisons: Sequence[tuple[str, str]], l
         cost += f", ~{worst * child_minutes / 60:.1f} h at {child_minutes:.0f} min a child"
     lines.append(f"worst case (nothing decided before the last look): {cost}; best case: "
                  f"{len(variants) * looks[0]} children (all decided at the first look)")
+    return "\n".join(lines)
+
+
+@dataclass
+class Wave:
+    """One look: the seeds per variant after it, the variants it trained, and every comparison's decision."""
+
+    look: int
+    seeds: int
+    trained: list[str]
+    decisions: dict[tuple[str, str], Decision]
+
+
+def run_waves(variants: Sequence[str], comparisons: Sequence[tuple[str, str]], looks: Sequence[int],
+              equivalence: float, train_wave, diffs_of) -> list[Wave]:
+    """The rule's loop. ``train_wave(n, names, before)`` trains seeds ``before..n-1`` of ``names`` (every variant's
+    seeds below ``before`` already trained); ``diffs_of(variant, vs)`` returns the paired by-seed differences in
+    points. A comparison once decided keeps its decision (and its wave); the loop stops when none is open."""
+    levels = look_levels(looks)
+    decided: dict[tuple[str, str], Decision] = {}
+    waves: list[Wave] = []
+    needed, before = list(variants), 0
+    for k, (n, level) in enumerate(zip(looks, levels), 1):
+        train_wave(n, needed, before)
+        now = dict(decided)
+        for pair in comparisons:
+            if pair in decided:
+                continue
+            diffs = diffs_of(*pair)
+            now[pair] = decide(diffs, k, level, equivalence) if len(diffs) >= 2 else Decision("open", k, len(diffs), math.nan, math.nan)
+            if now[pair].verdict != "open":
+                decided[pair] = now[pair]
+        waves.append(Wave(k, n, list(needed), now))
+        needed = needed_variants(comparisons, now)
+        if not needed:
+            break
+        before = n
+    return waves
+
+
+def waves_text(waves: Sequence[Wave], fixed_children: int) -> str:
+    """The waves and the final decisions, with the children run against the fixed design's."""
+    lines = [f"rule: {RULE}"]
+    run = 0
+    for i, w in enumerate(waves):
+        prev = waves[i - 1].seeds if i else 0
+        run += (w.seeds - prev) * len(w.trained)
+        counts = {v: sum(d.verdict == v for d in w.decisions.values()) for v in ("different", "equivalent", "open")}
+        lines.append(f"wave {w.look}: {w.seeds} seeds, trained {', '.join(w.trained)}; "
+                     f"{counts['different']} different, {counts['equivalent']} equivalent, {counts['open']} open")
+    lines.append("decisions:")
+    for (a, b), d in waves[-1].decisions.items():
+        ci = f"{d.mean:+.1f} ± {d.half:.1f}" if math.isfinite(d.mean) else "—"
+        lines.append(f"  {a} − {b}: {d.verdict} at wave {d.look} ({d.seeds} seeds, Δ {ci} points, interval at that look's level)")
+    lines.append(f"children run: {run}, against {fixed_children} for the fixed design")
     return "\n".join(lines)

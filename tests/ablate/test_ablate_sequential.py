@@ -103,3 +103,26 @@ def test_the_dry_run_plan_names_the_rule_levels_and_worst_case() -> None:
     assert "best case: 6 children" in text and "dapo − grpo" in text
     # the spent column ends at α
     assert text.splitlines()[-3].endswith("0.05000")
+
+
+def test_run_waves_adds_seeds_only_where_a_comparison_is_open() -> None:
+    from dapo_cli.ablate.sequential import run_waves, waves_text
+
+    # b − a: a large, steady gain (decided early); c − b: noise around 0 (stays open)
+    rng = np.random.default_rng(0)
+    truth = {("b", "a"): rng.normal(40.0, 1.0, 8), ("c", "b"): rng.normal(0.0, 20.0, 8)}
+    trained: list[tuple[int, list[str], int]] = []
+    seen = {"n": 0}
+
+    def train_wave(n: int, names: list[str], before: int) -> None:
+        trained.append((n, list(names), before))
+        seen["n"] = n
+
+    waves = run_waves(["a", "b", "c"], [("b", "a"), ("c", "b")], LOOKS, 3.0, train_wave,
+                      lambda v, vs: list(truth[v, vs][:seen["n"]]))
+    assert trained[0] == (3, ["a", "b", "c"], 0)
+    first_decided = next(w for w in waves if w.decisions["b", "a"].verdict == "different")
+    later = [t for t in trained if t[2] >= first_decided.seeds]
+    assert later and all(names == ["c", "b"] for _, names, _ in later)  # a gets no more seeds
+    text = waves_text(waves, fixed_children=3 * 8)
+    assert f"b − a: different at wave {first_decided.look}" in text and "against 24 for the fixed design" in text
