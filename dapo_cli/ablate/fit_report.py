@@ -8,14 +8,17 @@ Formulas: ``docs/ablation-statistics.md``.
 
 from __future__ import annotations
 
+import html
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 from dapo_cli.ablate.curves import CurveFit, SeedFits, fit_curve, over_seeds
 from dapo_cli.ablate.budget import AXES, EqualBudget, budget_curve, budget_rows, equal_budget
 from dapo_cli.ablate.results import AblationReport, ChildResult
 from dapo_cli.ablate.sequential import comparison_pairs
 from dapo_cli.ablate.stats import min_detectable_delta, sample_sd, seeds_needed
+from dapo_cli.fileio import atomic_path
 
 
 def samples_curve(child: ChildResult) -> tuple[list[float], list[float]]:
@@ -140,17 +143,34 @@ POWER_LEGEND = ("Paired two-sided t-test over seeds at 5%: paired sd of the by-s
                 "(— when Δ is 0 or more than 10,000 seeds would be needed).")
 
 
+def fit_sections(report: AblationReport, effect: float | None = None) -> list[tuple[str, str, list[dict[str, str]]]]:
+    """``(title, legend, rows)`` of the sections "Curve fits", "Power" and "Δ at equal budget (interpolated)"
+    (those with rows): what report.md, report.html, the parent run's description and the terminal show."""
+    sections = [("Curve fits", FIT_LEGEND, fit_rows(report)),
+                ("Power", POWER_LEGEND, power_rows(report, effect)),
+                ("Δ at equal budget (interpolated)", BUDGET_LEGEND, budget_rows(equal_budget_table(report)))]
+    return [s for s in sections if s[2]]
+
+
 def fit_markdown(report: AblationReport, effect: float | None = None) -> list[str]:
-    """``report.md``'s sections "Curve fits" and "Power"."""
+    """``report.md``'s (and the parent run description's) sections :func:`fit_sections`."""
     lines: list[str] = []
-    for title, legend, rows in (("Curve fits", FIT_LEGEND, fit_rows(report)),
-                                ("Power", POWER_LEGEND, power_rows(report, effect)),
-                                ("Δ at equal budget (interpolated)", BUDGET_LEGEND, budget_rows(equal_budget_table(report)))):
-        if rows:
-            head = list(rows[0])
-            lines += ["", f"## {title}", "", legend, "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head),
-                      *("| " + " | ".join(r[h] for h in head) + " |" for r in rows)]
+    for title, legend, rows in fit_sections(report, effect):
+        head = list(rows[0])
+        lines += ["", f"## {title}", "", legend, "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head),
+                  *("| " + " | ".join(r[h] for h in head) + " |" for r in rows)]
     return lines
+
+
+def fit_html(report: AblationReport, effect: float | None = None) -> list[str]:
+    """``report.html``'s sections :func:`fit_sections`, every cell escaped."""
+    esc = html.escape
+    parts: list[str] = []
+    for title, legend, rows in fit_sections(report, effect):
+        parts += [f"<h2>{esc(title)}</h2>", f"<p>{esc(legend)}</p>",
+                  "<table border='1' cellspacing='0' cellpadding='3'><tr>" + "".join(f"<th>{esc(h)}</th>" for h in rows[0]) + "</tr>",
+                  *("<tr>" + "".join(f"<td>{esc(v)}</td>" for v in r.values()) + "</tr>" for r in rows), "</table>"]
+    return parts
 
 
 def interval(mean: float, half: float, scale: float) -> str:
@@ -168,3 +188,33 @@ def pct(v: float) -> str:
 
 def num(v: float) -> str:
     return f"{v:.1f}" if math.isfinite(v) else "—"
+
+
+def plot_fits(report: AblationReport, out_dir: Path) -> Path:
+    """``curves_samples/fits.png``: each child's validations (points) over generated samples and, where its fit is
+    identified, the fitted curve (dashed, to twice its budget), one colour per variant; written atomically."""
+    import numpy as np
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6.4, 4.0))
+    fig.subplots_adjust(left=0.12, right=0.97, top=0.92, bottom=0.12)
+    ax = fig.add_subplot()
+    for i, row in enumerate(report.rows):
+        colour = f"C{i % 10}"
+        for j, ch in enumerate(c for c in report.children if c.variant == row.name):
+            c, r = samples_curve(ch)
+            ax.plot(c, r, "o", color=colour, markersize=3, alpha=0.8, label=(row.label or row.name) if j == 0 else None)
+            fit = child_fit(ch)
+            if fit.fitted:
+                xs = np.linspace(0.0, 2 * fit.budget, 100)
+                ax.plot(xs, [fit.predict(x) for x in xs], "--", color=colour, linewidth=1)
+    ax.set_xlabel("generated samples (cumulative)")
+    ax.set_ylabel(f"val/avg_at_{report.k}")
+    ax.set_title(f"validation and fitted R(C) — {report.name}", fontsize=9)
+    if ax.lines:
+        ax.legend(fontsize=7)
+    path = out_dir / "curves_samples" / "fits.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=100)
+    return path

@@ -324,15 +324,15 @@ def print_paired(result: AblationReport, out: Console) -> None:
 
 
 def print_fits(result: AblationReport, out: Console, effect: float | None = None) -> None:
-    """The curve fits per variant and the power per comparison (``ablate.fit_report``), each with its legend."""
-    from dapo_cli.ablate.budget import budget_rows
-    from dapo_cli.ablate.fit_report import BUDGET_LEGEND, FIT_LEGEND, POWER_LEGEND, equal_budget_table, fit_rows, power_rows
+    """The curve fits, the power and Δ at equal budget (``ablate.fit_report.fit_sections``), each with its legend;
+    variants by their short names."""
+    from dapo_cli.ablate.fit_report import fit_sections
     from dapo_cli.ablate.variants import short_variant
 
-    short = lambda rows: [{k: short_variant(v) if k in ("variant", "vs") else v for k, v in r.items()} for r in rows]  # noqa: E731
-    for rows, title, legend in ((fit_rows(result), "Curve fits (validation over generated samples)", FIT_LEGEND),
-                                (power_rows(result, effect), "Power (paired t over seeds)", POWER_LEGEND),
-                                (budget_rows(equal_budget_table(result)), "Δ at equal budget (interpolated)", BUDGET_LEGEND)):
-        if rows:
-            print_table(out, short(rows), list(rows[0]), title)
-            out.print(Text(legend))
+    for title, legend, rows in fit_sections(result, effect):
+        short = [{k: short_variant(v) if k in ("variant", "vs") else v for k, v in r.items()} for r in rows]
+        print_table(out, short, list(rows[0]), TITLES.get(title, title))
+        out.print(Text(legend))
+
+
+TITLES = {"Curve fits": "Curve fits (validation over generated samples)", "Power": "Power (paired t over seeds)"}

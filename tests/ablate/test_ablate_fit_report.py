@@ -54,6 +54,7 @@ def test_power_of_dapo_against_grpo_by_hand() -> None:
     assert len(power) == 9 and ("grpo+overlong_filtering", "grpo") in power
 
 
+@pytest.mark.slow
 def test_the_sections_are_printed_and_written() -> None:
     report = committed_ladder()
     out = Console(width=200, record=True)
@@ -71,3 +72,33 @@ def test_the_sections_are_printed_and_written() -> None:
     assert "Δ at equal budget (interpolated)" in text and "## Δ at equal budget (interpolated)" in md
     dapo_budget = next(line for line in md.splitlines() if line.startswith("| dapo | grpo | samples |"))
     assert "; 0" not in dapo_budget and "0; " not in dapo_budget
+
+
+@pytest.mark.slow
+def test_the_sections_are_in_the_html_and_the_parent_runs_description() -> None:
+    from dapo_cli.ablate.report import summary_markdown, to_html
+
+    report = committed_ladder()
+    page = to_html(report, {"step": [], "samples": []}, Path("."), effect=5)
+    assert "<h2>Curve fits</h2>" in page and "<h2>Power</h2>" in page and "<th>seeds for 5</th>" in page
+    assert "<td>too few points (3 validations, a fit needs 5)</td>" in page
+    note = summary_markdown(report)  # the MLflow parent's description
+    assert "## Curve fits" in note and "## Power" in note and "| dapo | grpo | 3 | +14.7 | 15.9 |" in note
+
+
+@pytest.mark.slow
+def test_the_fitted_curves_are_drawn_over_the_points(tmp_path: Path) -> None:
+    import numpy as np
+
+    from dapo_cli.ablate.curves import saturating
+    from dapo_cli.ablate.fit_report import plot_fits
+
+    report = committed_ladder()
+    # one more child of grpo with 9 validations on a known curve (64 samples a step): its fit is identified
+    val = {s: float(saturating(64.0 * s, 0.1, 0.7, 1.5, 120.0)) for s in range(0, 17, 2)}
+    report.children.append(ChildResult("x", "grpo", 9, 2, 16, val[16], 0.0, {f"p{i}": 0.5 for i in range(100)},
+                                       {"val/avg_at_k": val, "train/samples_generated": {s: 64.0 for s in range(1, 17)}}))
+    assert child_fit(report.children[-1]).fitted
+    path = plot_fits(report, tmp_path)
+    assert path == tmp_path / "curves_samples" / "fits.png" and path.read_bytes()[:4] == b"\x89PNG"
+    assert np.isfinite(child_fit(report.children[-1]).a)
