@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from dapo_cli.ablate.curves import CurveFit, SeedFits, fit_curve, over_seeds
+from dapo_cli.ablate.curves import CurveFit, SeedFits, compare_fits, fit_curve, over_seeds
 from dapo_cli.ablate.budget import AXES, EqualBudget, budget_curve, budget_rows, equal_budget
 from dapo_cli.ablate.results import AblationReport, ChildResult
 from dapo_cli.ablate.sequential import comparison_pairs
@@ -63,6 +63,23 @@ def fit_rows(report: AblationReport) -> list[dict[str, str]]:
             "why not": "; ".join(reasons) if reasons else "—",
         })
     return rows
+
+
+def fit_comparison_rows(report: AblationReport) -> list[dict[str, str]]:
+    """Per comparison with identified fits on both sides: ΔA paired by seed (t 95%), and ΔB when the ceilings lie
+    within :data:`~dapo_cli.ablate.curves.MARGIN_A`; '—' where no seed has both fits identified."""
+    by_seed = {(ch.variant, ch.seed): ch for ch in report.children}
+    rows = []
+    for variant, vs in comparisons(report):
+        seeds = sorted(s for v, s in by_seed if v == variant and (vs, s) in by_seed)  # paired by seed, not position
+        cmp = compare_fits(variant, [child_fit(by_seed[variant, s]) for s in seeds],
+                           vs, [child_fit(by_seed[vs, s]) for s in seeds])
+        rows.append({
+            "variant": variant, "vs": vs, "seed pairs fitted": str(cmp.pairs) if cmp else "0",
+            "ΔA %": interval(cmp.delta_a, cmp.delta_a_half, 100) if cmp else "—",
+            "ΔB": interval(cmp.delta_b, cmp.delta_b_half or math.nan, 1) if cmp and cmp.delta_b is not None else "—",
+        })
+    return rows if any(r["ΔA %"] != "—" for r in rows) else []
 
 
 @dataclass
@@ -131,6 +148,9 @@ def equal_budget_table(report: AblationReport) -> list[EqualBudget]:
     return out
 
 
+FIT_CMP_LEGEND = ("ΔA: the fitted ceilings' difference paired by seed (both fits identified), mean ± Student t 95%; "
+                  "ΔB, the efficiencies' difference, when the ceilings lie within ±2 points (then the faster curve is "
+                  "the better recipe).")
 BUDGET_LEGEND = ("Δ at equal budget: each seed's pair read at the smaller of the two final budgets, each curve "
                  "interpolated linearly between the two validations around it (steps read: a–b; one step when the "
                  "budget falls on a validation); 95% CI Student t over the seeds.")
@@ -147,6 +167,7 @@ def fit_sections(report: AblationReport, effect: float | None = None) -> list[tu
     """``(title, legend, rows)`` of the sections "Curve fits", "Power" and "Δ at equal budget (interpolated)"
     (those with rows): what report.md, report.html, the parent run's description and the terminal show."""
     sections = [("Curve fits", FIT_LEGEND, fit_rows(report)),
+                ("Rungs compared on their fits", FIT_CMP_LEGEND, fit_comparison_rows(report)),
                 ("Power", POWER_LEGEND, power_rows(report, effect)),
                 ("Δ at equal budget (interpolated)", BUDGET_LEGEND, budget_rows(equal_budget_table(report)))]
     return [s for s in sections if s[2]]

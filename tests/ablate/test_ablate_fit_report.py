@@ -99,6 +99,15 @@ def test_the_fitted_curves_are_drawn_over_the_points(tmp_path: Path) -> None:
     report.children.append(ChildResult("x", "grpo", 9, 2, 16, val[16], 0.0, {f"p{i}": 0.5 for i in range(100)},
                                        {"val/avg_at_k": val, "train/samples_generated": {s: 64.0 for s in range(1, 17)}}))
     assert child_fit(report.children[-1]).fitted
+    from dapo_cli.ablate.fit_report import fit_comparison_rows
+
+    assert fit_comparison_rows(report) == []  # no other variant has a fit: nothing to compare
+    # a dapo child on a higher curve (A = .8) for the same seed: ΔA = +10 by one pair (no interval)
+    val2 = {s: float(saturating(64.0 * s, 0.1, 0.8, 1.5, 120.0)) for s in range(0, 17, 2)}
+    report.children.append(ChildResult("y", "dapo", 9, 2, 16, val2[16], 0.0, {f"p{i}": 0.5 for i in range(100)},
+                                       {"val/avg_at_k": val2, "train/samples_generated": {s: 64.0 for s in range(1, 17)}}))
+    row = next(r for r in fit_comparison_rows(report) if (r["variant"], r["vs"]) == ("dapo", "grpo"))
+    assert row["seed pairs fitted"] == "1" and row["ΔA %"] == "10.0" and row["ΔB"] == "—"
     path = plot_fits(report, tmp_path)
     assert path == tmp_path / "curves_samples" / "fits.png" and path.read_bytes()[:4] == b"\x89PNG"
     assert np.isfinite(child_fit(report.children[-1]).a)

@@ -113,7 +113,8 @@ def test_report_files_figures_and_parent_artifacts(store) -> None:
     assert outcome.files == {"markdown": out / "report.md", "json": out / "report.json", "html": out / "report.html"}
     for axis in ("step", "samples"):
         pngs = sorted((out / f"curves_{axis}").iterdir())
-        assert [p.name for p in pngs] == sorted(m.replace("/", "_") + ".png" for m in CURVE_METRICS)
+        fits = ["fits.png"] if axis == "samples" else []  # the fitted curves over the points (ablate.fit_report)
+        assert [p.name for p in pngs] == sorted([m.replace("/", "_") + ".png" for m in CURVE_METRICS] + fits)
         assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
     md = (out / "report.md").read_text()
     assert "![rollout_acc](curves_step/rollout_acc.png)" in md and "![rollout_acc](curves_samples/rollout_acc.png)" in md
@@ -124,7 +125,7 @@ def test_report_files_figures_and_parent_artifacts(store) -> None:
     page = (out / "report.html").read_text()
     assert "<td>+ Overlong Filtering</td>" in page
     # self-contained: every figure inline (MLflow's artifact viewer cannot follow relative links)
-    assert page.count("src='data:image/png;base64,") == 2 * len(CURVE_METRICS) and "curves_step/" not in page
+    assert page.count("src='data:image/png;base64,") == 2 * len(CURVE_METRICS) + 1 and "curves_step/" not in page  # + fits.png
     assert "val_avg_at_k.png" in [p.name for p in (out / "curves_step").iterdir()]
     logged = {a.path for a in client.list_artifacts(parent.info.run_id, "report")}
     assert {"report/report.md", "report/report.json", "report/curves_step"} <= logged
