@@ -27,6 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from dapo_cli.models.flops import matmul_params
+
 
 @dataclass(frozen=True)
 class Shape:
@@ -58,10 +60,10 @@ class Shape:
 
     @property
     def matmul_params(self) -> int:
-        """``N``: q, k, v, o, gate, up, down of every layer and ``lm_head``."""
-        attn = self.hidden * self.head_dim * (2 * self.heads + 2 * self.kv_heads)
-        mlp = 3 * self.hidden * self.intermediate
-        return self.layers * (attn + mlp) + self.hidden * self.vocab
+        """``N``: q, k, v, o, gate, up, down of every layer and ``lm_head`` (:func:`dapo_cli.models.flops.matmul_params`,
+        the count the trainer's ``train/flops`` uses)."""
+        return matmul_params(layers=self.layers, hidden=self.hidden, heads=self.heads, kv_heads=self.kv_heads,
+                             head_dim=self.head_dim, intermediate=self.intermediate, vocab=self.vocab)
 
     @property
     def pair_flops(self) -> int:

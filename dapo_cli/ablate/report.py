@@ -75,6 +75,7 @@ from dapo_cli.ablate.results import (
     Overall,
     VariantRow,
 )
+from dapo_cli.ablate.fit_report import fit_html, fit_markdown, plot_fits
 from dapo_cli.ablate.stats import Z_95, mean_or_nan, mean_per_problem, seed_interval
 from dapo_cli.ablate.store import child_runs, child_table, read_child, variant_of
 from dapo_cli.eval.compare import compare_accuracies
@@ -353,7 +354,7 @@ def paired_markdown(report: AblationReport) -> list[str]:
     return lines
 
 
-def to_markdown(report: AblationReport, plots: dict[str, list[Path]], out_dir: Path) -> str:
+def to_markdown(report: AblationReport, plots: dict[str, list[Path]], out_dir: Path, effect: float | None = None) -> str:
     """``report.md``: header, the table, shares, per-child results, embedded figures."""
     rows = table_rows(report)
     head = list(rows[0]) if rows else []
@@ -380,6 +381,7 @@ def to_markdown(report: AblationReport, plots: dict[str, list[Path]], out_dir: P
     else:
         lines.append("No finished child run yet.")
     lines += paired_markdown(report)
+    lines += fit_markdown(report, effect)
     lines += mechanisms_markdown(report)
     if overall_text(report):
         lines += ["", f"**{overall_text(report)}.**"]
@@ -395,7 +397,7 @@ def to_markdown(report: AblationReport, plots: dict[str, list[Path]], out_dir: P
     return "\n".join(lines) + "\n"
 
 
-def to_html(report: AblationReport, plots: dict[str, list[Path]], out_dir: Path) -> str:
+def to_html(report: AblationReport, plots: dict[str, list[Path]], out_dir: Path, effect: float | None = None) -> str:
     """``report.html``: the same table and figures, every cell escaped."""
     rows = table_rows(report)
     head = list(rows[0]) if rows else []
@@ -415,6 +417,7 @@ def to_html(report: AblationReport, plots: dict[str, list[Path]], out_dir: Path)
             parts += [f"<h2>{esc(title)}</h2>",
                       "<table border='1' cellspacing='0' cellpadding='3'><tr>" + "".join(f"<th>{esc(h)}</th>" for h in paired[0]) + "</tr>",
                       *("<tr>" + "".join(f"<td>{esc(v)}</td>" for v in r.values()) + "</tr>" for r in paired), "</table>"]
+    parts += fit_html(report, effect)
     mech = mechanism_table_rows(report)
     if mech:
         parts += ["<h2>Mechanisms (what each technique acts on)</h2>",
@@ -443,6 +446,7 @@ def summary_markdown(report: AblationReport) -> str:
     lines += ["", *pairs] if pairs else []
     if overall_text(report):
         lines += ["", overall_text(report) + "."]
+    lines += fit_markdown(report)
     return "\n".join(lines) + "\n"
 
 
@@ -482,15 +486,18 @@ def summary_metrics(report: AblationReport) -> dict[str, float]:
     return {k: v for k, v in out.items() if v is not None and math.isfinite(v)}
 
 
-def write_report(report: AblationReport, out_dir: Path, *, html_too: bool = False) -> dict[str, Path]:
+def write_report(report: AblationReport, out_dir: Path, *, html_too: bool = False,
+                 effect: float | None = None) -> dict[str, Path]:
     """Write ``report.md``, ``report.json``, the PNGs (and ``report.html``) under ``out_dir``; returns the files."""
     out_dir.mkdir(parents=True, exist_ok=True)
     plots = plot_curves(report, out_dir)
+    if report.children:
+        plots["samples"].append(plot_fits(report, out_dir))
     files = {"markdown": out_dir / "report.md", "json": out_dir / "report.json"}
-    write_text_atomic(files["markdown"], to_markdown(report, plots, out_dir))
+    write_text_atomic(files["markdown"], to_markdown(report, plots, out_dir, effect))
     write_json_atomic(files["json"], {**asdict(report), "table": table_rows(report),
                                         "mechanisms_table": mechanism_table_rows(report)})
     if html_too:
         files["html"] = out_dir / "report.html"
-        write_text_atomic(files["html"], to_html(report, plots, out_dir))
+        write_text_atomic(files["html"], to_html(report, plots, out_dir, effect))
     return files

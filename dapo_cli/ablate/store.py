@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from dapo_cli.ablate.results import CURVE_METRICS, MECHANISM_METRICS, SAMPLES_METRIC, VAL_CURVE, ChildResult
+from dapo_cli.ablate.results import COMPUTE_METRICS, CURVE_METRICS, MECHANISM_METRICS, SAMPLES_METRIC, VAL_CURVE, ChildResult
 from dapo_cli.errors import UserError
 
 SUPERSEDED_TAG = "ablate.superseded"
@@ -160,5 +160,5 @@ def read_child(client: Any, run: Any) -> ChildResult | None:
         stderr=stderr,
         per_problem=per_problem_table(client, rid, step),
         curves={VAL_CURVE: avg, **{key: history(client, rid, key)
-                                   for key in (*CURVE_METRICS[1:], *MECHANISM_METRICS, SAMPLES_METRIC)}},
+                                   for key in (*CURVE_METRICS[1:], *MECHANISM_METRICS, *COMPUTE_METRICS, SAMPLES_METRIC)}},
     )

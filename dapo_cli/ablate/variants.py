@@ -128,13 +128,19 @@ class AblationPlan:
     ablation_id: str
     name: str
     axes: tuple[Axis, ...] = ()
+    wave: frozenset[str] | None = None
+    """``--seeds auto``: the variants this wave trains beyond the seeds they already have (None: every variant);
+    the ablation id and report keep every variant."""
+    wave_from: int = 0
+    """With :attr:`wave`: seeds below this index are trained for every variant."""
 
     def children(self) -> list[Child]:
         """Seed-major order: a complete ladder for the first seed before any second seed."""
         return [
             Child(v, seed, i, child_run_name(self.name, v.name, seed))
-            for seed in self.seeds
+            for j, seed in enumerate(self.seeds)
             for i, v in enumerate(self.variants)
+            if self.wave is None or j < self.wave_from or v.name in self.wave
         ]
 
     def child_config(self, child: Child) -> Config:

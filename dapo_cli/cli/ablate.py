@@ -87,7 +87,12 @@ def ablate(
             show_default="none", rich_help_panel=Panel.TECHNIQUES,
         ),
     ] = None,
-    seeds: Annotated[int | None, typer.Option("--seeds", help="Seeds per variant: trainer.seed + 0..N-1.", show_default="ablate.seeds of the config", rich_help_panel=Panel.RUN)] = None,
+    seeds: Annotated[str | None, typer.Option(
+        "--seeds", help="Seeds per variant: trainer.seed + 0..N-1; auto: in waves until every comparison is decided "
+        "(--max-seeds, --equivalence; docs/ablation-statistics.md).", show_default="ablate.seeds of the config",
+        rich_help_panel=Panel.RUN)] = None,
+    max_seeds: Annotated[int, typer.Option("--max-seeds", help="With --seeds auto: the most seeds a variant gets.", rich_help_panel=Panel.RUN)] = 6,
+    equivalence: Annotated[float, typer.Option("--equivalence", help="With --seeds auto: a Δ inside ± this many points is 'equivalent'.", rich_help_panel=Panel.RUN)] = 3.0,
     jobs: Annotated[
         int | None,
         typer.Option(
@@ -127,6 +132,11 @@ def ablate(
         from dapo_cli.config.load import EMBEDDED_LADDER, embedded_experiment_path
 
         config = str(embedded_experiment_path(EMBEDDED_LADDER))
+    auto = seeds == "auto"
+    if auto and (max_seeds < 2 or not equivalence >= 0):
+        raise UserError(f"--seeds auto needs --max-seeds >= 2 and --equivalence >= 0, got {max_seeds} and {equivalence}")
+    if seeds is not None and not auto and not (seeds.isdigit() and int(seeds) >= 1):
+        raise UserError(f"--seeds must be a positive number or auto, got '{seeds}'")
     cfg = resolve(config, [*(sets or []), f"ablate.jobs={jobs}"] if jobs is not None else sets)  # validated: jobs >= 1
     plan = make_ablation(
         cfg,
@@ -134,15 +144,25 @@ def ablate(
         techniques=parse_techniques(techniques),
         only=only or [],
         skip=skip or [],
-        seeds=cfg.ablate.seeds if seeds is None else seeds,
+        seeds=max_seeds if auto else cfg.ablate.seeds if seeds is None else int(seeds),
         axes=parse_axes(axis or [], cfg, sets or []),
     )
     command = command_line(words, ladder=ladder, only=only, skip=skip, seeds=seeds, sets=sets, jobs=jobs, axes=axis)
+    if auto:
+        command += shlex.join(["", "--max-seeds", str(max_seeds), "--equivalence", f"{equivalence:g}"])
     if dry_run:
         print_plan(plan)
         print_estimate(plan, calibrate)
+        if auto:
+            from dapo_cli.ablate.sequential import comparison_pairs, plan_text, wave_sizes
+
+            names = [v.name for v in plan.variants]
+            console.print(Text(plan_text(names, comparison_pairs(names, ladder), wave_sizes(min(3, max_seeds), max_seeds),
+                                         equivalence)))
         return
     chosen = launcher.value if launcher is not None else cfg.ablate.launcher
+    if auto and chosen != "local":
+        raise UserError(f"--seeds auto decides each wave from the last one's results: it needs --launcher local, not {chosen}")
     from dapo_cli.cli.preflight import check_train
 
     if chosen == "local":
@@ -181,6 +201,9 @@ def ablate(
     try:
         if chosen == "slurm":
             outcome = slurm_launch(plan, command=command, config_path=config, sets=sets or [], html=html, log=log)
+        elif auto:
+            outcome = run_auto(plan, ladder, max_seeds, equivalence, command=command, config_path=config, sets=sets or [],
+                               quiet=quiet, html=html, log=log)
         else:
             outcome = run_ablation(plan, command=command, config_path=config, sets=sets or [], quiet=quiet, html=html, log=log)
     except KeyboardInterrupt:  # the parent (and a training child) ended KILLED; finished children are kept
@@ -193,6 +216,32 @@ def ablate(
     for name, path in outcome.files.items():
         console.print(f"{name}: {path}", highlight=False, markup=False)
     console.print(f"MLflow parent run: {outcome.parent_run_id}", highlight=False, markup=False)
+
+
+def run_auto(plan, ladder: bool, max_seeds: int, equivalence: float, **run_kwargs):
+    """``--seeds auto`` with the local launcher: one ``run_ablation`` per wave (finished children reused, so the
+    same command resumes), the variants of the open comparisons only; the waves printed at the end."""
+    import dataclasses
+
+    from dapo_cli.ablate.runner import run_ablation
+    from dapo_cli.ablate.sequential import comparison_pairs, run_waves, wave_sizes, waves_text
+
+    names = [v.name for v in plan.variants]
+    last = {}
+
+    def train_wave(n: int, wanted: list[str], before: int) -> None:
+        wave = dataclasses.replace(plan, seeds=plan.seeds[:n], wave=frozenset(wanted), wave_from=before)
+        last["outcome"], last["seeds"] = run_ablation(wave, **run_kwargs), set(plan.seeds[:n])
+
+    def diffs_of(variant: str, vs: str) -> list[float]:
+        report = last["outcome"].report
+        avg = {(c.variant, c.seed): 100 * c.avg for c in (report.children if report else []) if c.seed in last["seeds"]}
+        return [avg[variant, s] - avg[vs, s] for v, s in sorted(avg) if v == variant and (vs, s) in avg]
+
+    waves = run_waves(names, comparison_pairs(names, ladder), wave_sizes(min(3, max_seeds), max_seeds), equivalence,
+                      train_wave, diffs_of)
+    console.print(Text(waves_text(waves, fixed_children=len(names) * max_seeds)))
+    return last["outcome"]
 
 
 def command_line(

@@ -37,6 +37,9 @@ def report(
     html: Annotated[bool, typer.Option("--html", help="Also write report.html.", rich_help_panel=Panel.OUTPUT)] = False,
     attach: Annotated[bool, typer.Option("--attach", help="Log the report files to the parent run as artifacts.",
                                                      rich_help_panel=Panel.TRACKING)] = False,
+    effect: Annotated[float | None, typer.Option(
+        "--effect", help="A Δ in points to size: the power table adds the seeds each comparison needs to detect it.",
+        rich_help_panel=Panel.OUTPUT)] = None,
 ) -> None:
     """Report an ablation from MLflow: avg@K per variant with CIs, paired Δ, curves, report.md."""
     from dapo_cli.ablate.report import build_report, write_report
@@ -44,6 +47,8 @@ def report(
     from dapo_cli.cli.common import check_tracking_uri, check_writable_dir
     from dapo_cli.errors import UserError
 
+    if effect is not None and not effect > 0:
+        raise UserError(f"--effect must be a positive Δ in points, got {effect}")
     uri = check_tracking_uri(tracking_uri or "", create=False)
     if output is not None:
         check_writable_dir(output, "--output")
@@ -56,10 +61,10 @@ def report(
     default = parent.data.tags.get("ablate.report_dir") or str(Path("reports") / result.name)
     out_dir = output or Path(default)
     check_writable_dir(out_dir, "--output" if output is not None else "the report folder (ablate.report_dir; --output)")
-    files = write_report(result, out_dir, html_too=html)
+    files = write_report(result, out_dir, html_too=html, effect=effect)
     if attach:
         client.log_artifacts(parent.info.run_id, str(out_dir), "report")
-    print_report(result)
+    print_report(result, effect=effect)
     for name, path in files.items():
         console.print(f"{name}: {path}", highlight=False, markup=False)
 
@@ -202,7 +207,7 @@ def results_table(rows: list[dict[str, str]], heads: list[str], *, width: int) -
     return table, legend
 
 
-def print_report(result: AblationReport, out: Console | None = None) -> None:
+def print_report(result: AblationReport, out: Console | None = None, effect: float | None = None) -> None:
     """The report's table in the terminal (``out``: the command's console), plus what is still missing.
 
     Fits the terminal: at 80 columns every column is there, under abbreviated headers explained
@@ -234,6 +239,7 @@ def print_report(result: AblationReport, out: Console | None = None) -> None:
         print_mechanisms(result, out)
         print_equal_samples(rows, out, ladder=ladder)
         print_paired(result, out)
+        print_fits(result, out, effect)
     if result.missing:
         out.print(f"not finished: {', '.join(result.missing)}", highlight=False, markup=False)
 
@@ -315,3 +321,18 @@ def print_paired(result: AblationReport, out: Console) -> None:
         print_table(out, rows, heads, title)
         out.print(Text("Δ by seed: mean over the seeds both finished of the paired avg@K differences, 95% CI Student t; "
                        "Δ problems: paired bootstrap over problems on those seeds."))
+
+
+def print_fits(result: AblationReport, out: Console, effect: float | None = None) -> None:
+    """The curve fits, the power and Δ at equal budget (``ablate.fit_report.fit_sections``), each with its legend;
+    variants by their short names."""
+    from dapo_cli.ablate.fit_report import fit_sections
+    from dapo_cli.ablate.variants import short_variant
+
+    for title, legend, rows in fit_sections(result, effect):
+        short = [{k: short_variant(v) if k in ("variant", "vs") else v for k, v in r.items()} for r in rows]
+        print_table(out, short, list(rows[0]), TITLES.get(title, title))
+        out.print(Text(legend))
+
+
+TITLES = {"Curve fits": "Curve fits (validation over generated samples)", "Power": "Power (paired t over seeds)"}

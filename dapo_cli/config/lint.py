@@ -551,3 +551,4 @@ def findings_json(findings: list[Finding]) -> list[dict[str, Any]]:
 
 
 from dapo_cli.config import lint_objectives  # noqa: E402,F401  (registers its rules after this module's)
+from dapo_cli.config import lint_ablation  # noqa: E402,F401  (registers its rules after lint_objectives')

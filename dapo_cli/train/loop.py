@@ -43,6 +43,7 @@ from dapo_cli.algo.overlong import mask_responses, overlong_filter_mask, overlon
 from dapo_cli.algo.sampling import GroupBatchAssembler, informative_groups
 from dapo_cli.algo.staleness import version_lag
 from dapo_cli.batch import RolloutBatch
+from dapo_cli.models.flops import model_matmul_params
 from dapo_cli.components import open_tracker
 from dapo_cli.config import Config
 from dapo_cli.config.schema import old_log_probs_from_update
@@ -264,6 +265,17 @@ def step_metrics(
     return out
 
 
+def compute_metrics(generated_tokens: float, trained_tokens: float, n: int | None) -> dict[str, float]:
+    """The step's compute, the report's budget axes (summed over steps by ``dapo report``, like the samples):
+    tokens generated (every rank's responses, gathered), tokens trained (the loss tokens, summed over ranks) and the
+    counted FLOPs ``2 N · generated + 6 N · trained`` (``N``: :func:`dapo_cli.models.flops.matmul_params`; left out
+    when the model's shape is unknown)."""
+    out = {"compute/generated_tokens": generated_tokens, "compute/trained_tokens": trained_tokens}
+    if n:
+        out["compute/flops"] = 2.0 * n * generated_tokens + 6.0 * n * trained_tokens
+    return out
+
+
 def informative_step(batch: RolloutBatch | None, dist: Collective) -> bool:
     """True when some rank trained a response with a non-zero advantage (same answer on every rank)."""
     local = batch is not None and len(batch) > 0 and bool(batch.advantages.abs().max() > 0)
@@ -393,6 +405,8 @@ def record_step(
     logged["timing/gen_and_score"] = t_gen
     logged["timing/step"] = elapsed(clock.t0)
     logged["perf/gen_tokens_per_s"] = float(collected.generated_stats["lengths"].sum()) / max(t_gen, 1e-9)
+    logged.update(compute_metrics(float(collected.generated_stats["lengths"].sum()), logged.get("train/loss_tokens", 0.0),
+                                  model_matmul_params(s.model_path) if s.model_path else None))
     tracker.log_metrics(logged, step=step)
     s.reporter.step_done(step, logged)
     freq = s.cfg.trainer.log_samples_freq

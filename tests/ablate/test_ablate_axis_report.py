@@ -5,6 +5,7 @@ its twin at the axis's first value, by seed and over problems (hand-derived valu
 from __future__ import annotations
 
 import math
+
 import re
 import sys
 from pathlib import Path
@@ -20,6 +21,9 @@ from dapo_cli.ablate.report import axis_table_rows, build_report, summary_markdo
 from dapo_cli.ablate.runner import run_ablation  # noqa: E402
 from dapo_cli.ablate.variants import make_ablation, parse_axes  # noqa: E402
 from dapo_cli.config.load import build_config  # noqa: E402
+
+T975_1 = math.tan(0.475 * math.pi)  # t(0.975, 1): the Cauchy quantile tan(π(p − ½)) = 12.7062
+
 
 pytestmark = pytest.mark.slow  # one module fixture records 8 fake children in MLflow
 
@@ -81,7 +85,7 @@ def test_each_variant_is_paired_with_its_twin_at_the_first_axis_value(axis_store
     # by seed: .75 − .625 = .125, .75 − .5 = .25 → mean .1875; sd = sqrt(2 · .0625²) = .0883883;
     # half = t(0.975, 1) · sd / sqrt 2 = 12.706 · .0625 = .794125
     assert d.seed_diffs == [pytest.approx(0.125), pytest.approx(0.25)]
-    assert d.seed_mean == pytest.approx(0.1875, abs=1e-12) and d.seed_half == pytest.approx(0.794125, abs=1e-9)
+    assert d.seed_mean == pytest.approx(0.1875, abs=1e-12) and d.seed_half == pytest.approx(T975_1 * 0.0625, abs=1e-9)
     # over problems: [1, .75, .25, 1] − [.75, .5, 0, 1] = [.25, .25, .25, 0], mean .1875
     assert d.delta.diff == pytest.approx(0.1875, abs=1e-12)
     row = axis_table_rows(report)[1]

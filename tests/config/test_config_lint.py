@@ -119,6 +119,9 @@ TRIGGERS = [
     ("setting-ignored", ["algorithm.rollout_is.mode=opsm", "algorithm.rollout_is.opsm_delta=0.01"],
      [(WARN, "algorithm.rollout_is.mode"), (WARN, "algorithm.rollout_is.opsm_delta")]),  # no correction runs
     ("sequence-loss-aggregation", ["algorithm.policy_loss=gspo"], [(WARN, "algorithm.loss_agg_mode")]),
+    # 8 steps validated every 4: steps 0, 4, 8, three points (the real-model ladder as run)
+    ("curve-fit-points", ["ablate.seeds=3", "trainer.total_steps=8", "trainer.test_freq=4"], [(WARN, "trainer.test_freq")]),
+    ("curve-fit-points", ["ablate.seeds=2", "trainer.total_steps=8", "trainer.test_freq=0"], [(WARN, "trainer.test_freq")]),
     ("sequence-loss-aggregation", ["algorithm.policy_loss=gmpo", "algorithm.loss_agg_mode=seq-mean-token-sum-norm"],
      [(WARN, "algorithm.loss_agg_mode")]),
 ]
@@ -171,6 +174,8 @@ NON_TRIGGERS = [
     ("sequence-loss-aggregation", ["algorithm.policy_loss=gspo", "algorithm.loss_agg_mode=seq-mean-token-mean"]),
     ("sequence-loss-aggregation", ["algorithm.loss_agg_mode=seq-mean-token-sum"]),
     ("sequence-loss-aggregation", ["algorithm.policy_loss=cispo"]),
+    ("curve-fit-points", ["ablate.seeds=3", "trainer.total_steps=8", "trainer.test_freq=2"]),  # 0, 2, 4, 6, 8
+    ("curve-fit-points", ["ablate.seeds=1", "trainer.total_steps=8", "trainer.test_freq=4"]),  # one seed: no ablation
     # DAPO's technique toggles are not judged where the loss does not read them (setting-ignored, sequence-loss-aggregation say it)
     ("technique-off", ["algorithm.policy_loss=cispo", "algorithm.clip_ratio_high=0.2"]),
     ("technique-off", ["algorithm.policy_loss=gspo", "algorithm.loss_agg_mode=seq-mean-token-mean"]),
@@ -347,3 +352,18 @@ def test_registering_an_id_twice_fails() -> None:
 
 def test_the_other_dapo_is_not_held_to_the_decoupled_clip_papers_rules():
     assert lint(load_config(REPO / "experiments" / "tiny-direct-advantage.yaml")) == []
+
+
+def test_curve_fit_points_message_and_schedule() -> None:
+    from dapo_cli.config.lint_ablation import validation_steps
+
+    # step 0, every test_freq, and the last step (not a multiple of 3 here)
+    assert validation_steps(8, 3) == [0, 3, 6, 8] and validation_steps(8, 0) == [0, 8] and validation_steps(8, 4) == [0, 4, 8]
+    (found,) = run("curve-fit-points", paper("ablate.seeds=3", "trainer.total_steps=8", "trainer.test_freq=4"))
+    assert "validates 3 times (steps 0, 4, 8): a curve fit needs 5" in found.message
+    assert found.fix == "set trainer.test_freq=2 (validations at 0, 2, 4, 6, 8)"
+
+
+@pytest.mark.parametrize("name", ["tiny-ladder.yaml", "smollm2-ladder.yaml"])
+def test_the_ladders_validate_often_enough_for_a_curve_fit(name: str) -> None:
+    assert run("curve-fit-points", load_config(REPO / "experiments" / name)) == []

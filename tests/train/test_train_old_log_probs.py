@@ -11,6 +11,7 @@ the worker of the two-rank test.
 
 from __future__ import annotations
 
+import json
 import contextlib
 import math
 import os
@@ -256,3 +257,27 @@ def test_bfloat16_autocast_trains_with_its_own_old_log_probs(tiny_model_dir, tmp
 
 if __name__ == "__main__":
     worker()
+
+
+@pytest.mark.slow
+def test_each_step_logs_its_compute(tiny_model_dir, tmp_path, monkeypatch):
+    """compute/*: the generated tokens are the step's response lengths summed (response_length/mean x samples),
+    the trained tokens the loss tokens, and the FLOPs 2N per generated + 6N per trained token, N counted from the
+    tiny model's config.json. The same whatever the micro-batch split (mini-batches of 2 groups against 4)."""
+    from dapo_cli.models.flops import matmul_params
+
+    logged = recorded_run(tiny_model_dir, tmp_path / "a", monkeypatch, mini=GROUPS)
+    split = recorded_run(tiny_model_dir, tmp_path / "b", monkeypatch, mini=GROUPS // 2)
+    # the tiny model (models/shipped/tiny/config.json): 4 layers, hidden 128, 4 heads of 32, kv 4, MLP 512
+    cfg = json.loads((Path(tiny_model_dir) / "config.json").read_text())
+    n = matmul_params(layers=cfg["num_hidden_layers"], hidden=cfg["hidden_size"], heads=cfg["num_attention_heads"],
+                      kv_heads=cfg["num_key_value_heads"], head_dim=cfg["head_dim"],
+                      intermediate=cfg["intermediate_size"], vocab=cfg["vocab_size"])
+    for step in (1, 2):
+        m = logged[step]
+        gen = m["response_length/mean"] * m["train/samples_generated"]
+        assert m["compute/generated_tokens"] == pytest.approx(gen, rel=1e-9)
+        assert m["compute/trained_tokens"] == m["train/loss_tokens"]
+        assert m["compute/flops"] == pytest.approx(2 * n * gen + 6 * n * m["train/loss_tokens"], rel=1e-9)
+    assert split[1]["compute/generated_tokens"] == logged[1]["compute/generated_tokens"]
+    assert split[1]["compute/trained_tokens"] == logged[1]["compute/trained_tokens"]

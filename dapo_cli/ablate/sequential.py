@@ -1,0 +1,185 @@
+"""Seeds chosen by the question (issue 48): a group-sequential rule for an ablation's comparisons.
+
+Seeds run in waves; after each wave (a *look*) every comparison's paired by-seed Δ is decided as ``different``,
+``equivalent`` (inside ±δ) or ``open``, and only the variants an open comparison needs get more seeds.
+
+Looking again and again at a growing sample inflates a fixed-level test's false positives. The rule spends the
+two-sided level α over the looks with the Lan–DeMets O'Brien–Fleming-type spending function (Lan & DeMets 1983,
+Biometrika 70:659-663)
+
+.. math::  \\alpha(t) = 2 - 2\\,\\Phi\\!\\left(z_{1-\\alpha/2} / \\sqrt{t}\\right),\\qquad t = n_k / N
+
+(``n_k`` seeds at look ``k``, ``N`` the most seeds), and tests look ``k`` at the level it spends,
+``α_k = α(t_k) − α(t_{k−1})``: by the union bound the chance of any false ``different`` over all looks is at most
+``Σ α_k = α(1) = α`` (conservative: the exact boundaries of the joint normal recursion are a little wider than
+these). Look ``k`` declares ``different`` when the paired t statistic exceeds ``t_{1−α_k/2, n_k−1}``, and
+``equivalent`` when the interval ``mean ± t_{1−α_k/2, n_k−1} · sd/√n_k`` lies inside ``(−δ, δ)``.
+Formulas and a worked example: ``docs/ablation-statistics.md``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from scipy import stats as sps
+
+from dapo_cli.ablate.stats import ALPHA, sample_sd
+
+RULE = ("Lan–DeMets alpha spending, O'Brien–Fleming type (Lan & DeMets 1983), each look tested at the level it "
+        "spends (union bound over looks)")
+
+
+def spent(t: float, alpha: float = ALPHA) -> float:
+    """α(t) = 2 − 2Φ(z_{1−α/2}/√t): the level spent by information fraction ``t`` in (0, 1] (α(1) = α)."""
+    if t <= 0:
+        return 0.0
+    return float(2 - 2 * sps.norm.cdf(sps.norm.ppf(1 - alpha / 2) / math.sqrt(t)))
+
+
+def look_levels(looks: Sequence[int], alpha: float = ALPHA) -> list[float]:
+    """Each look's level ``α_k = α(n_k/N) − α(n_{k−1}/N)`` for seeds ``looks`` (increasing, the last is ``N``)."""
+    n_max = looks[-1]
+    out, before = [], 0.0
+    for n in looks:
+        now = spent(n / n_max, alpha)
+        out.append(now - before)
+        before = now
+    return out
+
+
+def wave_sizes(start: int, max_seeds: int, looks: int = 5) -> list[int]:
+    """Seeds at each look: ``start`` first, then evenly up to ``max_seeds`` in at most ``looks`` looks."""
+    if start < 2 or max_seeds < start:
+        raise ValueError(f"the sequential rule needs 2 <= start <= max_seeds, got {start}, {max_seeds}")
+    k = min(looks, max_seeds - start + 1)
+    if k == 1:
+        return [max_seeds]
+    return sorted({start + round(i * (max_seeds - start) / (k - 1)) for i in range(k)})
+
+
+@dataclass
+class Decision:
+    """One comparison after one look."""
+
+    verdict: str
+    """``different``, ``equivalent`` or ``open``."""
+    look: int
+    """1-based look (wave) the verdict was reached at."""
+    seeds: int
+    mean: float
+    half: float
+    """Half-width of the interval at this look's level."""
+
+
+def decide(diffs: Sequence[float], look: int, level: float, equivalence: float) -> Decision:
+    """The verdict on the paired differences ``diffs`` (one per seed) at a look tested at ``level``."""
+    n = len(diffs)
+    mean = sum(diffs) / n
+    sd = sample_sd(diffs)
+    crit = float(sps.t.ppf(1 - level / 2, n - 1))
+    half = crit * sd / math.sqrt(n) if sd > 0 else 0.0
+    if (sd == 0 and mean != 0) or (sd > 0 and abs(mean) > half):
+        verdict = "different"
+    elif equivalence > 0 and -equivalence < mean - half and mean + half < equivalence:
+        verdict = "equivalent"
+    else:
+        verdict = "open"
+    return Decision(verdict, look, n, mean, half)
+
+
+def needed_variants(comparisons: Sequence[tuple[str, str]], verdicts: dict[tuple[str, str], Decision]) -> list[str]:
+    """The variants some open comparison needs (both sides of each open comparison), in first-seen order."""
+    out: list[str] = []
+    for pair in comparisons:
+        if verdicts.get(pair) is None or verdicts[pair].verdict == "open":
+            out += [v for v in pair if v not in out]
+    return out
+
+
+def comparison_pairs(names: Sequence[str], ladder: bool) -> list[tuple[str, str]]:
+    """``(variant, reference)`` pairs: a ladder's rungs against the previous and against the first (the second rung
+    once), otherwise each variant against the first."""
+    pairs = [(b, a) for a, b in zip(names, names[1:])] if ladder else []
+    return pairs + [(n, names[0]) for n in names[1:] if (n, names[0]) not in pairs]
+
+
+def worst_case_children(variants: int, looks: Sequence[int]) -> int:
+    """Children the rule runs when no comparison is ever decided: every variant to the last look's seeds."""
+    return variants * looks[-1]
+
+
+def plan_text(variants: Sequence[str], comparisons: Sequence[tuple[str, str]], looks: Sequence[int],
+              equivalence: float, child_minutes: float | None = None) -> str:
+    """``dapo ablate --seeds auto --dry-run``: the waves, each look's level, the comparisons and the worst case."""
+    levels = look_levels(looks)
+    lines = [f"sequential seeds: {RULE}; α = {ALPHA} two-sided over {len(looks)} looks; equivalence ±{equivalence:g} points",
+             "look  seeds  level α_k   spent α(t)"]
+    total = 0.0
+    for k, (n, a) in enumerate(zip(looks, levels), 1):
+        total += a
+        lines.append(f"{k:>4}  {n:>5}  {a:>9.5f}   {total:.5f}")
+    lines.append(f"comparisons ({len(comparisons)}): " + ", ".join(f"{a} − {b}" for a, b in comparisons))
+    worst = worst_case_children(len(variants), looks)
+    cost = f"{worst} children ({len(variants)} variants x {looks[-1]} seeds)"
+    if child_minutes:
+        cost += f", ~{worst * child_minutes / 60:.1f} h at {child_minutes:.0f} min a child"
+    lines.append(f"worst case (nothing decided before the last look): {cost}; best case: "
+                 f"{len(variants) * looks[0]} children (all decided at the first look)")
+    return "\n".join(lines)
+
+
+@dataclass
+class Wave:
+    """One look: the seeds per variant after it, the variants it trained, and every comparison's decision."""
+
+    look: int
+    seeds: int
+    trained: list[str]
+    decisions: dict[tuple[str, str], Decision]
+
+
+def run_waves(variants: Sequence[str], comparisons: Sequence[tuple[str, str]], looks: Sequence[int],
+              equivalence: float, train_wave, diffs_of) -> list[Wave]:
+    """The rule's loop. ``train_wave(n, names, before)`` trains seeds ``before..n-1`` of ``names`` (every variant's
+    seeds below ``before`` already trained); ``diffs_of(variant, vs)`` returns the paired by-seed differences in
+    points. A comparison once decided keeps its decision (and its wave); the loop stops when none is open."""
+    levels = look_levels(looks)
+    decided: dict[tuple[str, str], Decision] = {}
+    waves: list[Wave] = []
+    needed, before = list(variants), 0
+    for k, (n, level) in enumerate(zip(looks, levels), 1):
+        train_wave(n, needed, before)
+        now = dict(decided)
+        for pair in comparisons:
+            if pair in decided:
+                continue
+            diffs = diffs_of(*pair)
+            now[pair] = decide(diffs, k, level, equivalence) if len(diffs) >= 2 else Decision("open", k, len(diffs), math.nan, math.nan)
+            if now[pair].verdict != "open":
+                decided[pair] = now[pair]
+        waves.append(Wave(k, n, list(needed), now))
+        needed = needed_variants(comparisons, now)
+        if not needed:
+            break
+        before = n
+    return waves
+
+
+def waves_text(waves: Sequence[Wave], fixed_children: int) -> str:
+    """The waves and the final decisions, with the children run against the fixed design's."""
+    lines = [f"rule: {RULE}"]
+    run = 0
+    for i, w in enumerate(waves):
+        prev = waves[i - 1].seeds if i else 0
+        run += (w.seeds - prev) * len(w.trained)
+        counts = {v: sum(d.verdict == v for d in w.decisions.values()) for v in ("different", "equivalent", "open")}
+        lines.append(f"wave {w.look}: {w.seeds} seeds, trained {', '.join(w.trained)}; "
+                     f"{counts['different']} different, {counts['equivalent']} equivalent, {counts['open']} open")
+    lines.append("decisions:")
+    for (a, b), d in waves[-1].decisions.items():
+        ci = f"{d.mean:+.1f} ± {d.half:.1f}" if math.isfinite(d.mean) else "—"
+        lines.append(f"  {a} − {b}: {d.verdict} at wave {d.look} ({d.seeds} seeds, Δ {ci} points, interval at that look's level)")
+    lines.append(f"children run: {run}, against {fixed_children} for the fixed design")
+    return "\n".join(lines)

@@ -1,0 +1,128 @@
+"""The sequential rule (``ablate/sequential.py``): its error rate under repeated looks and its savings, by simulation
+of the paired by-seed differences themselves (pure math, no training)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats as sps
+
+from dapo_cli.ablate.sequential import (
+    decide,
+    look_levels,
+    needed_variants,
+    plan_text,
+    spent,
+    wave_sizes,
+)
+
+LOOKS = [3, 4, 5, 6, 8]  # up to 5 looks, at most 8 seeds
+
+
+def simulate(delta: float, sd: float, looks: list[int], draws: int, seed: int, equivalence: float = 0.0):
+    """Vectorised: ``draws`` ablations of one comparison; each looks at its first n_k differences with the rule's
+    levels. Returns (share declared different, mean seeds used)."""
+    d = np.random.default_rng(seed).normal(delta, sd, size=(draws, looks[-1]))
+    open_ = np.ones(draws, bool)
+    different = np.zeros(draws, bool)
+    used = np.full(draws, looks[-1])
+    for n, level in zip(looks, look_levels(looks)):
+        x = d[:, :n]
+        mean, se = x.mean(1), x.std(1, ddof=1) / math.sqrt(n)
+        half = sps.t.ppf(1 - level / 2, n - 1) * se
+        diff = open_ & (np.abs(mean) > half)
+        equiv = open_ & ~diff & (equivalence > 0) & (mean - half > -equivalence) & (mean + half < equivalence)
+        different |= diff
+        used[diff | equiv] = n
+        open_ &= ~(diff | equiv)
+    return different.mean(), used.mean()
+
+
+def test_spending_by_hand() -> None:
+    # α(1) = α; α(1/4) = 2 − 2Φ(1.96 · 2) = 2 − 2Φ(3.92) ≈ 8.9e-5: O'Brien–Fleming spends almost nothing early
+    assert spent(1.0) == pytest.approx(0.05, abs=1e-12)
+    assert spent(0.25) == pytest.approx(2 * sps.norm.sf(2 * sps.norm.ppf(0.975)), rel=1e-12)
+    assert spent(0.25) < 1e-4 and spent(0.0) == 0.0
+    levels = look_levels(LOOKS)
+    assert sum(levels) == pytest.approx(0.05, abs=1e-12) and all(a > 0 for a in levels)
+    # 3 + round(i · 5/4), i = 0..4: 3, 4 (1.25), 5 (2.5 rounds to even), 7 (3.75), 8
+    assert wave_sizes(3, 8) == [3, 4, 5, 7, 8] and wave_sizes(3, 3) == [3] and wave_sizes(2, 4) == [2, 3, 4]
+    with pytest.raises(ValueError):
+        wave_sizes(1, 6)
+
+
+@pytest.mark.slow
+def test_no_true_difference_keeps_false_differents_at_5_percent_over_5_looks() -> None:
+    draws = 4000
+    share, _ = simulate(0.0, 15.9, LOOKS, draws, seed=0)
+    # 5% plus two simulation standard errors sqrt(.05 · .95 / 4000) = .0034
+    assert share <= 0.05 + 2 * math.sqrt(0.05 * 0.95 / draws)
+    # the naive rule (5% at every look) is what the spending prevents: it exceeds 5% clearly
+    d = np.random.default_rng(0).normal(0.0, 15.9, size=(draws, LOOKS[-1]))
+    naive = np.zeros(draws, bool)
+    for n in LOOKS:
+        x = d[:, :n]
+        naive |= np.abs(x.mean(1)) > sps.t.ppf(0.975, n - 1) * x.std(1, ddof=1) / math.sqrt(n)
+    assert naive.mean() > 0.08
+
+
+@pytest.mark.slow
+def test_a_true_difference_stops_earlier_than_the_fixed_design() -> None:
+    # Δ = 2 sd: the fixed design runs 8 seeds every time; the rule stops at the first look it can decide
+    share, mean_used = simulate(31.8, 15.9, LOOKS, 2000, seed=1)
+    assert mean_used < 8 - 1 and share > 0.8
+    # equivalence: no difference, δ = 1.5 sd: some ablations end early as `equivalent`, none declared different more
+    # often than α
+    share0, used0 = simulate(0.0, 10.0, LOOKS, 2000, seed=2, equivalence=15.0)
+    assert used0 < 8 and share0 <= 0.05 + 2 * math.sqrt(0.05 * 0.95 / 2000)
+
+
+def test_decide_and_the_variants_an_open_comparison_needs() -> None:
+    # +9.5, +2.0, +32.5 (DAPO − GRPO on the real model) at a 5% look: mean 14.67, sd 15.88, t(.975, 2) = 4.3027
+    # half = 4.3027 · 15.89/√3 = 39.5 > 14.67 → open
+    sd = math.sqrt(((9.5 - 44 / 3) ** 2 + (2 - 44 / 3) ** 2 + (32.5 - 44 / 3) ** 2) / 2)
+    d = decide([9.5, 2.0, 32.5], 1, 0.05, 3.0)
+    assert d.verdict == "open" and d.half == pytest.approx(sps.t.ppf(0.975, 2) * sd / math.sqrt(3), rel=1e-12)
+    # −27.5, −10.0, −17.5 (soft punishment): mean −18.33, sd 8.78, half 21.8 at 5% → still open at 3 seeds
+    assert decide([-27.5, -10.0, -17.5], 1, 0.05, 3.0).verdict == "open"
+    assert decide([-20.0, -21.0, -19.0, -20.5], 2, 0.05, 3.0).verdict == "different"
+    assert decide([0.1, -0.1, 0.2, -0.2, 0.0], 3, 0.05, 3.0).verdict == "equivalent"
+    comparisons = [("b", "a"), ("c", "b"), ("c", "a")]
+    verdicts = {("b", "a"): decide([-20.0, -21.0, -19.0, -20.5], 2, 0.05, 3.0),
+                ("c", "b"): decide([0.1, -0.1, 0.2, -0.2, 0.0], 3, 0.05, 3.0),
+                ("c", "a"): decide([9.5, 2.0, 32.5], 1, 0.05, 3.0)}
+    assert needed_variants(comparisons, verdicts) == ["c", "a"]
+
+
+def test_the_dry_run_plan_names_the_rule_levels_and_worst_case() -> None:
+    text = plan_text(["grpo", "dapo"], [("dapo", "grpo")], wave_sizes(3, 6), 3.0, child_minutes=10)
+    assert "Lan–DeMets" in text and "O'Brien–Fleming" in text
+    assert "worst case (nothing decided before the last look): 12 children (2 variants x 6 seeds), ~2.0 h" in text
+    assert "best case: 6 children" in text and "dapo − grpo" in text
+    # the spent column ends at α
+    assert text.splitlines()[-3].endswith("0.05000")
+
+
+def test_run_waves_adds_seeds_only_where_a_comparison_is_open() -> None:
+    from dapo_cli.ablate.sequential import run_waves, waves_text
+
+    # b − a: a large, steady gain (decided early); c − b: noise around 0 (stays open)
+    rng = np.random.default_rng(0)
+    truth = {("b", "a"): rng.normal(40.0, 1.0, 8), ("c", "b"): rng.normal(0.0, 20.0, 8)}
+    trained: list[tuple[int, list[str], int]] = []
+    seen = {"n": 0}
+
+    def train_wave(n: int, names: list[str], before: int) -> None:
+        trained.append((n, list(names), before))
+        seen["n"] = n
+
+    waves = run_waves(["a", "b", "c"], [("b", "a"), ("c", "b")], LOOKS, 3.0, train_wave,
+                      lambda v, vs: list(truth[v, vs][:seen["n"]]))
+    assert trained[0] == (3, ["a", "b", "c"], 0)
+    first_decided = next(w for w in waves if w.decisions["b", "a"].verdict == "different")
+    later = [t for t in trained if t[2] >= first_decided.seeds]
+    assert later and all(names == ["c", "b"] for _, names, _ in later)  # a gets no more seeds
+    text = waves_text(waves, fixed_children=3 * 8)
+    assert f"b − a: different at wave {first_decided.look}" in text and "against 24 for the fixed design" in text
