@@ -100,6 +100,13 @@ class RolloutEngine(Protocol):
         """
         ...
 
+    def forget_prefixes(self) -> None:
+        """Drop every prompt prefix cached across calls (its keys/values), so the next :meth:`generate`
+        computes its prompts afresh. The session calls it after each validation: a run's rollouts then do
+        not depend on whether or when it validates (and the worker process, which never validates, samples
+        bit for bit what the inline loop samples). No-op for an engine that keeps nothing between calls."""
+        ...
+
     def close(self) -> None:
         """Release what the engine holds beyond Python objects (vLLM: its engine core, KV cache and
         process groups), before the trainer leaves its own process group; no-op for the in-process samplers."""

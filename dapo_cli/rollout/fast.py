@@ -234,6 +234,11 @@ class FastRolloutEngine(LocalRolloutEngine):
             self.cache.clear()
         super().sync_weights(source)
 
+    def forget_prefixes(self) -> None:
+        """Empty the prefix cache (the protocol's reason: rollouts independent of validation)."""
+        if self.cache is not None:
+            self.cache.clear()
+
     def _cache_for_call(self) -> PrefixCache | None:
         """The prefix cache, cleared first if a parameter changed in place since it was filled (PyTorch's
         version counters: an optimizer step, ``load_state_dict``); ``sync_weights`` clears it in any case."""

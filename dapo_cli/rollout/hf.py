@@ -145,6 +145,9 @@ class LocalRolloutEngine:
         """The longest prompt plus ``max_tokens`` within the model's context (:func:`check_prompts_fit`)."""
         check_prompts_fit(self.tokenizer, self.model, prompts, max_tokens)
 
+    def forget_prefixes(self) -> None:
+        """No-op: ``generate`` keeps no prefix between calls (the fast engine, a subclass, does)."""
+
     def sleep(self) -> None:
         """No-op: the weights are the trainer's (or a CPU-side copy) and no cache outlives ``generate``."""
 

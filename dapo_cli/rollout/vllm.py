@@ -427,6 +427,10 @@ class VLLMRolloutEngine:
         self._wake(["kv_cache"])
         self.llm.reset_prefix_cache()  # cached prefixes were computed with the old weights
 
+    def forget_prefixes(self) -> None:
+        """vLLM's automatic prefix cache emptied (``LLM.reset_prefix_cache``)."""
+        self.llm.reset_prefix_cache()
+
     # ------------------------------------------------------------ generation
 
     def generate(self, prompts: Sequence[str], n: int, params: SamplingParams) -> Rollouts:

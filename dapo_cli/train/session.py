@@ -344,6 +344,7 @@ class TrainingSession:
         result = evaluate_problems(
             self.rollout, self.val_problems, self.val_prompts, k=v.k, params=params, verifier=self.cfg.reward.verifier
         )
+        self.rollout.forget_prefixes()  # the next rollouts read nothing validation cached (the protocol says why)
         metrics = tracking_metrics(result.metrics, "val/")
         tracker.log_metrics(metrics, step=step)
         # per-problem correct counts: what paired comparisons between runs (dapo ablate/report) need

@@ -247,7 +247,7 @@ CASES = [
     case("ablate-both-modes", "ablate", "--ladder", "--grid", expect="give exactly one of --ladder"),
     case("ablate-no-mode", "ablate", expect="give exactly one of --ladder"),
     case("ablate-config-directory", "ablate", "adir", "--ladder", expect="config adir is a directory", setup=("adir",)),
-    case("ablate-seeds-zero", "ablate", "--ladder", "--seeds", "0", "--dry-run", "--no-calibrate", expect="--seeds must be >= 1"),
+    case("ablate-seeds-zero", "ablate", "--ladder", "--seeds", "0", "--dry-run", "--no-calibrate", expect="--seeds must be a positive number or auto"),
     case("ablate-unknown-variant", "ablate", "--ladder", "--only", "nope", "--dry-run", "--no-calibrate", expect="unknown variant(s) nope"),
     case("ablate-axis-unknown-key", "ablate", "--grid", "--axis", "rollout.max_stalenes=0,1", "--dry-run", "--no-calibrate",
          expect="unknown config key 'rollout.max_stalenes'; did you mean 'rollout.max_staleness'?"),

@@ -207,3 +207,17 @@ def test_a_prefix_every_prompt_shares_is_attended_once_per_step_with_the_same_sa
     # every prompt starts with SHARED (one token a character), then "1" twice: the common prefix is SHARED
     assert set(seen) == {(len(SHARED), (2, 2, 2, len(SHARED), 16))}  # [layers, k/v, kv_heads, P0, head_dim]
     assert_same(got, plain(model, tok).generate(prompts, 3, PARAMS))
+
+
+def test_after_forget_prefixes_a_call_is_bit_identical_to_a_fresh_engines(tok):
+    # What the session relies on after each validation: the rollouts that follow read nothing the validation
+    # cached, so they equal (atol 0) what an engine that never validated samples, e.g. the worker process's.
+    model = build_tiny_model_for(TinyModelConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64), tok)
+    engine = FastRolloutEngine(model, tok)
+    params = SamplingParams(max_tokens=12, seed=9, logprobs=True)
+    engine.generate([SHARED + "5+5?\n", SHARED + "1+9?\n"], 2, params)  # "validation": fills the shared prefix
+    assert engine.cache.bytes > 0
+    engine.forget_prefixes()
+    assert engine.cache.bytes == 0
+    after = engine.generate(PROMPTS, 2, params)
+    assert_same(after, FastRolloutEngine(model, tok).generate(PROMPTS, 2, params), tol=0.0)

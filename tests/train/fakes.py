@@ -29,6 +29,9 @@ class ScriptedRollout:
     def sync_weights(self, source: object) -> None:
         pass
 
+    def forget_prefixes(self) -> None:
+        pass
+
     def sleep(self) -> None:
         pass
 
