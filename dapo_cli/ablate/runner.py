@@ -140,6 +140,7 @@ def parent_tags(plan: AblationPlan, *, command: str, launcher: str) -> dict[str,
         "ablate.launcher": launcher,
         "ablate.report_dir": str((ablation_dir(plan) / "report").resolve()),
         "dapo.command": command,
+        **({"ablate.sequential": plan.sequential.to_tag()} if plan.sequential is not None else {}),
     }
 
 

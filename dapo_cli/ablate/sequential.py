@@ -19,8 +19,9 @@ Formulas and a worked example: ``docs/ablation-statistics.md``.
 
 from __future__ import annotations
 
+import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from scipy import stats as sps
@@ -183,3 +184,83 @@ def waves_text(waves: Sequence[Wave], fixed_children: int) -> str:
         lines.append(f"  {a} − {b}: {d.verdict} at wave {d.look} ({d.seeds} seeds, Δ {ci} points, interval at that look's level)")
     lines.append(f"children run: {run}, against {fixed_children} for the fixed design")
     return "\n".join(lines)
+
+
+SETUP_TAG = "ablate.sequential"
+"""The parent run's tag that records a ``--seeds auto`` ablation's rule (:class:`Setup` as JSON)."""
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What the rule needs besides the children's results: the seeds in order, the looks (seeds per variant at each),
+    the equivalence margin and whether the variants are a ladder. With the children it decides every wave again."""
+
+    seeds: tuple[int, ...]
+    looks: tuple[int, ...]
+    equivalence: float
+    ladder: bool
+
+    def to_tag(self) -> str:
+        return json.dumps({"seeds": list(self.seeds), "looks": list(self.looks), "equivalence": self.equivalence,
+                           "ladder": self.ladder}, separators=(",", ":"))
+
+    @classmethod
+    def from_tag(cls, text: str) -> Setup | None:
+        """The setup a parent recorded, or None when the tag is missing or not this form (a report still prints)."""
+        try:
+            d = json.loads(text)
+            setup = cls(tuple(int(s) for s in d["seeds"]), tuple(int(n) for n in d["looks"]), float(d["equivalence"]),
+                        bool(d["ladder"]))
+        except (ValueError, TypeError, KeyError):
+            return None
+        return setup if setup.looks and len(setup.seeds) >= setup.looks[-1] else None
+
+
+def seed_diffs(avg: Mapping[tuple[str, int], float], seeds: Sequence[int], variant: str, vs: str) -> list[float]:
+    """The paired by-seed differences ``avg[variant, s] − avg[vs, s]`` over the ``seeds`` both have, in seed order."""
+    return [avg[variant, s] - avg[vs, s] for s in sorted(seeds) if (variant, s) in avg and (vs, s) in avg]
+
+
+def replay(setup: Setup, names: Sequence[str], avg: Mapping[tuple[str, int], float]) -> list[Wave]:
+    """The waves a ``--seeds auto`` run went through, decided again from its children's final avg@K (points) keyed
+    ``(variant, seed)``: look ``k`` reads the first ``looks[k]`` seeds, as the run did. The rule is deterministic and
+    a variant has a seed only if the run trained it, so this is the run's own sequence of decisions."""
+    looks = [n for n in setup.looks if n <= len(setup.seeds)]
+    now = {"n": looks[0]}
+
+    def train_wave(n: int, wanted: list[str], before: int) -> None:
+        now["n"] = n
+
+    def diffs_of(variant: str, vs: str) -> list[float]:
+        return seed_diffs(avg, setup.seeds[:now["n"]], variant, vs)
+
+    return run_waves(names, comparison_pairs(names, setup.ladder), looks, setup.equivalence, train_wave, diffs_of)
+
+
+WAVES_LEGEND = (f"Seeds chosen by the question (dapo ablate --seeds auto): {RULE}; α = {ALPHA} two-sided. After each "
+                "wave every comparison's paired by-seed Δ is decided different (interval excludes 0), equivalent "
+                "(interval inside ±the equivalence margin) or open; the next wave trains only the variants an open "
+                "comparison needs.")
+DECISIONS_LEGEND = ("Each comparison's decision and the wave that reached it (a decision is kept once reached); Δ: "
+                    "mean by-seed difference ± the half-width of its interval at that wave's level (points).")
+
+
+def wave_rows(waves: Sequence[Wave], setup: Setup, variants: int) -> list[dict[str, str]]:
+    """One row per wave: seeds per variant, its level, the variants it trained, the counts of decisions, and the
+    children run so far against the fixed design (every variant at the most seeds)."""
+    levels = look_levels([n for n in setup.looks if n <= len(setup.seeds)])
+    rows, run = [], 0
+    for i, w in enumerate(waves):
+        run += (w.seeds - (waves[i - 1].seeds if i else 0)) * len(w.trained)
+        counts = {v: sum(d.verdict == v for d in w.decisions.values()) for v in ("different", "equivalent", "open")}
+        rows.append({"wave": str(w.look), "seeds": str(w.seeds), "level α_k": f"{levels[i]:.5f}",
+                     "trained": ", ".join(w.trained), **{k: str(v) for k, v in counts.items()},
+                     "children so far": f"{run} of {variants * setup.looks[-1]}"})
+    return rows
+
+
+def decision_rows(waves: Sequence[Wave]) -> list[dict[str, str]]:
+    """One row per comparison: its final decision, the wave and seeds it came at, and Δ ± half-width."""
+    return [{"variant": a, "vs": b, "decision": d.verdict, "wave": str(d.look), "seeds": str(d.seeds),
+             "Δ points": f"{d.mean:+.1f} ± {d.half:.1f}" if math.isfinite(d.mean) else "—"}
+            for (a, b), d in (waves[-1].decisions.items() if waves else ())]

@@ -36,7 +36,7 @@ import json
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dapo_cli.config import TECHNIQUES, Config, flatten, technique_state
 from dapo_cli.config.load import from_dict, override_config, parse_override
@@ -45,6 +45,9 @@ from dapo_cli.config.versions import before_value, declaration, split_version, u
 from dapo_cli.config.techniques import TECHNIQUE_KEYS, Techniques, variant_name
 from dapo_cli.config.validate import validate
 from dapo_cli.errors import UserError
+
+if TYPE_CHECKING:
+    from dapo_cli.ablate.sequential import Setup
 
 LADDER_LABELS = (
     "Naive GRPO",
@@ -133,6 +136,8 @@ class AblationPlan:
     the ablation id and report keep every variant."""
     wave_from: int = 0
     """With :attr:`wave`: seeds below this index are trained for every variant."""
+    sequential: Setup | None = None
+    """``--seeds auto``: the rule's setup, recorded on the parent (``ablate.sequential``) so a report replays the waves."""
 
     def children(self) -> list[Child]:
         """Seed-major order: a complete ladder for the first seed before any second seed."""

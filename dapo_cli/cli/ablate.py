@@ -220,26 +220,28 @@ def ablate(
 
 def run_auto(plan, ladder: bool, max_seeds: int, equivalence: float, **run_kwargs):
     """``--seeds auto`` with the local launcher: one ``run_ablation`` per wave (finished children reused, so the
-    same command resumes), the variants of the open comparisons only; the waves printed at the end."""
+    same command resumes), the variants of the open comparisons only; the waves printed at the end. The parent
+    records the rule's setup (``ablate.sequential``), from which every report replays the waves."""
     import dataclasses
 
     from dapo_cli.ablate.runner import run_ablation
-    from dapo_cli.ablate.sequential import comparison_pairs, run_waves, wave_sizes, waves_text
+    from dapo_cli.ablate.sequential import Setup, comparison_pairs, run_waves, seed_diffs, wave_sizes, waves_text
 
     names = [v.name for v in plan.variants]
+    looks = wave_sizes(min(3, max_seeds), max_seeds)
+    setup = Setup(tuple(plan.seeds), tuple(looks), equivalence, ladder)
     last = {}
 
     def train_wave(n: int, wanted: list[str], before: int) -> None:
-        wave = dataclasses.replace(plan, seeds=plan.seeds[:n], wave=frozenset(wanted), wave_from=before)
-        last["outcome"], last["seeds"] = run_ablation(wave, **run_kwargs), set(plan.seeds[:n])
+        wave = dataclasses.replace(plan, seeds=plan.seeds[:n], wave=frozenset(wanted), wave_from=before, sequential=setup)
+        last["outcome"], last["seeds"] = run_ablation(wave, **run_kwargs), plan.seeds[:n]
 
     def diffs_of(variant: str, vs: str) -> list[float]:
         report = last["outcome"].report
-        avg = {(c.variant, c.seed): 100 * c.avg for c in (report.children if report else []) if c.seed in last["seeds"]}
-        return [avg[variant, s] - avg[vs, s] for v, s in sorted(avg) if v == variant and (vs, s) in avg]
+        avg = {(c.variant, c.seed): 100 * c.avg for c in (report.children if report else [])}
+        return seed_diffs(avg, last["seeds"], variant, vs)
 
-    waves = run_waves(names, comparison_pairs(names, ladder), wave_sizes(min(3, max_seeds), max_seeds), equivalence,
-                      train_wave, diffs_of)
+    waves = run_waves(names, comparison_pairs(names, ladder), looks, equivalence, train_wave, diffs_of)
     console.print(Text(waves_text(waves, fixed_children=len(names) * max_seeds)))
     return last["outcome"]
 

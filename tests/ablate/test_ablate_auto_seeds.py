@@ -52,6 +52,12 @@ def test_a_clear_difference_is_decided_before_the_last_wave_and_the_rerun_trains
     run = int(text.split("children run: ")[1].split(",")[0])
     assert run == len(fake.calls) < 12
     assert outcome.report is not None
+    # the report replays the waves from the parent's recorded setup and the children: the run's decision, its wave
+    md = outcome.files["markdown"].read_text()
+    assert "## Waves (sequential seeds)" in md and "## Decisions (sequential seeds)" in md
+    wave = text.split(": different at wave ")[1].split(" ")[0]
+    assert f"| dapo | {BASE} | different | {wave} |" in md
+    assert f"children so far | {run} of 12 |" in md or f"| {run} of 12 |" in md
     before = len(fake.calls)
     out.export_text(clear=True)
     ablate_cli.run_auto(plan, False, 6, 3.0, command="dapo ablate --grid clip_higher --seeds auto",

@@ -126,3 +126,47 @@ def test_run_waves_adds_seeds_only_where_a_comparison_is_open() -> None:
     assert later and all(names == ["c", "b"] for _, names, _ in later)  # a gets no more seeds
     text = waves_text(waves, fixed_children=3 * 8)
     assert f"b − a: different at wave {first_decided.look}" in text and "against 24 for the fixed design" in text
+
+
+def test_a_report_replays_the_runs_waves_from_the_children_and_the_recorded_setup() -> None:
+    from dapo_cli.ablate.sequential import Setup, comparison_pairs, decision_rows, replay, run_waves, wave_rows
+
+    # a 3-rung ladder: b − a a steady +40, c − b and c − a noise: the run trains only what stays open
+    rng = np.random.default_rng(1)
+    level = {"a": rng.normal(20.0, 1.0, 8), "b": rng.normal(60.0, 1.0, 8), "c": rng.normal(60.0, 20.0, 8)}
+    seeds = tuple(range(10, 18))  # seeds need not start at 0: look k reads the first looks[k] of them
+    avg: dict[tuple[str, int], float] = {}
+    now = {"n": 0}
+
+    def train_wave(n: int, names: list[str], before: int) -> None:
+        now["n"] = n
+        for v in names:
+            for j in range(before, n):
+                avg[v, seeds[j]] = float(level[v][j])
+
+    def diffs_of(v: str, vs: str) -> list[float]:
+        return [avg[v, s] - avg[vs, s] for s in seeds[:now["n"]] if (v, s) in avg and (vs, s) in avg]
+
+    names = ["a", "b", "c"]
+    run = run_waves(names, comparison_pairs(names, True), LOOKS, 3.0, train_wave, diffs_of)
+    setup = Setup.from_tag(Setup(seeds, tuple(LOOKS), 3.0, True).to_tag())
+    assert setup is not None and setup.seeds == seeds
+    again = replay(setup, names, avg)  # only the children the run trained
+    assert [(w.look, w.seeds, w.trained) for w in again] == [(w.look, w.seeds, w.trained) for w in run]
+    assert decision_rows(again) == decision_rows(run)
+    assert len(run) > 1 and run[-1].trained != names  # some variant stopped getting seeds
+    rows = wave_rows(again, setup, 3)
+    # children so far: 3 variants at the first look, then (n_k − n_{k−1}) per variant trained
+    expect, total = [], 0
+    for i, w in enumerate(run):
+        total += (w.seeds - (run[i - 1].seeds if i else 0)) * len(w.trained)
+        expect.append(f"{total} of 24")
+    assert [r["children so far"] for r in rows] == expect and total == len(avg)
+
+
+@pytest.mark.parametrize("tag", ["", "not json", '{"seeds": [0, 1], "looks": [3], "equivalence": 3, "ladder": true}',
+                                 '{"looks": [3]}', '{"seeds": "x", "looks": [2], "equivalence": 1, "ladder": 0}'])
+def test_a_setup_tag_that_is_missing_or_malformed_gives_no_sequential_section(tag: str) -> None:
+    from dapo_cli.ablate.sequential import Setup
+
+    assert Setup.from_tag(tag) is None
