@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import html
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -178,6 +179,19 @@ def fit_sections(report: AblationReport, effect: float | None = None) -> list[tu
         sections += [("Waves (sequential seeds)", WAVES_LEGEND, wave_rows(waves, setup, len(report.rows))),
                      ("Decisions (sequential seeds)", DECISIONS_LEGEND, decision_rows(waves))]
     return [s for s in sections if s[2]]
+
+
+def section_tables(report: AblationReport, effect: float | None = None) -> dict[str, dict[str, list]]:
+    """The sections :func:`fit_sections` as MLflow tables (pandas' "split" form, ``{"columns", "data"}``, what
+    ``mlflow.log_table`` writes), keyed ``tables/<title as a slug>.json``: the parent run's table artifacts."""
+    return {f"tables/{slug(title)}.json": {"columns": list(rows[0]), "data": [list(r.values()) for r in rows]}
+            for title, _legend, rows in fit_sections(report, effect)}
+
+
+def slug(title: str) -> str:
+    """``"Δ at equal budget (interpolated)"`` → ``"delta-at-equal-budget-interpolated"`` (ASCII, for a file name)."""
+    words = re.findall(r"[a-z0-9]+", title.replace("Δ", "delta").lower())
+    return "-".join(words)
 
 
 def fit_markdown(report: AblationReport, effect: float | None = None) -> list[str]:

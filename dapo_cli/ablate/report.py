@@ -75,7 +75,7 @@ from dapo_cli.ablate.results import (
     Overall,
     VariantRow,
 )
-from dapo_cli.ablate.fit_report import fit_html, fit_markdown, plot_fits
+from dapo_cli.ablate.fit_report import fit_html, fit_markdown, plot_fits, section_tables
 from dapo_cli.ablate.stats import Z_95, mean_or_nan, mean_per_problem, seed_interval
 from dapo_cli.ablate.store import child_runs, child_table, read_child, variant_of
 from dapo_cli.eval.compare import compare_accuracies
@@ -496,7 +496,8 @@ def write_report(report: AblationReport, out_dir: Path, *, html_too: bool = Fals
     files = {"markdown": out_dir / "report.md", "json": out_dir / "report.json"}
     write_text_atomic(files["markdown"], to_markdown(report, plots, out_dir, effect))
     write_json_atomic(files["json"], {**asdict(report), "table": table_rows(report),
-                                        "mechanisms_table": mechanism_table_rows(report)})
+                                        "mechanisms_table": mechanism_table_rows(report),
+                                        "fit_tables": section_tables(report, effect)})
     if html_too:
         files["html"] = out_dir / "report.html"
         write_text_atomic(files["html"], to_html(report, plots, out_dir, effect))
