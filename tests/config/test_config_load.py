@@ -277,6 +277,19 @@ def test_set_dotted_refuses_to_descend_into_a_value() -> None:
         set_dotted(data, "trainer.lr.x", 3)
 
 
+def test_a_key_given_twice_or_nesting_past_the_stack_is_one_error(tmp_path: Path) -> None:
+    # PyYAML alone keeps the later value: the first trainer section (lr) would vanish without a word
+    with pytest.raises(ConfigError, match=r"at line 5: key 'trainer' is given twice \(lines 1 and 5\); keep one"):
+        read_yaml(write(tmp_path, "trainer:\n  lr: 1.0e-4\ndata:\n  train_batch_size: 4\ntrainer:\n  total_steps: 3\n"))
+    with pytest.raises(ConfigError, match=r"key 'lr' is given twice \(lines 1 and 1\)"):
+        read_yaml(write(tmp_path, "trainer: {lr: 1, lr: 2}\n"))  # in one flow mapping too
+    with pytest.raises(ConfigError, match="nests its values too deeply to read"):
+        read_yaml(write(tmp_path, "a: " + "[" * 5000 + "]" * 5000 + "\n"))
+    # what is not a duplicate stays as it was: the same key in two sections, a merge key overridden
+    assert read_yaml(write(tmp_path, "a: {lr: 1}\nb: {lr: 2}\nc: &X {q: 1}\nd: {<<: *X, q: 2}\n")) == {
+        "a": {"lr": 1}, "b": {"lr": 2}, "c": {"q": 1}, "d": {"q": 2}}
+
+
 def test_read_yaml_errors(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="config file not found"):
         read_yaml(tmp_path / "missing.yaml")
