@@ -1,4 +1,5 @@
-"""Credentials kept out of everything dapo prints or records: one function for every message, param and tag.
+"""What dapo shows of text from elsewhere: credentials kept out (:func:`redact`) and control characters made
+visible (:func:`escape_controls`), one function each for every message, table cell, param and tag.
 
 A tracking URI may carry a user and password (``http://user:secret@host:5000``); MLflow's own exceptions quote
 the URL they failed on. :func:`redact` replaces the userinfo of every URL in a text with ``***``, so an error line,
@@ -26,3 +27,17 @@ def redact(text: str) -> str:
     'sqlite:///mlflow.db and user@example.org stay as they are'
     """
     return _USERINFO.sub(lambda m: f"{m['scheme']}{REDACTED}@", text)
+
+
+def escape_controls(text: str) -> str:
+    """``text`` with every non-printable character (ESC, BEL, a newline, a bidi override) written as its Python
+    escape (``\\x1b``, ``\\n``, ``\\u202e``), so dataset text, model output or a file name cannot clear the
+    screen, retitle the window or plant a hyperlink (OSC 8) when printed; printable text is unchanged.
+
+    >>> escape_controls("ok \\x1b[2J\\x1b]8;;http://x\\x07link")
+    'ok \\\\x1b[2J\\\\x1b]8;;http://x\\\\x07link'
+    """
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c == " " else c.encode("unicode_escape").decode("ascii") for c in text)
+

@@ -36,4 +36,18 @@ def test_the_modules_examples_hold():
 
     import dapo_cli.redact
 
-    assert doctest.testmod(dapo_cli.redact).attempted == 2 and doctest.testmod(dapo_cli.redact).failed == 0
+    result = doctest.testmod(dapo_cli.redact)
+    assert result.attempted == 3 and result.failed == 0
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("plain text, é and 漢字 stay", "plain text, é and 漢字 stay"),
+    ("\x1b[2J", "\\x1b[2J"),  # clear screen
+    ("a\x07b", "a\\x07b"),  # bell
+    ("line\nnext\r", "line\\nnext\\r"),
+    ("\u202eevil", "\\u202eevil"),  # right-to-left override
+])
+def test_control_characters_are_shown_as_their_escapes(text, expected):
+    from dapo_cli.redact import escape_controls
+
+    assert escape_controls(text) == expected
