@@ -194,13 +194,33 @@ def slug(title: str) -> str:
     return "-".join(words)
 
 
-def fit_markdown(report: AblationReport, effect: float | None = None) -> list[str]:
-    """``report.md``'s (and the parent run description's) sections :func:`fit_sections`."""
-    lines: list[str] = []
+def fit_markdown_sections(report: AblationReport, effect: float | None = None) -> list[tuple[str, list[str]]]:
+    """Each of :func:`fit_sections` as ``(title, its Markdown lines)``."""
+    out = []
     for title, legend, rows in fit_sections(report, effect):
         head = list(rows[0])
-        lines += ["", f"## {title}", "", legend, "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head),
-                  *("| " + " | ".join(r[h] for h in head) + " |" for r in rows)]
+        out.append((title, ["", f"## {title}", "", legend, "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head),
+                            *("| " + " | ".join(r[h] for h in head) + " |" for r in rows)]))
+    return out
+
+
+def fit_markdown(report: AblationReport, effect: float | None = None) -> list[str]:
+    """``report.md``'s sections :func:`fit_sections`."""
+    return [line for _title, lines in fit_markdown_sections(report, effect) for line in lines]
+
+
+def within_limit(head: list[str], sections: list[tuple[str, list[str]]], limit: int) -> list[str]:
+    """``head`` and as many of ``sections``, in order, as fit in ``limit`` characters joined by newlines; the
+    sections left out named on a last line (MLflow cuts a longer run description at its tag limit mid-table)."""
+    lines, left_out = list(head), []
+    for title, body in sections:
+        if len("\n".join(lines + body)) + 200 <= limit:
+            lines += body
+        else:
+            left_out.append(title)
+    if left_out:
+        lines += ["", f"Left out here for MLflow's {limit:,}-character limit: {', '.join(left_out)}; they are in the "
+                      "report/report.md artifact and as tables under tables/."]
     return lines
 
 
