@@ -18,7 +18,7 @@ from dapo_cli.ablate.curves import CurveFit, SeedFits, compare_fits, fit_curve, 
 from dapo_cli.ablate.budget import AXES, EqualBudget, budget_curve, budget_rows, equal_budget
 from dapo_cli.ablate.results import AblationReport, ChildResult
 from dapo_cli.ablate.sequential import (DECISIONS_LEGEND, SETUP_TAG, WAVES_LEGEND, Setup, decision_rows, replay,
-                                       wave_rows)
+                                       stop_line, wave_rows)
 from dapo_cli.ablate.sequential import comparison_pairs
 from dapo_cli.ablate.stats import min_detectable_delta, sample_sd, seeds_needed
 from dapo_cli.fileio import atomic_path
@@ -177,7 +177,8 @@ def fit_sections(report: AblationReport, effect: float | None = None) -> list[tu
     if setup is not None:
         waves = replay(setup, [row.name for row in report.rows], {(ch.variant, ch.seed): 100 * ch.avg for ch in report.children})
         sections += [("Waves (sequential seeds)", WAVES_LEGEND, wave_rows(waves, setup, len(report.rows))),
-                     ("Decisions (sequential seeds)", DECISIONS_LEGEND, decision_rows(waves))]
+                     ("Decisions (sequential seeds)", f"{DECISIONS_LEGEND} {stop_line(waves, setup.equivalence).capitalize()}.",
+                      decision_rows(waves))]
     return [s for s in sections if s[2]]
 
 

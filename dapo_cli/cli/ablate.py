@@ -242,7 +242,7 @@ def run_auto(plan, ladder: bool, max_seeds: int, equivalence: float, **run_kwarg
         return seed_diffs(avg, last["seeds"], variant, vs)
 
     waves = run_waves(names, comparison_pairs(names, ladder), looks, equivalence, train_wave, diffs_of)
-    console.print(Text(waves_text(waves, fixed_children=len(names) * max_seeds)))
+    console.print(Text(waves_text(waves, fixed_children=len(names) * max_seeds, equivalence=equivalence)))
     return last["outcome"]
 
 
