@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import html
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from dapo_cli.ablate.curves import CurveFit, SeedFits, compare_fits, fit_curve, 
 from dapo_cli.ablate.budget import AXES, EqualBudget, budget_curve, budget_rows, equal_budget
 from dapo_cli.ablate.results import AblationReport, ChildResult
 from dapo_cli.ablate.sequential import (DECISIONS_LEGEND, SETUP_TAG, WAVES_LEGEND, Setup, decision_rows, replay,
-                                       wave_rows)
+                                       stop_line, wave_rows)
 from dapo_cli.ablate.sequential import comparison_pairs
 from dapo_cli.ablate.stats import min_detectable_delta, sample_sd, seeds_needed
 from dapo_cli.fileio import atomic_path
@@ -176,17 +177,51 @@ def fit_sections(report: AblationReport, effect: float | None = None) -> list[tu
     if setup is not None:
         waves = replay(setup, [row.name for row in report.rows], {(ch.variant, ch.seed): 100 * ch.avg for ch in report.children})
         sections += [("Waves (sequential seeds)", WAVES_LEGEND, wave_rows(waves, setup, len(report.rows))),
-                     ("Decisions (sequential seeds)", DECISIONS_LEGEND, decision_rows(waves))]
+                     ("Decisions (sequential seeds)", f"{DECISIONS_LEGEND} {stop_line(waves, setup.equivalence).capitalize()}.",
+                      decision_rows(waves))]
     return [s for s in sections if s[2]]
 
 
-def fit_markdown(report: AblationReport, effect: float | None = None) -> list[str]:
-    """``report.md``'s (and the parent run description's) sections :func:`fit_sections`."""
-    lines: list[str] = []
+def section_tables(report: AblationReport, effect: float | None = None) -> dict[str, dict[str, list]]:
+    """The sections :func:`fit_sections` as MLflow tables (pandas' "split" form, ``{"columns", "data"}``, what
+    ``mlflow.log_table`` writes), keyed ``tables/<title as a slug>.json``: the parent run's table artifacts."""
+    return {f"tables/{slug(title)}.json": {"columns": list(rows[0]), "data": [list(r.values()) for r in rows]}
+            for title, _legend, rows in fit_sections(report, effect)}
+
+
+def slug(title: str) -> str:
+    """``"Δ at equal budget (interpolated)"`` → ``"delta-at-equal-budget-interpolated"`` (ASCII, for a file name)."""
+    words = re.findall(r"[a-z0-9]+", title.replace("Δ", "delta").lower())
+    return "-".join(words)
+
+
+def fit_markdown_sections(report: AblationReport, effect: float | None = None) -> list[tuple[str, list[str]]]:
+    """Each of :func:`fit_sections` as ``(title, its Markdown lines)``."""
+    out = []
     for title, legend, rows in fit_sections(report, effect):
         head = list(rows[0])
-        lines += ["", f"## {title}", "", legend, "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head),
-                  *("| " + " | ".join(r[h] for h in head) + " |" for r in rows)]
+        out.append((title, ["", f"## {title}", "", legend, "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head),
+                            *("| " + " | ".join(r[h] for h in head) + " |" for r in rows)]))
+    return out
+
+
+def fit_markdown(report: AblationReport, effect: float | None = None) -> list[str]:
+    """``report.md``'s sections :func:`fit_sections`."""
+    return [line for _title, lines in fit_markdown_sections(report, effect) for line in lines]
+
+
+def within_limit(head: list[str], sections: list[tuple[str, list[str]]], limit: int) -> list[str]:
+    """``head`` and as many of ``sections``, in order, as fit in ``limit`` characters joined by newlines; the
+    sections left out named on a last line (MLflow cuts a longer run description at its tag limit mid-table)."""
+    lines, left_out = list(head), []
+    for title, body in sections:
+        if len("\n".join(lines + body)) + 200 <= limit:
+            lines += body
+        else:
+            left_out.append(title)
+    if left_out:
+        lines += ["", f"Left out here for MLflow's {limit:,}-character limit: {', '.join(left_out)}; they are in the "
+                      "report/report.md artifact and as tables under tables/."]
     return lines
 
 

@@ -75,7 +75,8 @@ from dapo_cli.ablate.results import (
     Overall,
     VariantRow,
 )
-from dapo_cli.ablate.fit_report import fit_html, fit_markdown, plot_fits
+from dapo_cli.ablate.fit_report import (fit_html, fit_markdown, fit_markdown_sections, plot_fits, section_tables,
+                                        within_limit)
 from dapo_cli.ablate.stats import Z_95, mean_or_nan, mean_per_problem, seed_interval
 from dapo_cli.ablate.store import child_runs, child_table, read_child, variant_of
 from dapo_cli.eval.compare import compare_accuracies
@@ -431,6 +432,10 @@ def to_html(report: AblationReport, plots: dict[str, list[Path]], out_dir: Path,
     return "\n".join(parts) + "\n"
 
 
+NOTE_LIMIT = 8000
+"""MLflow's limit on a tag value, so on the parent run's description (``mlflow.note.content``)."""
+
+
 def summary_markdown(report: AblationReport) -> str:
     """The table alone, as Markdown: the parent run's description in MLflow (``mlflow.note.content``)."""
     rows = table_rows(report)
@@ -446,8 +451,7 @@ def summary_markdown(report: AblationReport) -> str:
     lines += ["", *pairs] if pairs else []
     if overall_text(report):
         lines += ["", overall_text(report) + "."]
-    lines += fit_markdown(report)
-    return "\n".join(lines) + "\n"
+    return "\n".join(within_limit(lines, fit_markdown_sections(report), NOTE_LIMIT)) + "\n"
 
 
 def summary_metrics(report: AblationReport) -> dict[str, float]:
@@ -496,7 +500,8 @@ def write_report(report: AblationReport, out_dir: Path, *, html_too: bool = Fals
     files = {"markdown": out_dir / "report.md", "json": out_dir / "report.json"}
     write_text_atomic(files["markdown"], to_markdown(report, plots, out_dir, effect))
     write_json_atomic(files["json"], {**asdict(report), "table": table_rows(report),
-                                        "mechanisms_table": mechanism_table_rows(report)})
+                                        "mechanisms_table": mechanism_table_rows(report),
+                                        "fit_tables": section_tables(report, effect)})
     if html_too:
         files["html"] = out_dir / "report.html"
         write_text_atomic(files["html"], to_html(report, plots, out_dir, effect))

@@ -63,6 +63,7 @@ from dapo_cli.ablate.launchers import (
 )
 from dapo_cli.ablate.variants import AblationPlan, Child, axes_text, config_hash, same_base
 from dapo_cli.ablate.pool import Pool
+from dapo_cli.ablate.fit_report import section_tables
 from dapo_cli.ablate.report import build_report, summary_markdown, summary_metrics, write_report
 from dapo_cli.ablate.results import AblationReport
 from dapo_cli.ablate.slurm import ArgvFn, Slurm
@@ -210,6 +211,8 @@ def _write_report(client: Any, tracker: Any, plan: AblationPlan, *, html: bool) 
     tracker.log_artifact(report_dir, "report")
     tracker.log_metrics(summary_metrics(report), step=0)
     tracker.set_tags({"mlflow.note.content": summary_markdown(report)})
+    for name, table in section_tables(report).items():  # rewritten each time: a table file never appends
+        tracker.log_dict(table, name)
     return report, files
 
 

@@ -168,8 +168,21 @@ def run_waves(variants: Sequence[str], comparisons: Sequence[tuple[str, str]], l
     return waves
 
 
-def waves_text(waves: Sequence[Wave], fixed_children: int) -> str:
-    """The waves and the final decisions, with the children run against the fixed design's."""
+def stop_line(waves: Sequence[Wave], equivalence: float) -> str:
+    """Why the waves ended: every comparison decided, or the last look reached with some open (and why they are)."""
+    if not waves:
+        return "stopped before any wave"
+    last = waves[-1]
+    still = [d for d in last.decisions.values() if d.verdict == "open"]
+    if not still:
+        return f"stopped at wave {last.look}: every comparison decided"
+    return (f"stopped at the last look ({last.seeds} seeds, --max-seeds) with {len(still)} of {len(last.decisions)} "
+            f"comparisons open: each interval at that look's level holds 0 and reaches past ±{equivalence:g} points; "
+            "the report's Power section gives the seeds each would need")
+
+
+def waves_text(waves: Sequence[Wave], fixed_children: int, equivalence: float) -> str:
+    """The waves and the final decisions, why they stopped, and the children run against the fixed design's."""
     lines = [f"rule: {RULE}"]
     run = 0
     for i, w in enumerate(waves):
@@ -182,6 +195,7 @@ def waves_text(waves: Sequence[Wave], fixed_children: int) -> str:
     for (a, b), d in waves[-1].decisions.items():
         ci = f"{d.mean:+.1f} ± {d.half:.1f}" if math.isfinite(d.mean) else "—"
         lines.append(f"  {a} − {b}: {d.verdict} at wave {d.look} ({d.seeds} seeds, Δ {ci} points, interval at that look's level)")
+    lines.append(stop_line(waves, equivalence))
     lines.append(f"children run: {run}, against {fixed_children} for the fixed design")
     return "\n".join(lines)
 

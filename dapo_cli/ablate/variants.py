@@ -33,6 +33,7 @@ import dataclasses
 import hashlib
 import itertools
 import json
+import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -48,6 +49,12 @@ from dapo_cli.errors import UserError
 
 if TYPE_CHECKING:
     from dapo_cli.ablate.sequential import Setup
+
+MAX_CHILDREN = 2000
+"""The most children one ablation may plan (variants x axis combinations x seeds, counted before any is built:
+each child's config is validated in ~8 ms, and a billion seeds once took the planner past 5 GB)."""
+MAX_AXIS_VALUES = 100
+"""The most values one ``--axis`` may give (each is typed and validated as ``--set`` would)."""
 
 LADDER_LABELS = (
     "Naive GRPO",
@@ -232,9 +239,13 @@ def parse_axis(text: str, base: Config, sets: Sequence[str] = ()) -> Axis:
     clash = [item for item in sets if _overlaps(parse_override(item)[0], key)]
     if clash:
         raise UserError(f"--axis {key} and --set {clash[0].strip()} both set {key}; give it in one of them")
-    given = [v.strip() for v in raw.split(",") if v.strip()]
+    given = [v.strip() for v in raw.split(",")]
+    if len(given) > MAX_AXIS_VALUES:
+        raise UserError(f"--axis {key} gives {len(given):,} values; at most {MAX_AXIS_VALUES} (each is a child per variant and seed)")
     if len(given) < 2:
         raise UserError(f"--axis {key} needs at least 2 comma-separated values, got '{raw}'")
+    if not all(given):
+        raise UserError(f"--axis {key}: an empty value in '{raw}' (two commas in a row, or one at an end); remove it")
     texts = [value_text(flatten(override_config(base, [f"{key}={v}"]))[key]) for v in given]  # typed as --set types
     for v, t in zip(given, texts):
         if not AXIS_VALUE.match(t):
@@ -477,7 +488,13 @@ def make_ablation(
         raise UserError(f"unknown ablation mode '{mode}'; valid: {', '.join(MODES)}")
     if seeds < 1:
         raise UserError(f"--seeds must be >= 1, got {seeds}")
-    variants = select_variants(with_axes(MODES[mode](cfg, techniques), axes), only, skip)
+    base_variants = MODES[mode](cfg, techniques)
+    count = len(base_variants) * math.prod(len(a.values) for a in axes) * seeds  # counted before any child is built
+    if count > MAX_CHILDREN:
+        raise UserError(f"this ablation is {count:,} children ({len(base_variants)} variants x "
+                        f"{math.prod(len(a.values) for a in axes):,} axis combinations x {seeds:,} seeds); at most "
+                        f"{MAX_CHILDREN:,}: give fewer seeds, axis values or techniques")
+    variants = select_variants(with_axes(base_variants, axes), only, skip)
     seed_list = tuple(cfg.trainer.seed + i for i in range(seeds))
     aid = ablation_id(cfg, mode, variants)
     name = f"{safe_component(cfg.tracking.experiment)}-{mode}-{aid[:8]}"

@@ -135,7 +135,7 @@ def ablate(
     auto = seeds == "auto"
     if auto and (max_seeds < 2 or not equivalence >= 0):
         raise UserError(f"--seeds auto needs --max-seeds >= 2 and --equivalence >= 0, got {max_seeds} and {equivalence}")
-    if seeds is not None and not auto and not (seeds.isdigit() and int(seeds) >= 1):
+    if seeds is not None and not auto and not (seeds.isdigit() and len(seeds) <= 18 and int(seeds) >= 1):
         raise UserError(f"--seeds must be a positive number or auto, got '{seeds}'")
     cfg = resolve(config, [*(sets or []), f"ablate.jobs={jobs}"] if jobs is not None else sets)  # validated: jobs >= 1
     plan = make_ablation(
@@ -242,7 +242,7 @@ def run_auto(plan, ladder: bool, max_seeds: int, equivalence: float, **run_kwarg
         return seed_diffs(avg, last["seeds"], variant, vs)
 
     waves = run_waves(names, comparison_pairs(names, ladder), looks, equivalence, train_wave, diffs_of)
-    console.print(Text(waves_text(waves, fixed_children=len(names) * max_seeds)))
+    console.print(Text(waves_text(waves, fixed_children=len(names) * max_seeds, equivalence=equivalence)))
     return last["outcome"]
 
 

@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from dapo_cli.errors import RunStopped, UserError, environment_failure
+from dapo_cli.redact import escape_controls, redact
 
 console = Console()
 """Results (run dirs, MLflow run ids, metrics, tables): stdout."""
@@ -86,7 +87,8 @@ def verbosity(quiet: bool, verbose: bool) -> int:
 
 def print_error(message: str) -> None:
     """``error: <message>`` on stderr, on one line (whitespace and newlines collapsed)."""
-    text = " ".join(message.split()) or "unknown error"
+    # a URI's password never reaches the terminal, nor a control character a quoted name or value holds
+    text = escape_controls(redact(" ".join(message.split()))) or "unknown error"
     # escape: a message quoting a path or value with [brackets] is text, not rich markup
     err_console.print(f"[bold red]error:[/] {escape(text)}", highlight=False, soft_wrap=True)
 

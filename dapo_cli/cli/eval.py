@@ -24,6 +24,7 @@ from rich.text import Text
 from dapo_cli.cli.common import Panel, QuietOption, VerboseOption, console, err_console, verbosity
 from dapo_cli.config.schema import EvalConfig, TrackingConfig
 from dapo_cli.errors import LISTED_AS_NAMES, UserError, unknown_name
+from dapo_cli.redact import escape_controls
 
 if TYPE_CHECKING:
     from dapo_cli.eval.compare import ComparisonReport
@@ -240,7 +241,7 @@ def print_report(report: EvalReport, k: int, *, show_speed: bool = True) -> None
     console.print(report.layout, highlight=False, markup=False)
     if report.resumed_problems:
         console.print(f"resumed: {report.resumed_problems} problems were already done", highlight=False, markup=False)
-    metrics = Table(title=Text(f"{Path(report.settings['dataset']).name} · {report.settings['checkpoint']}"))
+    metrics = Table(title=Text(escape_controls(f"{Path(report.settings['dataset']).name} · {report.settings['checkpoint']}")))
     metrics.add_column("metric", no_wrap=True)
     metrics.add_column("value", justify="right", no_wrap=True)
     for key, value in report.result.metrics.items():
@@ -259,9 +260,10 @@ def print_report(report: EvalReport, k: int, *, show_speed: bool = True) -> None
         mark = "✓" if row["majority_correct"] else "✗"
         text = " ".join(row["problem"].split())
         text = text if len(text) <= room else text[: room - 1] + "…"
-        # model output and dataset text are untrusted: Text() cells are never parsed as rich markup
+        # model output and dataset text are untrusted: Text() cells are never parsed as rich markup, and their
+        # control characters (escape sequences) are shown escaped, never sent to the terminal
         cells = (row["problem_id"], f"{row['correct']}/{k}", f"{mark} {row['majority']}", row["ground_truth"], text)
-        table.add_row(*(Text(c) for c in cells))
+        table.add_row(*(Text(escape_controls(str(c))) for c in cells))
     console.print(table)
     line = speed_line(report.speed) if show_speed and report.speed else None
     if line:

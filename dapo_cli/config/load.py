@@ -66,6 +66,28 @@ def typed_override(item: str) -> tuple[str, Any]:
     return key, value
 
 
+class UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key given twice in one mapping (PyYAML keeps the later value without a
+    word, so a second ``trainer:`` section would silently replace the first)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # ``<<: *anchor``: its keys may be overridden here
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            line = key_node.start_mark.line + 1
+            try:
+                first = seen.get(key)
+            except TypeError:  # an unhashable key: the base class reports it
+                break
+            if first is not None:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key '{key}' is given twice (lines {first} and {line}); keep one", key_node.start_mark)
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_yaml(path: Path) -> dict[str, Any]:
     """Read a YAML mapping; a missing, unreadable or binary file or bad YAML is a ConfigError."""
     if path.is_dir():
@@ -79,11 +101,15 @@ def read_yaml(path: Path) -> dict[str, Any]:
     except OSError as exc:
         raise ConfigError(f"cannot read config {path}: {exc.strerror or exc}") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
         raise ConfigError(f"{path} is not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+    except RecursionError:
+        raise ConfigError(f"{path} nests its values too deeply to read; a config is a few levels deep") from None
+    except ValueError as exc:  # PyYAML's int() of a number past Python's 4,300-digit limit
+        raise ConfigError(f"{path} holds a number too long to read ({str(exc).split(';')[0]}); no setting needs one") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -103,6 +129,11 @@ def parse_override(item: str) -> tuple[str, Any]:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
+    except ValueError:  # an integer past Python's 4,300-digit limit
+        raise ConfigError(f"override '{key}=': the value is a number too long to read ({len(raw.strip()):,} "
+                          "characters); no setting needs one") from None
+    except RecursionError:
+        raise ConfigError(f"override '{key}=': the value nests too deeply to read") from None
     return key, value
 
 

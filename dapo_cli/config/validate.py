@@ -9,6 +9,7 @@ from dapo_cli.config.schema import (  # noqa: F401 (ConfigError re-exported)
     DataConfig,
     EngineConfig,
     LORA_ALL_LINEAR,
+    flatten,
     require,
     uses_worker,
 )
@@ -132,8 +133,22 @@ def check_world_size(data: DataConfig, world_size: int) -> None:
         )
 
 
+INT64_MAX = 2**63 - 1
+"""The largest whole-number setting: what torch (a seed, a step, a size) and the files dapo writes can hold."""
+
+
+def check_int_ranges(cfg: Config) -> None:
+    """Every whole-number setting within 64 bits (``trainer.seed: 10**30`` passed validation and overflowed in
+    ``torch.manual_seed``; ``trainer.total_steps: 10**30`` was planned)."""
+    for key, value in flatten(cfg).items():
+        if isinstance(value, int) and not isinstance(value, bool):
+            require(-INT64_MAX - 1 <= value <= INT64_MAX,
+                    f"{key}={value:.3g} is past what 64 bits hold (|value| < 9.2e18); give a smaller number")
+
+
 def validate(cfg: Config) -> None:
     """Reject configs that cannot run or cannot mean what they say."""
+    check_int_ranges(cfg)
     check_direct_advantage(cfg)  # algo, and the section of the one it does not use (first: its message is the one that helps)
     algo, rollout, trainer, data = cfg.algorithm, cfg.rollout, cfg.trainer, cfg.data
     require(0.0 < algo.clip_ratio_low < 1.0, f"algorithm.clip_ratio_low={algo.clip_ratio_low} must be in (0, 1); the paper uses {PAPER_CLIP_RATIO_LOW}")

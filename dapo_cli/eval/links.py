@@ -9,9 +9,10 @@ are recorded as before, in ``--experiment`` (default ``dapo``).
 
 With a source run, ``dapo eval``
 
-* records into the training run's store and experiment unless ``--tracking-uri`` /
-  ``$MLFLOW_TRACKING_URI`` or ``--experiment`` say otherwise, so the eval run sits beside it in
-  the run list;
+* records into the user's store (``--tracking-uri``, ``$MLFLOW_TRACKING_URI``, else ``./mlflow.db``), never
+  into the store the checkpoint names (a checkpoint is a file from elsewhere: it may name another program's
+  database or a server), and says so when the two differ; when the user's store holds the training run, the
+  eval run goes to its experiment (unless ``--experiment``) and the links below are made;
 * tags the eval run ``dapo.source_run_id``, ``dapo.source_experiment``, ``dapo.source_step``,
   ``dapo.source_run_name`` and gives it a description (``mlflow.note.content``, Markdown the run
   page renders) linking to the training run's page;
@@ -88,31 +89,37 @@ def _trainer_state_info(checkpoint: Path) -> dict[str, Any]:
 
 
 def resolve_tracking(tracking_uri: str, experiment: str | None, source: SourceRun | None, backend: str) -> tuple[str, str]:
-    """(store, experiment) of the eval run: the explicit ones first, else the training run's, else
-    the defaults (``$MLFLOW_TRACKING_URI`` / ``sqlite:///mlflow.db``; experiment ``dapo``).
+    """(store, experiment) of the eval run: the user's store (``--tracking-uri``, else ``$MLFLOW_TRACKING_URI``,
+    else the default ``sqlite:///mlflow.db``), never the one the checkpoint records: a file from elsewhere does
+    not choose where records go (:func:`recorded_elsewhere` tells the user where the training run was).
 
-    The training run's store is taken only when it is a server or a SQLite file that still exists
-    (a checkpoint copied to another machine falls back to the default store). Its experiment is
-    the one the store files the run under (renamed experiments included), else the recorded name.
+    The experiment: ``--experiment``, else the one holding the training run when the user's store has it
+    (renamed experiments included), else the default ``dapo``.
     """
     from dapo_cli.config.schema import TrackingConfig
 
     uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI", "")
-    if not uri and source is not None and source.tracking_uri and backend != "null":
-        from dapo_cli.tracking.mlflow import sqlite_path
-
-        db = sqlite_path(source.tracking_uri)
-        uri = source.tracking_uri if db is None or db.is_file() else ""
     if experiment:
         return uri, experiment
-    if source is None:
-        return uri, TrackingConfig().experiment
     found = None
-    if backend != "null":
+    if source is not None and backend != "null":
         from dapo_cli.tracking.mlflow import run_experiment_name
 
         found = run_experiment_name(uri, source.run_id)
-    return uri, found or source.experiment or TrackingConfig().experiment
+    return uri, found or TrackingConfig().experiment
+
+
+def recorded_elsewhere(uri: str, source: SourceRun | None) -> str | None:
+    """A line for the user when the checkpoint records its training run in a store other than ``uri`` (the
+    eval's): where it says, credentials redacted, and how to record the eval there on purpose; else None."""
+    from dapo_cli.redact import redact
+    from dapo_cli.tracking.mlflow import absolute_tracking_uri, resolve_tracking_uri
+
+    if source is None or not source.tracking_uri or absolute_tracking_uri(source.tracking_uri) == absolute_tracking_uri(uri):
+        return None
+    theirs = redact(source.tracking_uri)
+    return (f"the checkpoint says its training run {source.run_id} was recorded in {theirs}; this eval is recorded in "
+            f"{redact(resolve_tracking_uri(uri))} (give --tracking-uri {theirs} to record it beside the training run)")
 
 
 def source_tags(source: SourceRun | None) -> dict[str, str]:

@@ -452,7 +452,8 @@ def run_eval(
     generation (a test injects a fake one)."""
     from dapo_cli.config.schema import TrackingConfig
     from dapo_cli.data.registry import load_dataset_rows
-    from dapo_cli.eval.links import link_runs, read_source, resolve_tracking, source_label, source_tags
+    from dapo_cli.eval.links import (link_runs, read_source, recorded_elsewhere, resolve_tracking, source_label,
+                                      source_tags)
     from dapo_cli.eval.problems import describe_layout, group_problems
     from dapo_cli.eval.table import log_generations_table
     from dapo_cli.rewards import VERIFIERS
@@ -489,6 +490,9 @@ def run_eval(
     params = SamplingParams(temperature=opts.temperature, top_p=opts.top_p, max_tokens=opts.max_tokens, seed=opts.seed)
     source = read_source(model)  # the training run this checkpoint came from, if it records one
     uri, experiment = resolve_tracking(opts.tracking_uri, opts.experiment, source, opts.tracking_backend)
+    elsewhere = recorded_elsewhere(uri, source) if opts.tracking_backend != "null" else None
+    if elsewhere:
+        log(elsewhere)
     tracking = TrackingConfig(backend=opts.tracking_backend, tracking_uri=uri, experiment=experiment)
     todo = len(checkpoint.done) < len(batches)
     # the model loads before the run opens: a checkpoint that fails to load leaves no MLflow run behind

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from dapo_cli.errors import EnvironmentFailure, UserError
+from dapo_cli.redact import redact
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 MAX_PARAM_CHARS = 6000
@@ -174,7 +175,7 @@ def ui_lines(tracking_uri: str, run_id: str) -> list[str]:
         lines.append(f"MLflow UI:  mlflow ui --backend-store-uri {tracking_uri}, then open {page}")
     elif tracking_uri:
         lines[0] += f"  (mlflow ui --backend-store-uri {tracking_uri})"
-    return lines
+    return [redact(line) for line in lines]
 
 
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
@@ -287,7 +288,7 @@ class MlflowTracker:
     def set_tags(self, tags: Mapping[str, Any]) -> None:
         from mlflow.entities import RunTag
 
-        self.client.log_batch(self.run_id, tags=[RunTag(str(k), str(v)) for k, v in tags.items()])
+        self.client.log_batch(self.run_id, tags=[RunTag(str(k), redact(str(v))) for k, v in tags.items()])
 
     @store_call
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
@@ -391,7 +392,7 @@ class MlflowTracker:
 
 
 def _param_value(value: Any) -> str:
-    text = json.dumps(value) if isinstance(value, (list, dict)) else str(value)
+    text = redact(json.dumps(value) if isinstance(value, (list, dict)) else str(value))  # e.g. tracking.tracking_uri
     return text if len(text) <= MAX_PARAM_CHARS else text[: MAX_PARAM_CHARS - 3] + "..."
 
 

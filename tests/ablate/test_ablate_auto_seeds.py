@@ -58,6 +58,20 @@ def test_a_clear_difference_is_decided_before_the_last_wave_and_the_rerun_trains
     wave = text.split(": different at wave ")[1].split(" ")[0]
     assert f"| dapo | {BASE} | different | {wave} |" in md
     assert f"children so far | {run} of 12 |" in md or f"| {run} of 12 |" in md
+    # ... and each section is a table artifact of the parent (pandas' split form, as mlflow.log_table writes) and
+    # in report.json
+    import json
+
+    import mlflow
+
+    client = mlflow.MlflowClient(load_config(config).tracking.tracking_uri)
+    names = {a.path for a in client.list_artifacts(outcome.parent_run_id, "tables")}
+    assert {"tables/waves-sequential-seeds.json", "tables/decisions-sequential-seeds.json", "tables/power.json"} <= names
+    table = json.loads(Path(client.download_artifacts(outcome.parent_run_id, "tables/decisions-sequential-seeds.json",
+                                                      str(tmp_path))).read_text())
+    assert table["columns"][:4] == ["variant", "vs", "decision", "wave"]
+    assert ["dapo", BASE, "different", wave] == table["data"][0][:4]
+    assert json.loads(outcome.files["json"].read_text())["fit_tables"]["tables/decisions-sequential-seeds.json"] == table
     before = len(fake.calls)
     out.export_text(clear=True)
     ablate_cli.run_auto(plan, False, 6, 3.0, command="dapo ablate --grid clip_higher --seeds auto",

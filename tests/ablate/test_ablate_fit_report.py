@@ -84,6 +84,20 @@ def test_the_sections_are_in_the_html_and_the_parent_runs_description() -> None:
     assert "<td>too few points (3 validations, a fit needs 5)</td>" in page
     note = summary_markdown(report)  # the MLflow parent's description
     assert "## Curve fits" in note and "## Power" in note and "| dapo | grpo | 3 | +14.7 | 15.9 |" in note
+    assert len(note) <= 8000  # MLflow's tag limit: a longer description is cut mid-table
+
+
+def test_the_description_keeps_whole_sections_within_the_limit_and_names_the_rest() -> None:
+    from dapo_cli.ablate.fit_report import within_limit
+
+    head = ["**Ablation x**", "", "| a |", "|---|", "| 1 |"]
+    sections = [("Big", ["", "## Big", "x" * 500]), ("Small", ["", "## Small", "y" * 50])]
+    # 5 head lines (32 chars) + Small fits in 400 (with the 200 kept for the last line); Big does not
+    lines = within_limit(head, sections, 400)
+    text = "\n".join(lines)
+    assert "## Small" in text and "## Big" not in text and len(text) <= 400
+    assert lines[-1].startswith("Left out here for MLflow's 400-character limit: Big;")
+    assert within_limit(head, sections, 10_000) == head + sections[0][1] + sections[1][1]  # everything fits
 
 
 @pytest.mark.slow

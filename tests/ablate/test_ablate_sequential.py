@@ -108,9 +108,9 @@ def test_the_dry_run_plan_names_the_rule_levels_and_worst_case() -> None:
 def test_run_waves_adds_seeds_only_where_a_comparison_is_open() -> None:
     from dapo_cli.ablate.sequential import run_waves, waves_text
 
-    # b − a: a large, steady gain (decided early); c − b: noise around 0 (stays open)
+    # b − a: a large, steady gain (decided early); c − b: ±20 alternating around 0 (open at every look)
     rng = np.random.default_rng(0)
-    truth = {("b", "a"): rng.normal(40.0, 1.0, 8), ("c", "b"): rng.normal(0.0, 20.0, 8)}
+    truth = {("b", "a"): rng.normal(40.0, 1.0, 8), ("c", "b"): np.array([20.0, -20.0] * 4)}  # c − b: mean 0, sd ~21
     trained: list[tuple[int, list[str], int]] = []
     seen = {"n": 0}
 
@@ -124,8 +124,21 @@ def test_run_waves_adds_seeds_only_where_a_comparison_is_open() -> None:
     first_decided = next(w for w in waves if w.decisions["b", "a"].verdict == "different")
     later = [t for t in trained if t[2] >= first_decided.seeds]
     assert later and all(names == ["c", "b"] for _, names, _ in later)  # a gets no more seeds
-    text = waves_text(waves, fixed_children=3 * 8)
+    text = waves_text(waves, fixed_children=3 * 8, equivalence=3.0)
     assert f"b − a: different at wave {first_decided.look}" in text and "against 24 for the fixed design" in text
+    assert waves[-1].decisions["c", "b"].verdict == "open"  # sd ~21 over 8 seeds: an interval far wider than ±3
+    assert "stopped at the last look (8 seeds, --max-seeds) with 1 of 2 comparisons open" in text
+
+
+def test_the_stop_line_says_why_the_waves_ended() -> None:
+    from dapo_cli.ablate.sequential import Decision, Wave, stop_line
+
+    decided = Decision("different", 2, 4, 7.3, 6.3)
+    still = Decision("open", 4, 6, -0.2, 6.5)
+    assert stop_line([Wave(2, 4, ["a", "b"], {("b", "a"): decided})], 3.0) == "stopped at wave 2: every comparison decided"
+    assert stop_line([Wave(4, 6, ["a", "b", "c"], {("b", "a"): decided, ("c", "b"): still})], 3.0) == (
+        "stopped at the last look (6 seeds, --max-seeds) with 1 of 2 comparisons open: each interval at that look's "
+        "level holds 0 and reaches past ±3 points; the report's Power section gives the seeds each would need")
 
 
 def test_a_report_replays_the_runs_waves_from_the_children_and_the_recorded_setup() -> None:

@@ -274,3 +274,27 @@ def test_report_prints_untrusted_text_literally(capsys: pytest.CaptureFixture[st
     print_report(report, 2)
     out = capsys.readouterr().out
     assert "✗ [/]" in out and "[bold]7" in out and "What is [red]x[/red]?" in out and "[m]" in out
+
+
+def test_report_shows_escape_sequences_escaped(capsys: pytest.CaptureFixture[str]) -> None:
+    from dapo_cli.cli.eval import print_report
+    from dapo_cli.eval.run import EvalReport, EvalResult
+
+    # a problem that clears the screen and plants an OSC 8 hyperlink, an answer that rings and retitles the
+    # window, a dataset file name holding ESC: none reaches the terminal raw, each shows as its escape
+    row = {"problem_id": "0", "correct": 1, "samples": 2, "accuracy": 0.5, "majority": "\x1b]0;pwned\x07",
+           "majority_correct": False, "ground_truth": "7", "problem": "\x1b[2JWhat is \x1b]8;;http://x\x1b\\1+1?"}
+    result = EvalResult(metrics={"avg@2": 0.5, "num_problems": 1.0}, records=[], per_problem=[row])
+    report = EvalReport(result=result, settings={"dataset": "d\x1b[31m.parquet", "checkpoint": "c"}, layout="l",
+                        resumed_problems=0, run_id="", outputs={})
+    print_report(report, 2)
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out
+    assert "\\x1b[2JWhat is \\x1b]8;;http://x\\x1b\\" in out and "\\x1b]0;pwn" in out  # ESC \\ (ST): "\\" kept
+    assert "d\\x1b[31m.parquet" in out
+
+
+def test_an_error_line_shows_a_file_names_escape_escaped(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["eval", str(tmp_path / "m\x1b[2J"), "--dataset", "x.parquet", "--no-track"])
+    assert result.exit_code == 2
+    assert "\x1b" not in result.stderr and "m\\x1b[2J" in error_line(result)

@@ -20,6 +20,7 @@ from dapo_cli.config.load import (
     coerce,
     embedded_experiment_path,
     from_dict,
+    override_config,
     parse_override,
     read_yaml,
     set_dotted,
@@ -275,6 +276,35 @@ def test_set_dotted_refuses_to_descend_into_a_value() -> None:
     assert data == {"trainer": {"lr": 1.0, "warm": {"x": 2}}}
     with pytest.raises(ConfigError, match="'trainer.lr' is a value, not a section; cannot set 'trainer.lr.x'"):
         set_dotted(data, "trainer.lr.x", 3)
+
+
+def test_a_key_given_twice_or_nesting_past_the_stack_is_one_error(tmp_path: Path) -> None:
+    # PyYAML alone keeps the later value: the first trainer section (lr) would vanish without a word
+    with pytest.raises(ConfigError, match=r"at line 5: key 'trainer' is given twice \(lines 1 and 5\); keep one"):
+        read_yaml(write(tmp_path, "trainer:\n  lr: 1.0e-4\ndata:\n  train_batch_size: 4\ntrainer:\n  total_steps: 3\n"))
+    with pytest.raises(ConfigError, match=r"key 'lr' is given twice \(lines 1 and 1\)"):
+        read_yaml(write(tmp_path, "trainer: {lr: 1, lr: 2}\n"))  # in one flow mapping too
+    with pytest.raises(ConfigError, match="nests its values too deeply to read"):
+        read_yaml(write(tmp_path, "a: " + "[" * 5000 + "]" * 5000 + "\n"))
+    # what is not a duplicate stays as it was: the same key in two sections, a merge key overridden
+    assert read_yaml(write(tmp_path, "a: {lr: 1}\nb: {lr: 2}\nc: &X {q: 1}\nd: {<<: *X, q: 2}\n")) == {
+        "a": {"lr": 1}, "b": {"lr": 2}, "c": {"q": 1}, "d": {"q": 2}}
+
+
+def test_numbers_past_pythons_and_int64s_limits_are_one_error(tmp_path: Path) -> None:
+    from dapo_cli.config.validate import validate
+
+    # int() of over 4,300 digits raises ValueError inside PyYAML (not a YAMLError): it was a traceback
+    with pytest.raises(ConfigError, match="holds a number too long to read .*4300 digits"):
+        read_yaml(write(tmp_path, "trainer:\n  seed: " + "9" * 5000 + "\n"))
+    with pytest.raises(ConfigError, match=r"override 'trainer.seed=': the value is a number too long to read \(5,000 characters\)"):
+        override_config(Config(), ["trainer.seed=" + "9" * 5000])
+    # readable, but past 64 bits: torch.manual_seed overflowed on it
+    with pytest.raises(ConfigError, match=r"trainer.seed=1e\+30 is past what 64 bits hold"):
+        validate(override_config(Config(), [f"trainer.seed={10**30}"]))
+    with pytest.raises(ConfigError, match=r"trainer.total_steps=1e\+30 is past what 64 bits hold"):
+        validate(override_config(Config(), [f"trainer.total_steps={10**30}"]))
+    validate(override_config(Config(), [f"trainer.seed={2**63 - 1}"]))  # the edge itself is allowed
 
 
 def test_read_yaml_errors(tmp_path: Path) -> None:

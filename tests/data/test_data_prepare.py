@@ -157,6 +157,15 @@ def test_repeat_writes_the_avg_at_k_layout(tmp_path: Path) -> None:
     assert result.train_rows == 15
 
 
+def test_rows_past_the_bound_are_refused_before_any_is_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # problems x --repeat counted once the problems are read; the bound lowered to 14 so 5 x 3 = 15 exceeds it
+    monkeypatch.setattr("dapo_cli.data.prepare.MAX_ROWS", 14)
+    with pytest.raises(UserError, match=r"^5 problems x --repeat 3 = 15 rows; at most 14 per run"):
+        prepare(tmp_path, _amc_like(tmp_path, 5), repeat=3)
+    assert not (tmp_path / "out.parquet").exists()
+    assert prepare(tmp_path, _amc_like(tmp_path, 5), repeat=2).train_rows == 10  # 10 <= 14
+
+
 def test_k_copies_input_refuses_repeat_only_when_kept(tmp_path: Path) -> None:
     copies = [make_row(f"P{i}?", str(i), index=i) for i in range(3) for _ in range(4)]
     write_dapo_parquet(copies, tmp_path / "k.parquet")
@@ -236,7 +245,7 @@ def test_failed_write_leaves_no_file(tmp_path: Path, monkeypatch: pytest.MonkeyP
     ("options", "message"),
     [
         ({"val_fraction": 1.0}, r"--val-fraction must be in \[0, 1\)"),
-        ({"repeat": 0}, "--repeat must be >= 1"),
+        ({"repeat": 0}, r"--repeat must be in \[1, 4096\], got 0"),
         ({"limit": 0}, "--limit must be >= 1"),
         ({"template": "no placeholder"}, "--template must contain {problem}"),
     ],

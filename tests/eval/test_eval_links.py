@@ -15,6 +15,8 @@ from typer.testing import CliRunner
 
 pytest.importorskip("mlflow")
 
+from mlflow import MlflowClient  # noqa: E402
+
 from dapo_cli.checkpoint import (
     RUN_INFO_FILE,
     CheckpointManager,
@@ -73,7 +75,8 @@ def read_table(client, run_id: str, tmp: Path) -> tuple[list[str], list[list]]:
 
 @pytest.mark.slow
 def test_eval_of_a_training_checkpoint_links_both_runs(world, in_cwd: Path, tmp_path: Path) -> None:
-    first = evaluate(world, world.ckpt)  # no --tracking-uri, no --experiment: the training run's store and experiment
+    # the user's store holds the training run (no --experiment): the eval goes to its experiment, linked
+    first = evaluate(world, world.ckpt, "--tracking-uri", world.uri)
     assert not (in_cwd / "mlflow.db").exists()  # not the default ./mlflow.db
     run = world.client.get_run(first)
     exp = world.client.get_experiment(run.info.experiment_id)
@@ -119,12 +122,43 @@ def test_eval_of_a_training_checkpoint_links_both_runs(world, in_cwd: Path, tmp_
 
 
 @pytest.mark.slow
+def test_a_checkpoint_naming_another_store_never_writes_there(world, in_cwd: Path, tmp_path: Path) -> None:
+    # dapo_run.json is a file from elsewhere: its tracking_uri names another program's SQLite database, then a
+    # server with a password. Plain `dapo eval CKPT` records into the user's default ./mlflow.db, says where the
+    # checkpoint claims its run was (credentials redacted), and leaves the named database byte for byte.
+    import sqlite3
+
+    other = tmp_path / "other" / "app.db"
+    other.parent.mkdir()
+    with sqlite3.connect(other) as db:
+        db.execute("create table notes (body text)")
+        db.execute("insert into notes values ('not mlflow')")
+    before = other.read_bytes()
+    model = tmp_path / "ckpt" / "model"
+    shutil.copytree(world.model, model)
+    for named in (f"sqlite:///{other}", "http://someone:s3cr3t@127.0.0.1:9"):
+        write_run_info(model, {"mlflow_run_id": world.train_id, "experiment": "train-exp", "tracking_uri": named,
+                               "run_name": "dapo-s0", "run_dir": str(tmp_path), "step": 20})
+        result = runner.invoke(app, ["eval", str(model), "--dataset", str(world.data), *EVAL], env={"COLUMNS": "400"})
+        assert result.exit_code == 0, result.output
+        assert "s3cr3t" not in result.output
+        shown = named.replace("someone:s3cr3t", "***")
+        assert f"the checkpoint says its training run {world.train_id} was recorded in {shown}" in " ".join(result.output.split())
+        run_id = result.stdout.rsplit("MLflow run: ", 1)[1].split()[0]
+        client = MlflowClient(f"sqlite:///{in_cwd / 'mlflow.db'}")
+        run = client.get_run(run_id)  # in the user's store, default experiment, still naming its source
+        assert client.get_experiment(run.info.experiment_id).name == "dapo"
+        assert run.data.tags["dapo.source_run_id"] == world.train_id
+    assert other.read_bytes() == before and sorted(p.name for p in other.parent.iterdir()) == ["app.db"]
+
+
+@pytest.mark.slow
 def test_table_rows_caps_the_table_and_says_so(world, in_cwd: Path, tmp_path: Path) -> None:
-    run_id = evaluate(world, world.ckpt, "--table-rows", "3")
+    run_id = evaluate(world, world.ckpt, "--table-rows", "3", "--tracking-uri", world.uri)
     _, rows = read_table(world.client, run_id, tmp_path)
     assert len(rows) == 3
     assert world.client.get_run(run_id).data.tags["dapo.generations_table"].startswith(f"{TABLE_FILE}: 3 of 4 samples")
-    none = evaluate(world, world.ckpt, "--table-rows", "0")
+    none = evaluate(world, world.ckpt, "--table-rows", "0", "--tracking-uri", world.uri)
     assert TABLE_FILE not in {a.path for a in world.client.list_artifacts(none, "eval")}
     bad = runner.invoke(app, ["eval", str(world.ckpt), "--dataset", str(world.data), *EVAL, "--table-rows", "-1"])
     assert bad.exit_code == 2 and bad.stderr.strip() == "error: --table-rows must be 0 or more (got -1)"

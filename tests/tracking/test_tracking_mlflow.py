@@ -276,3 +276,16 @@ def test_sqlite_artifact_location(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert sqlite_artifact_location("sqlite://", "e") is None
     assert sqlite_artifact_location("http://server:5000", "e") is None
     assert sqlite_artifact_location("file:///tmp/mlruns", "e") is None
+
+
+def test_params_and_tags_never_hold_a_uris_password(store: SimpleNamespace) -> None:
+    # tracking.tracking_uri is a param of every run; a tag may quote a URL too
+    with start_run(cfg(store, "redacted"), "run") as tracker:
+        tracker.log_params({"tracking.tracking_uri": "http://me:secret@mlflow.example:5000", "trainer.lr": 1e-4})
+        tracker.set_tags({"note": "copied from https://me:secret@host/run"})
+        run_id = tracker.run_id
+    run = store.client.get_run(run_id)
+    assert run.data.params["tracking.tracking_uri"] == "http://***@mlflow.example:5000"
+    assert run.data.params["trainer.lr"] == "0.0001"
+    assert run.data.tags["note"] == "copied from https://***@host/run"
+
