@@ -57,7 +57,8 @@ class CurveFit:
     verdict: str
     """``fitted`` or ``not identified``."""
     reason: str = ""
-    """Why not identified: too few points, the budget below C_mid, or A at the edge of its range."""
+    """Why not identified: too few points, the budget may be below C_mid, or A at the edge of its range (each with
+    this fit's numbers in parentheses; :attr:`why` is the reason without them)."""
     a_interval: tuple[float, float] | None = None
     """95% percentile bootstrap interval of A over the validation problems (None without per-problem tables)."""
     b_interval: tuple[float, float] | None = None
@@ -65,6 +66,11 @@ class CurveFit:
     @property
     def fitted(self) -> bool:
         return self.verdict == "fitted"
+
+    @property
+    def why(self) -> str:
+        """:attr:`reason` without this fit's numbers (``budget may be below C_mid``), to count over seeds."""
+        return self.reason.split(" (", 1)[0]
 
     def predict(self, c: float) -> float:
         """Accuracy the fitted curve gives at budget ``c`` (e.g. 2x or 10x :attr:`budget`)."""
@@ -144,9 +150,12 @@ def fit_curve(c: Sequence[float], y: Sequence[float], problems: np.ndarray | Non
         ba, bb, *_ = grid_fit(c_arr[1:], draws[:, 0], draws[:, 1:])
         fit.a_interval = (float(np.percentile(ba, 2.5)), float(np.percentile(ba, 97.5)))
         fit.b_interval = (float(np.percentile(bb, 2.5)), float(np.percentile(bb, 97.5)))
-    if m > budget or excess < CHI2_1_95:
+    if m > budget:
+        fit.verdict, fit.reason = "not identified", f"budget below C_mid (C_mid ≈ {m:.3g} > budget {budget:.3g})"
+    elif excess < CHI2_1_95:
         fit.verdict, fit.reason = "not identified", (
-            f"budget below C_mid (C_mid ≈ {m:.3g}, budget {budget:.3g}: a curve that has not bent fits as well)")
+            f"budget may be below C_mid (best C_mid ≈ {m:.3g}, budget {budget:.3g}; a curve still rising at the budget "
+            f"fits within the noise, Δχ² = {excess:.2f} < {CHI2_1_95:.2f})")
     elif a < EDGE or a > 1 - EDGE:
         fit.verdict, fit.reason = "not identified", f"A at the edge of its range (A = {a:.3f})"
     return fit

@@ -11,6 +11,7 @@ from __future__ import annotations
 import html
 import math
 import re
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,7 +55,7 @@ def fit_rows(report: AblationReport) -> list[dict[str, str]]:
     for row in report.rows:
         sf = fits[row.name]
         ok = [f for f in sf.fits if f.fitted]
-        reasons = sorted(set(sf.reasons))
+        why = Counter(f.why for f in sf.fits if not f.fitted)  # each fit's numbers are in report.json
         rows.append({
             "rung": str(row.position), "variant": row.name,
             "points": "/".join(str(f.points) for f in sf.fits) or "—",
@@ -63,7 +64,7 @@ def fit_rows(report: AblationReport) -> list[dict[str, str]]:
             "at 2x budget %": pct(sum(f.predict(2 * f.budget) for f in ok) / len(ok)) if ok else "—",
             "at 10x budget %": pct(sum(f.predict(10 * f.budget) for f in ok) / len(ok)) if ok else "—",
             "verdict": f"fitted ({len(ok)}/{len(sf.fits)} seeds)" if ok else "not identified",
-            "why not": "; ".join(reasons) if reasons else "—",
+            "why not": "; ".join(f"{w} ({n} of {len(sf.fits)} seeds)" for w, n in sorted(why.items())) if why else "—",
         })
     return rows
 

@@ -54,12 +54,22 @@ def test_a_curve_cut_before_c_mid_is_not_identified() -> None:
     # noiseless: the curve with C_mid = 2x the budget is the best fit, so C_mid > budget
     y = saturating(BUDGETS, R0, A, B, 2 * 4096.0)
     fit = fit_curve(BUDGETS, y, samples=PROBLEMS * K)
-    assert fit.verdict == "not identified" and fit.reason.startswith("budget below C_mid")
+    assert fit.verdict == "not identified" and fit.reason.startswith("budget below C_mid (C_mid ≈ 8.19e+03 > budget 4.1e+03)")
+    assert fit.why == "budget below C_mid"
     # with binomial noise: at least 45 of 50 draws
     rng = np.random.default_rng(1)
     verdicts = [fit_curve(BUDGETS, draw_problems(rng, BUDGETS, 2 * 4096.0).mean(1), samples=PROBLEMS * K).verdict
                 for _ in range(50)]
     assert verdicts.count("not identified") >= 45
+
+
+def test_a_curve_whose_bend_the_noise_hides_may_be_below_c_mid() -> None:
+    # noiseless, the best fit bends before the budget (C_mid = 1,000, budget 4,096); but a validation of 8 samples
+    # has a binomial sd of ~0.16, and a curve still rising at the budget fits within that: Δχ² < 3.84, "may be"
+    fit = fit_curve(BUDGETS, saturating(BUDGETS, R0, A, B, C_MID), samples=8)
+    assert fit.c_mid < fit.budget
+    assert fit.verdict == "not identified" and fit.why == "budget may be below C_mid", fit.reason
+    assert "a curve still rising at the budget fits within the noise, Δχ² = " in fit.reason
 
 
 def test_too_few_points_and_a_at_its_edge() -> None:

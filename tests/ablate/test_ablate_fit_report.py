@@ -61,7 +61,8 @@ def test_the_sections_are_printed_and_written() -> None:
     print_fits(report, out, effect=5)
     text = out.export_text()
     assert "Curve fits (validation over generated samples)" in text and "Power (paired t over seeds)" in text
-    assert "too few points (3 validations, a fit needs 5)" in text and "3/3/3" in text
+    # each rung's reasons counted over its seeds (each fit's numbers stay in report.json): a cell, not a paragraph
+    assert "too few points (3 of 3 seeds)" in text and "3/3/3" in text
     assert "seeds for 5" in text and "detectable Δ (80%)" in text
     dapo_line = next(line for line in text.splitlines() if "DAPO" in line and "GRPO" in line and "+14.7" in line)
     assert "15.9" in dapo_line
@@ -81,7 +82,7 @@ def test_the_sections_are_in_the_html_and_the_parent_runs_description() -> None:
     report = committed_ladder()
     page = to_html(report, {"step": [], "samples": []}, Path("."), effect=5)
     assert "<h2>Curve fits</h2>" in page and "<h2>Power</h2>" in page and "<th>seeds for 5</th>" in page
-    assert "<td>too few points (3 validations, a fit needs 5)</td>" in page
+    assert "<td>too few points (3 of 3 seeds)</td>" in page
     note = summary_markdown(report)  # the MLflow parent's description
     assert "## Curve fits" in note and "## Power" in note and "| dapo | grpo | 3 | +14.7 | 15.9 |" in note
     assert len(note) <= 8000  # MLflow's tag limit: a longer description is cut mid-table
