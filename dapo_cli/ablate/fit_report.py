@@ -178,7 +178,7 @@ def fit_sections(report: AblationReport, effect: float | None = None) -> list[tu
     if setup is not None:
         waves = replay(setup, [row.name for row in report.rows], {(ch.variant, ch.seed): 100 * ch.avg for ch in report.children})
         sections += [("Waves (sequential seeds)", WAVES_LEGEND, wave_rows(waves, setup, len(report.rows))),
-                     ("Decisions (sequential seeds)", f"{DECISIONS_LEGEND} {stop_line(waves, setup.equivalence).capitalize()}.",
+                     ("Decisions (sequential seeds)", f"{DECISIONS_LEGEND} {upper_first(stop_line(waves, setup.equivalence))}.",
                       decision_rows(waves))]
     return [s for s in sections if s[2]]
 
@@ -194,6 +194,11 @@ def slug(title: str) -> str:
     """``"Δ at equal budget (interpolated)"`` → ``"delta-at-equal-budget-interpolated"`` (ASCII, for a file name)."""
     words = re.findall(r"[a-z0-9]+", title.replace("Δ", "delta").lower())
     return "-".join(words)
+
+
+def upper_first(text: str) -> str:
+    """``text`` with its first letter upper-case (``str.capitalize`` would lower the rest: "Power" → "power")."""
+    return text[:1].upper() + text[1:]
 
 
 def fit_markdown_sections(report: AblationReport, effect: float | None = None) -> list[tuple[str, list[str]]]:

@@ -330,7 +330,8 @@ def print_fits(result: AblationReport, out: Console, effect: float | None = None
     from dapo_cli.ablate.variants import short_variant
 
     for title, legend, rows in fit_sections(result, effect):
-        short = [{k: short_variant(v) if k in ("variant", "vs") else v for k, v in r.items()} for r in rows]
+        short = [{k: short_variant(v) if k in ("variant", "vs") else ", ".join(map(short_variant, v.split(", ")))
+                  if k == "trained" else v for k, v in r.items()} for r in rows]
         print_table(out, short, list(rows[0]), TITLES.get(title, title))
         out.print(Text(legend))
 
