@@ -145,8 +145,10 @@ TEXT_COLUMNS = ("variant", "paper row", "vs")
 EQUAL_SAMPLES_HEADS = ("Δ equal samples %", "Δ equal samples 95% CI", "equal-samples steps", "equal-samples budget")
 """report.md's Δ-at-equal-samples columns: the terminal shows them in a table of their own."""
 
-FOLD_MIN = {"equal-samples steps": 30}
-"""Narrow terminal: a steps list (one step per seed) wraps beyond this many characters."""
+FOLD_MIN = {"equal-samples steps": 30, "why not": 24, "trained": 24, "budget per seed": 24,
+            "steps read (variant; vs)": 24}
+"""Narrow terminal: a list (a step or a reason per seed, the variants a wave trained) wraps beyond this many
+characters, so it never squeezes the other columns out."""
 
 TECHNIQUE_LINE = ("each technique at work: clip-higher → entropy, clip %; overlong filtering → truncated on a "
                   "correct path; overlong shaping → truncated looping; token-level loss → length spread, "
@@ -279,14 +281,18 @@ def column_groups(rows: list[dict[str, str]], heads: list[str], width: int) -> l
     every group led by the ``rung`` column (numeric cells are never cut, so a wide row would not fit)."""
 
     def narrow(h: str) -> int:
-        return max(len(NARROW_HEADS.get(h, (h.replace(" %", ""), ""))[0]), *(len(r[h]) for r in rows))
+        widest = max(len(NARROW_HEADS.get(h, (h.replace(" %", ""), ""))[0]), *(len(r[h]) for r in rows))
+        if h in FOLD_MIN:  # a list that wraps
+            return min(widest, FOLD_MIN[h])
+        return min(widest, 14) if h in TEXT_COLUMNS else widest  # names wrap too
 
     if width >= wide_width(rows, heads) or sum(narrow(h) + 1 for h in heads) <= width:
         return [heads]
+    lead = [h for h in heads if h == "rung"] or [h for h in heads if h in TEXT_COLUMNS]  # what names a row
     groups: list[list[str]] = []
-    for h in (h for h in heads if h != "rung"):
+    for h in (h for h in heads if h not in lead):
         if not groups or sum(narrow(x) + 1 for x in [*groups[-1], h]) > width:
-            groups.append(["rung"])
+            groups.append(list(lead))
         groups[-1].append(h)
     return groups
 
@@ -332,7 +338,9 @@ def print_fits(result: AblationReport, out: Console, effect: float | None = None
     for title, legend, rows in fit_sections(result, effect):
         short = [{k: short_variant(v) if k in ("variant", "vs") else ", ".join(map(short_variant, v.split(", ")))
                   if k == "trained" else v for k, v in r.items()} for r in rows]
-        print_table(out, short, list(rows[0]), TITLES.get(title, title))
+        heads = list(rows[0])
+        for part in column_groups(short, name_columns(short, heads, out.width) if "rung" in heads else heads, out.width):
+            print_table(out, short, part, TITLES.get(title, title))
         out.print(Text(legend))
 
 

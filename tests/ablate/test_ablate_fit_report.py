@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -126,3 +127,20 @@ def test_the_fitted_curves_are_drawn_over_the_points(tmp_path: Path) -> None:
     path = plot_fits(report, tmp_path)
     assert path == tmp_path / "curves_samples" / "fits.png" and path.read_bytes()[:4] == b"\x89PNG"
     assert np.isfinite(child_fit(report.children[-1]).a)
+
+
+@pytest.mark.slow
+def test_a_narrow_terminal_gets_every_fit_column_named_by_its_rung() -> None:
+    # 60 columns: the fit table does not fit; it is split in groups, each led by the rung, no column cut
+    report = committed_ladder()
+    out = Console(width=60, record=True)
+    print_fits(report, out)
+    text = out.export_text()
+    assert all(len(line) <= 60 for line in text.splitlines())
+    fits = text.split("Curve fits (validation over generated samples)")
+    assert len(fits) >= 3  # the title once per group: at least two groups
+    for group in fits[1:]:
+        # a row begins with its rung ("3 …" narrow, "│    3 │ …" bordered)
+        rungs = [m.group(1) for m in (re.match(r"^[│ ]*(\d)[ │]", line) for line in group.splitlines()) if m]
+        assert rungs[:6] == ["0", "1", "2", "3", "4", "5"]
+    assert "too few points (3 of 3 seeds)" in text and "at 10x budget" in text
