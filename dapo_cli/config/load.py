@@ -108,8 +108,8 @@ def read_yaml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path} is not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
     except RecursionError:
         raise ConfigError(f"{path} nests its values too deeply to read; a config is a few levels deep") from None
-    except ValueError as exc:  # PyYAML's int() of a number past Python's 4,300-digit limit
-        raise ConfigError(f"{path} holds a number too long to read ({str(exc).split(';')[0]}); no setting needs one") from None
+    except ValueError as exc:  # a value PyYAML's constructors refuse: int() past 4,300 digits, a 13th month
+        raise ConfigError(f"{path} holds a value that cannot be read ({str(exc).split(';')[0]}); fix or quote it") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -129,9 +129,11 @@ def parse_override(item: str) -> tuple[str, Any]:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
-    except ValueError:  # an integer past Python's 4,300-digit limit
-        raise ConfigError(f"override '{key}=': the value is a number too long to read ({len(raw.strip()):,} "
-                          "characters); no setting needs one") from None
+    except ValueError:  # a value PyYAML's constructors refuse: int() past 4,300 digits, a 13th month
+        if raw.strip().lstrip("+-").isdigit():
+            raise ConfigError(f"override '{key}=': the value is a number too long to read ({len(raw.strip()):,} "
+                              "characters); no setting needs one") from None
+        value = raw  # text, as a YAML error leaves it (typed against the schema later)
     except RecursionError:
         raise ConfigError(f"override '{key}=': the value nests too deeply to read") from None
     return key, value
