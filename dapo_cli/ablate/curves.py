@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 from scipy import optimize, stats
@@ -56,9 +56,11 @@ class CurveFit:
     """Validations fitted, step 0 included."""
     verdict: str
     """``fitted`` or ``not identified``."""
-    reason: str = ""
-    """Why not identified: too few points, the budget may be below C_mid, or A at the edge of its range (each with
-    this fit's numbers in parentheses; :attr:`why` is the reason without them)."""
+    why: str = ""
+    """Why not identified: too few points, the budget (possibly) below C_mid, or A at the edge of its range; the
+    same words for every fit, so the report counts them over seeds."""
+    detail: str = ""
+    """This fit's numbers behind :attr:`why`."""
     a_interval: tuple[float, float] | None = None
     """95% percentile bootstrap interval of A over the validation problems (None without per-problem tables)."""
     b_interval: tuple[float, float] | None = None
@@ -68,9 +70,9 @@ class CurveFit:
         return self.verdict == "fitted"
 
     @property
-    def why(self) -> str:
-        """:attr:`reason` without this fit's numbers (``budget may be below C_mid``), to count over seeds."""
-        return self.reason.split(" (", 1)[0]
+    def reason(self) -> str:
+        """:attr:`why` with :attr:`detail` (``""`` for a fitted curve)."""
+        return f"{self.why} ({self.detail})" if self.detail else self.why
 
     def predict(self, c: float) -> float:
         """Accuracy the fitted curve gives at budget ``c`` (e.g. 2x or 10x :attr:`budget`)."""
@@ -132,7 +134,7 @@ def fit_curve(c: Sequence[float], y: Sequence[float], problems: np.ndarray | Non
     r0, budget, points = float(y_arr[0]), float(c_arr[-1]), len(c_arr)
     if points < MIN_POINTS:
         return CurveFit(r0, math.nan, math.nan, math.nan, budget, points, "not identified",
-                        f"too few points ({points} validations, a fit needs {MIN_POINTS})")
+                        "too few points", f"{points} validations, a fit needs {MIN_POINTS}")
     ga, gb, gm, sse, mids = grid_fit(c_arr[1:], np.array([r0]), y_arr[None, 1:])
     a, b, m = _refine(c_arr[1:], r0, y_arr[1:], float(ga[0]), float(gb[0]), float(gm[0]))
     fit = CurveFit(r0, a, b, m, budget, points, "fitted")
@@ -151,13 +153,13 @@ def fit_curve(c: Sequence[float], y: Sequence[float], problems: np.ndarray | Non
         fit.a_interval = (float(np.percentile(ba, 2.5)), float(np.percentile(ba, 97.5)))
         fit.b_interval = (float(np.percentile(bb, 2.5)), float(np.percentile(bb, 97.5)))
     if m > budget:
-        fit.verdict, fit.reason = "not identified", f"budget below C_mid (C_mid ≈ {m:.3g} > budget {budget:.3g})"
+        fit.verdict, fit.why, fit.detail = "not identified", "budget below C_mid", f"C_mid ≈ {m:.3g} > budget {budget:.3g}"
     elif excess < CHI2_1_95:
-        fit.verdict, fit.reason = "not identified", (
-            f"budget may be below C_mid (best C_mid ≈ {m:.3g}, budget {budget:.3g}; a curve still rising at the budget "
-            f"fits within the noise, Δχ² = {excess:.2f} < {CHI2_1_95:.2f})")
+        fit.verdict, fit.why, fit.detail = "not identified", "budget may be below C_mid", (
+            f"best C_mid ≈ {m:.3g}, budget {budget:.3g}; a curve still rising at the budget fits within the noise, "
+            f"Δχ² = {excess:.2f} < {CHI2_1_95:.2f}")
     elif a < EDGE or a > 1 - EDGE:
-        fit.verdict, fit.reason = "not identified", f"A at the edge of its range (A = {a:.3f})"
+        fit.verdict, fit.why, fit.detail = "not identified", "A at the edge of its range", f"A = {a:.3f}"
     return fit
 
 
@@ -182,7 +184,6 @@ class SeedFits:
     b_mean: float = math.nan
     b_half: float = math.nan
     c_mid_mean: float = math.nan
-    reasons: list[str] = field(default_factory=list)
 
     @property
     def verdict(self) -> str:
@@ -190,9 +191,9 @@ class SeedFits:
 
 
 def over_seeds(fits: Sequence[CurveFit]) -> SeedFits:
-    """Mean ± Student t 95% half-width of A and B over the identified fits; every other fit's reason kept."""
+    """Mean ± Student t 95% half-width of A and B over the identified fits (every fit kept, with its reason)."""
     ok = [f for f in fits if f.fitted]
-    out = SeedFits(list(fits), reasons=[f.reason for f in fits if not f.fitted])
+    out = SeedFits(list(fits))
     if ok:
         out.a_mean, out.a_half = seed_interval([f.a for f in ok])
         out.b_mean, out.b_half = seed_interval([f.b for f in ok])

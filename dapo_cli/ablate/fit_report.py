@@ -18,9 +18,8 @@ from pathlib import Path
 from dapo_cli.ablate.curves import CurveFit, SeedFits, compare_fits, fit_curve, over_seeds
 from dapo_cli.ablate.budget import AXES, EqualBudget, budget_curve, budget_rows, equal_budget
 from dapo_cli.ablate.results import AblationReport, ChildResult
-from dapo_cli.ablate.sequential import (DECISIONS_LEGEND, SETUP_TAG, WAVES_LEGEND, Setup, decision_rows, replay,
-                                       stop_line, wave_rows)
-from dapo_cli.ablate.sequential import comparison_pairs
+from dapo_cli.ablate.sequential import (DECISIONS_LEGEND, SETUP_TAG, WAVES_LEGEND, Setup, comparison_pairs, decision_rows,
+                                       replay, stop_line, wave_rows)
 from dapo_cli.ablate.stats import min_detectable_delta, sample_sd, seeds_needed
 from dapo_cli.fileio import atomic_path
 
@@ -36,7 +35,7 @@ def child_fit(child: ChildResult) -> CurveFit:
     c, r = samples_curve(child)
     if not c or c[0] != 0:
         return CurveFit(math.nan, math.nan, math.nan, math.nan, c[-1] if c else 0.0, len(c), "not identified",
-                        "no step-0 validation (R0)")
+                        "no step-0 validation (R0)")  # no numbers behind it: the reason is the words
     samples = len(child.per_problem) * child.k
     return fit_curve(c, r, samples=samples)
 
@@ -55,7 +54,7 @@ def fit_rows(report: AblationReport) -> list[dict[str, str]]:
     for row in report.rows:
         sf = fits[row.name]
         ok = [f for f in sf.fits if f.fitted]
-        why = Counter(f.why for f in sf.fits if not f.fitted)  # each fit's numbers are in report.json
+        why = Counter(f.why for f in sf.fits if not f.fitted)  # each fit's numbers: report.json's child_fits
         rows.append({
             "rung": str(row.position), "variant": row.name,
             "points": "/".join(str(f.points) for f in sf.fits) or "—",
@@ -67,6 +66,17 @@ def fit_rows(report: AblationReport) -> list[dict[str, str]]:
             "why not": "; ".join(f"{w} ({n} of {len(sf.fits)} seeds)" for w, n in sorted(why.items())) if why else "—",
         })
     return rows
+
+
+def child_fit_rows(report: AblationReport) -> list[dict[str, object]]:
+    """Every child's own fit (``report.json``'s ``child_fits``): A, B, C_mid, the budget, the verdict and, when
+    not identified, why with this fit's numbers, which the "Curve fits" table only counts over seeds."""
+    out: list[dict[str, object]] = []
+    for ch in report.children:
+        f = child_fit(ch)
+        out.append({"variant": ch.variant, "seed": ch.seed, "points": f.points, "budget": f.budget, "r0": f.r0,
+                    "a": f.a, "b": f.b, "c_mid": f.c_mid, "verdict": f.verdict, "why": f.why, "detail": f.detail})
+    return out
 
 
 def fit_comparison_rows(report: AblationReport) -> list[dict[str, str]]:

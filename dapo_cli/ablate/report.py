@@ -75,8 +75,8 @@ from dapo_cli.ablate.results import (
     Overall,
     VariantRow,
 )
-from dapo_cli.ablate.fit_report import (fit_html, fit_markdown, fit_markdown_sections, plot_fits, section_tables,
-                                        within_limit)
+from dapo_cli.ablate.fit_report import (child_fit_rows, fit_html, fit_markdown, fit_markdown_sections, plot_fits,
+                                        section_tables, within_limit)
 from dapo_cli.ablate.stats import Z_95, mean_or_nan, mean_per_problem, seed_interval
 from dapo_cli.ablate.store import child_runs, child_table, read_child, variant_of
 from dapo_cli.eval.compare import compare_accuracies
@@ -501,7 +501,8 @@ def write_report(report: AblationReport, out_dir: Path, *, html_too: bool = Fals
     write_text_atomic(files["markdown"], to_markdown(report, plots, out_dir, effect))
     write_json_atomic(files["json"], {**asdict(report), "table": table_rows(report),
                                         "mechanisms_table": mechanism_table_rows(report),
-                                        "fit_tables": section_tables(report, effect)})
+                                        "fit_tables": section_tables(report, effect),
+                                        "child_fits": child_fit_rows(report)})
     if html_too:
         files["html"] = out_dir / "report.html"
         write_text_atomic(files["html"], to_html(report, plots, out_dir, effect))

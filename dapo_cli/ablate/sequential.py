@@ -239,7 +239,7 @@ def replay(setup: Setup, names: Sequence[str], avg: Mapping[tuple[str, int], flo
     """The waves a ``--seeds auto`` run went through, decided again from its children's final avg@K (points) keyed
     ``(variant, seed)``: look ``k`` reads the first ``looks[k]`` seeds, as the run did. The rule is deterministic and
     a variant has a seed only if the run trained it, so this is the run's own sequence of decisions."""
-    looks = [n for n in setup.looks if n <= len(setup.seeds)]
+    looks = list(setup.looks)  # every look within the recorded seeds (Setup.from_tag checks it)
     now = {"n": looks[0]}
 
     def train_wave(n: int, wanted: list[str], before: int) -> None:
@@ -262,7 +262,7 @@ DECISIONS_LEGEND = ("Each comparison's decision and the wave that reached it (a 
 def wave_rows(waves: Sequence[Wave], setup: Setup, variants: int) -> list[dict[str, str]]:
     """One row per wave: seeds per variant, its level, the variants it trained, the counts of decisions, and the
     children run so far against the fixed design (every variant at the most seeds)."""
-    levels = look_levels([n for n in setup.looks if n <= len(setup.seeds)])
+    levels = look_levels(list(setup.looks))
     rows, run = [], 0
     for i, w in enumerate(waves):
         run += (w.seeds - (waves[i - 1].seeds if i else 0)) * len(w.trained)

@@ -489,10 +489,11 @@ def make_ablation(
     if seeds < 1:
         raise UserError(f"--seeds must be >= 1, got {seeds}")
     base_variants = MODES[mode](cfg, techniques)
-    count = len(base_variants) * math.prod(len(a.values) for a in axes) * seeds  # counted before any child is built
+    combos = math.prod(len(a.values) for a in axes)
+    count = len(base_variants) * combos * seeds  # counted before any child is built
     if count > MAX_CHILDREN:
         raise UserError(f"this ablation is {count:,} children ({len(base_variants)} variants x "
-                        f"{math.prod(len(a.values) for a in axes):,} axis combinations x {seeds:,} seeds); at most "
+                        f"{combos:,} axis combinations x {seeds:,} seeds); at most "
                         f"{MAX_CHILDREN:,}: give fewer seeds, axis values or techniques")
     variants = select_variants(with_axes(base_variants, axes), only, skip)
     seed_list = tuple(cfg.trainer.seed + i for i in range(seeds))

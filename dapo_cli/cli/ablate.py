@@ -136,7 +136,8 @@ def ablate(
     if auto and (max_seeds < 2 or not equivalence >= 0):
         raise UserError(f"--seeds auto needs --max-seeds >= 2 and --equivalence >= 0, got {max_seeds} and {equivalence}")
     if seeds is not None and not auto and not (seeds.isdigit() and len(seeds) <= 18 and int(seeds) >= 1):
-        raise UserError(f"--seeds must be a positive number or auto, got '{seeds}'")
+        shown = seeds if len(seeds) <= 20 else f"{seeds[:20]}… ({len(seeds):,} characters)"
+        raise UserError(f"--seeds must be a positive number or auto, got '{shown}'")
     cfg = resolve(config, [*(sets or []), f"ablate.jobs={jobs}"] if jobs is not None else sets)  # validated: jobs >= 1
     plan = make_ablation(
         cfg,

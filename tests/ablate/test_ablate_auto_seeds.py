@@ -71,7 +71,11 @@ def test_a_clear_difference_is_decided_before_the_last_wave_and_the_rerun_trains
                                                       str(tmp_path))).read_text())
     assert table["columns"][:4] == ["variant", "vs", "decision", "wave"]
     assert ["dapo", BASE, "different", wave] == table["data"][0][:4]
-    assert json.loads(outcome.files["json"].read_text())["fit_tables"]["tables/decisions-sequential-seeds.json"] == table
+    saved = json.loads(outcome.files["json"].read_text())
+    assert saved["fit_tables"]["tables/decisions-sequential-seeds.json"] == table
+    # each child's own fit, with the numbers the table only counts: 2 steps give at most 3 validations
+    assert len(saved["child_fits"]) == len(fake.calls)
+    assert {(c["why"], c["detail"].split(" validations")[1]) for c in saved["child_fits"]} == {("too few points", ", a fit needs 5")}
     before = len(fake.calls)
     out.export_text(clear=True)
     ablate_cli.run_auto(plan, False, 6, 3.0, command="dapo ablate --grid clip_higher --seeds auto",
