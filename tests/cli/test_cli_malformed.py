@@ -13,127 +13,10 @@ is expected.
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
-
-from dapo_cli.cli import app
-
-ENV = {"MLFLOW_TRACKING_URI": None, "DAPO_PARENT_RUN_ID": None, "DAPO_EXTRA_TAGS": None, "HF_HUB_OFFLINE": "1",
-       "COLUMNS": "200"}
-
-
-# ---------------------------------------------------------------- what the cases point at
-
-
-@pytest.fixture(scope="module")
-def models(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The tiny policy, and copies of it with damaged weights (outside every case's working directory)."""
-    root = tmp_path_factory.mktemp("damaged-models")
-    out = {"model": tiny_model_dir}
-    for name in ("trunc", "garbage", "wrongshape", "noweights"):
-        shutil.copytree(tiny_model_dir, root / name)
-        out[name] = root / name
-    weights = "model.safetensors"
-    data = (tiny_model_dir / weights).read_bytes()
-    (out["trunc"] / weights).write_bytes(data[: len(data) // 2])  # a copy cut short
-    (out["garbage"] / weights).write_bytes(bytes(range(256)) * 8)  # not a safetensors file at all
-    (out["noweights"] / weights).unlink()
-    import torch
-    from safetensors.torch import load_file, save_file
-
-    tensors = load_file(tiny_model_dir / weights)
-    tensors[next(iter(tensors))] = torch.zeros(3, 3)  # complete file, tensor of the wrong shape
-    save_file(tensors, out["wrongshape"] / weights, metadata={"format": "pt"})
-    return out
-
-
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from dapo_cli.data.schema import make_row, write_dapo_parquet
-
-    path = tmp_path_factory.mktemp("data") / "three.parquet"
-    write_dapo_parquet([make_row(f"What is {i} + 1?", str(i + 1), index=i) for i in range(3)], path)
-    return path
-
-
-@pytest.fixture(scope="module")
-def read_only_dir(tmp_path_factory: pytest.TempPathFactory):
-    """A read-only tmpfs mount (root ignores permission bits, not a read-only file system)."""
-    path = tmp_path_factory.mktemp("read-only")
-    if shutil.which("mount") is None or os.geteuid() != 0:
-        pytest.skip("mounting a read-only tmpfs needs root and mount(8)")
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(path)], capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a read-only tmpfs here: {done.stderr.strip() or done.returncode}")
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", str(path)], capture_output=True, check=False)
-
-
-# ---------------------------------------------------------------- files a case creates in its working directory
-
-
-def _corrupt_run(cwd: Path) -> None:
-    """A run of the embedded experiment whose only checkpoint has truncated weights (resume must refuse it)."""
-    import torch
-
-    run = cwd / "runs" / "dapo-tiny" / "dapo-s0"
-    ckpt = run / "checkpoints" / "step_000001"
-    (ckpt / "engine").mkdir(parents=True)
-    (ckpt / "model").mkdir()
-    (ckpt / "model" / "config.json").write_text("{}", encoding="utf-8")
-    (ckpt / "model" / "model.safetensors").write_bytes((64).to_bytes(8, "little") + b"{")
-    torch.save({"step": 1}, ckpt / "trainer_state.pt")
-    (run / "checkpoints" / "latest").write_text("step_000001\n", encoding="utf-8")
-    (run / "config.yaml").write_text("{}\n", encoding="utf-8")
-    (run / ".lock").write_text("1\n", encoding="utf-8")  # every run that ever trained has one
-
-
-def _empty_parquet(cwd: Path) -> None:
-    from dapo_cli.data.schema import write_dapo_parquet
-
-    write_dapo_parquet([], cwd / "empty.parquet")
-
-
-SETUPS: dict[str, Callable[[Path], object]] = {
-    "afile": lambda cwd: (cwd / "afile").write_text("x\n", encoding="utf-8"),
-    "adir": lambda cwd: (cwd / "adir").mkdir(),
-    "bin.yaml": lambda cwd: (cwd / "bin.yaml").write_bytes(b"\x1f\x8b\x08\x00\xff\xfe\x00\x80" * 16),
-    "bad.yaml": lambda cwd: (cwd / "bad.yaml").write_text("data: [1,\n", encoding="utf-8"),
-    "list.yaml": lambda cwd: (cwd / "list.yaml").write_text("- a\n- b\n", encoding="utf-8"),
-    "empty.jsonl": lambda cwd: (cwd / "empty.jsonl").write_text("", encoding="utf-8"),
-    "empty.parquet": _empty_parquet,
-    "corrupt-run": _corrupt_run,
-}
-
-
-# ---------------------------------------------------------------- the table
-
-
-@dataclass(frozen=True)
-class Case:
-    id: str
-    args: tuple[str, ...]
-    expect: str
-    """A fragment of the error line (after ``error: ``)."""
-    setup: tuple[str, ...] = ()
-    read_only: bool = False
-    """Needs the read-only tmpfs (``{ro}`` in the args)."""
-    progress_first: bool = False
-    """The failure comes after the command reported progress (the model was loading): other stderr
-    lines may come before the error line, which must still be the only ``error:`` line and the last."""
-
-
-def case(id: str, *args: str, expect: str, setup: tuple[str, ...] = (), **kw: bool) -> Case:
-    return Case(id, args, expect, setup, **kw)
+from malformed_harness import Case, case, places_for, run_case
 
 
 M = ("--set", "model.path={model}")  # a real local model: nothing builds builtin:tiny
@@ -319,19 +202,12 @@ CASES = [
 ]
 
 
-def listing(root: Path) -> list[str]:
-    """Every path under ``root`` (relative), with the size of each file."""
-    out = []
-    for path in sorted(root.rglob("*")):
-        rel = path.relative_to(root).as_posix()
-        out.append(rel + "/" if path.is_dir() else f"{rel} ({path.stat().st_size} bytes)" if path.name != ".lock" else rel)
-    return out
-
 
 def test_the_table_covers_every_command_and_at_least_50_inputs() -> None:
     commands = {c.args[0] for c in CASES if not c.args[0].startswith("-")}
     assert {"prepare-data", "init-model", "train", "eval", "ablate", "report", "config", "lint"} <= commands
     assert len(CASES) >= 50 and len({c.id for c in CASES}) == len(CASES)
+
 
 
 @pytest.mark.parametrize("c", CASES, ids=[c.id for c in CASES])
@@ -344,24 +220,4 @@ def test_malformed_input_is_one_error_line_exit_2_and_leaves_nothing(
     cwd.mkdir()
     monkeypatch.chdir(cwd)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    places = {name: str(path) for name, path in models.items()} | {"data": str(dataset)}
-    if c.read_only:
-        places["ro"] = str(request.getfixturevalue("read_only_dir"))
-    for name in c.setup:
-        SETUPS[name](cwd)
-    before = listing(cwd)
-
-    result = CliRunner().invoke(app, [a.format(**places) for a in c.args], env=ENV)
-
-    stderr = result.stderr
-    assert result.exit_code == 2, (result.exit_code, result.output, result.exception)
-    assert "Traceback" not in result.output and "Traceback" not in stderr
-    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
-    lines = [line for line in stderr.splitlines() if line.strip()]
-    errors = [line for line in lines if line.startswith("error:")]
-    assert len(errors) == 1 and lines[-1] == errors[0], stderr
-    if not c.progress_first:
-        assert lines == errors, stderr
-    expected = c.expect.format(**places)
-    assert expected in errors[0], (expected, errors[0])
-    assert listing(cwd) == before, "the command left files behind"
+    run_case(c, places_for(c, request, models, dataset), cwd)
