@@ -4,9 +4,10 @@
 config fingerprint; :func:`dapo_cli.warmstart.ensure_model` warm-starts it there when
 missing, a layer above this package); ``load_policy(path)`` -> ``(model, tokenizer)`` for any
 ``save_pretrained`` folder or hub id; ``format_prompt(tokenizer, messages)``
-renders a DAPO prompt for generation. ``hub`` resolves hub ids through the standard
-Hugging Face cache, ``context`` checks lengths against ``max_position_embeddings``,
-``compat`` makes saved folders readable by transformers 4.57.
+renders a DAPO prompt for generation (``chat_template``: the folder's template, bounded in
+time and memory). ``door`` checks a model folder before anything loads it, ``hub`` resolves
+hub ids through the standard Hugging Face cache, ``context`` checks lengths against
+``max_position_embeddings``, ``compat`` makes saved folders readable by transformers 4.57.
 """
 
 from dapo_cli.models.loading import BUILTIN_MODELS, MODEL_CARD, default_cache_dir, load_policy, resolve_model

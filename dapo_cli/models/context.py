@@ -14,7 +14,6 @@ what comes out is garbage. So the length budget is checked before anything is ge
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -39,12 +38,12 @@ def context_of_config(config: Any) -> int | None:
 
 
 def context_of_dir(path: Path) -> int | None:
-    """:func:`context_of_config` of ``path/config.json`` (None when missing or unreadable)."""
-    try:
-        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return context_of_config(config) if isinstance(config, dict) else None
+    """:func:`context_of_config` of ``path/config.json`` (None when missing, unreadable or out of bounds:
+    read as the model-folder door reads it, :func:`dapo_cli.models.door.read_json_object`)."""
+    from dapo_cli.models.door import read_json_object
+
+    config, _ = read_json_object(path / "config.json")
+    return None if config is None else context_of_config(config)
 
 
 def context_of_spec(spec: str, tiny_positions: int) -> tuple[int | None, str]:

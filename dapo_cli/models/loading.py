@@ -15,7 +15,6 @@ behave alike.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import re
@@ -33,12 +32,13 @@ from transformers import (
 
 from dapo_cli.config.tiny import TinyModelConfig
 from dapo_cli.errors import UserError
-from dapo_cli.fileio import safetensors_problem
+from dapo_cli.models.door import FIX_TOKENIZER, folder_problem, nonfinite_tensor, read_json_object, tokenizer_problem
 from dapo_cli.models.gguf import GGUF_PREFIX, named_model_dir
 from dapo_cli.models.hub import first_line as _first_line
 from dapo_cli.models.hub import hub_offline, hub_reachable, is_hub_id, model_snapshot  # noqa: F401 (re-exported)
 from dapo_cli.models.tiny import quiet_hf_progress
 from dapo_cli.models.tokenizer import format_prompt
+from dapo_cli.redact import escape_controls
 
 __all__ = [
     "BUILTIN_MODELS", "MODEL_CARD", "check_model_dir", "default_cache_dir", "format_prompt", "load_policy",
@@ -130,7 +130,8 @@ def safetensors_index(path: str | Path) -> dict[str, Path] | None:
     check_model_dir(local)
     index = local / "model.safetensors.index.json"
     if index.is_file():
-        return {name: local / shard for name, shard in json.loads(index.read_text())["weight_map"].items()}
+        data, _ = read_json_object(index)  # checked by check_model_dir: an object with a weight_map object
+        return {name: local / str(shard) for name, shard in (data or {})["weight_map"].items()}
     single = local / "model.safetensors"
     if not single.is_file():
         return None
@@ -143,12 +144,9 @@ def safetensors_index(path: str | Path) -> dict[str, Path] | None:
 def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
     """The tokenizer of a local folder or cached hub id, set up as :func:`load_policy` sets it up."""
     local = local_model_dir(path)
-    try:
-        with quiet_hf_progress():
-            tokenizer = _tokenizer_class(local).from_pretrained(local)
-    except (OSError, ValueError, KeyError, UnicodeDecodeError) as exc:
-        raise UserError(f"cannot load the tokenizer of {path}: {_first_line(exc)}") from None
-    return _for_generation(tokenizer)
+    if local.is_dir() and (problem := tokenizer_problem(local)):
+        raise problem.error()
+    return _for_generation(_read_tokenizer(local))
 
 
 def _for_generation(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
@@ -180,47 +178,19 @@ def load_errors() -> tuple[type[BaseException], ...]:
 def model_dir_problem(path: Path) -> str | None:
     """Why the ``save_pretrained`` folder ``path`` cannot load (None: it looks loadable).
 
-    Cheap (reads ``config.json`` and the safetensors headers, no weights), so commands check a
-    model before they create outputs, run directories or MLflow runs.
+    Cheap (the JSON files, the safetensors headers and a bounded probe of the chat template, no
+    weights; :func:`dapo_cli.models.door.folder_problem`), so commands check a model before they create
+    outputs, run directories or MLflow runs.
     """
-    if not path.is_dir():
-        return "it is not a directory"
-    config = path / "config.json"
-    if not config.is_file():
-        return "config.json is missing"
-    try:
-        if not isinstance(json.loads(config.read_text(encoding="utf-8")), dict):
-            return "config.json is not a JSON object"
-    except (ValueError, UnicodeDecodeError):
-        return "config.json is not valid JSON"
-    except OSError as exc:
-        return f"config.json cannot be read ({exc.strerror or exc})"
-    weights = sorted(path.glob("*.safetensors"))
-    for index in sorted(path.glob("*.index.json")):
-        try:
-            shards = set(json.loads(index.read_text(encoding="utf-8")).get("weight_map", {}).values())
-        except (ValueError, UnicodeDecodeError, AttributeError, OSError):
-            return f"{index.name} is corrupt"
-        missing = sorted(s for s in shards if not (path / str(s)).is_file())
-        if missing:
-            return f"{missing[0]} (listed in {index.name}) is missing"
-    if not weights and not any(path.glob("pytorch_model*.bin")):
-        return "it holds no weights (no *.safetensors or pytorch_model.bin)"
-    for file in weights:
-        problem = safetensors_problem(file)
-        if problem:
-            return f"{file.name} {problem}"
-    return None
+    problem = folder_problem(path)
+    return None if problem is None else problem.line
 
 
 def check_model_dir(path: Path) -> None:
     """:func:`model_dir_problem` as a one-line :class:`UserError` saying what to do."""
-    problem = model_dir_problem(path)
+    problem = folder_problem(path)
     if problem:
-        raise UserError(
-            f"model {path}: {problem}; re-save it (save_pretrained), copy it again, or give another "
-            "model directory or builtin:tiny"
-        )
+        raise problem.error()
 
 
 def _load_local(path: Path, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
@@ -230,17 +200,37 @@ def _load_local(path: Path, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTra
             "save_pretrained (a dapo checkpoint, a downloaded Qwen2.5) or builtin:tiny"
         )
     check_model_dir(path)
+    tokenizer = _read_tokenizer(path)
     try:
         with quiet_hf_progress(), held_hf_warnings() as held:
-            tokenizer = _tokenizer_class(path).from_pretrained(path)
             model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     except torch.cuda.OutOfMemoryError:  # memory is not the folder's fault: keep the traceback
         raise
     except load_errors() as exc:
         detail = _report_row(held)
         why = f"its weights do not fit its config.json ({detail})" if detail else f"{type(exc).__name__}: {_first_line(exc)}"
-        raise UserError(f"cannot load model from {path}: {why}; re-save it or give another model directory") from None
+        raise UserError(f"cannot load model from {path}: {escape_controls(why)}; re-save it or give another model directory") from None
+    bad = nonfinite_tensor(model)
+    if bad is not None:
+        raise UserError(
+            f"cannot load model from {path}: tensor '{escape_controls(bad)}' holds NaN/inf values; "
+            "re-save it from a healthy checkpoint or give another model directory"
+        )
     return model, tokenizer
+
+
+def _read_tokenizer(path: Path) -> PreTrainedTokenizerBase:
+    """The tokenizer of the checked folder ``path``. The Rust ``tokenizers`` library reports a malformed
+    ``tokenizer.json`` as a plain ``Exception``, so every ``Exception`` from reading these (already
+    shape-checked, untrusted) files is the folder's fault: a one-line :class:`UserError`."""
+    try:
+        with quiet_hf_progress(), held_hf_warnings():
+            return _tokenizer_class(path).from_pretrained(path)
+    except Exception as exc:  # noqa: BLE001 - see the docstring
+        raise UserError(
+            f"cannot load the tokenizer of {escape_controls(str(path))}: {type(exc).__name__}: "
+            f"{escape_controls(_first_line(exc))}; {FIX_TOKENIZER}"
+        ) from None
 
 
 @contextlib.contextmanager
@@ -283,7 +273,7 @@ def _tokenizer_class(path: Path) -> type[PreTrainedTokenizerBase]:
         return PreTrainedTokenizerFast
     config_file = path / "tokenizer_config.json"
     if config_file.is_file() and (path / "tokenizer.json").is_file():
-        declared = json.loads(config_file.read_text(encoding="utf-8")).get("tokenizer_class")
-        if declared in GENERIC_TOKENIZER_CLASSES:
+        config, _ = read_json_object(config_file)
+        if config is not None and config.get("tokenizer_class") in GENERIC_TOKENIZER_CLASSES:
             return PreTrainedTokenizerFast
     return AutoTokenizer

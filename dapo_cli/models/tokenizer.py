@@ -81,10 +81,14 @@ def build_char_tokenizer() -> PreTrainedTokenizerFast:
 def format_prompt(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Mapping[str, str]]) -> str:
     """Render a DAPO ``prompt`` message list into the text the policy continues.
 
-    Uses the tokenizer's chat template (``add_generation_prompt=True``, untokenised)
-    when it has one; otherwise joins the user contents with blank lines.
+    Uses the tokenizer's chat template (``add_generation_prompt=True``, untokenised) when it has one,
+    rendered as ``apply_chat_template`` renders it but bounded in time and memory
+    (:func:`dapo_cli.models.chat_template.render_prompt`: the template is the model folder's code, and
+    may misbehave only on some content); otherwise joins the user contents with blank lines.
     """
+    from dapo_cli.models.chat_template import render_prompt
+
     msgs = [{"role": str(m["role"]), "content": str(m["content"])} for m in messages]
     if getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+        return render_prompt(tokenizer, msgs)
     return "\n\n".join(m["content"] for m in msgs if m["role"] == "user")

@@ -99,7 +99,7 @@ def test_missing_or_invalid_directories_raise_user_error(tmp_path):
     with pytest.raises(UserError, match="is not a model directory"):
         load_policy(tmp_path / "file.txt")
     (tmp_path / "config.json").write_text("{not json")
-    with pytest.raises(UserError, match="config.json is not valid JSON; re-save it"):
+    with pytest.raises(UserError, match="config.json is not valid JSON: line 1 column 2: .*; re-save it"):
         load_policy(tmp_path)
 
 
