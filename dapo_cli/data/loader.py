@@ -15,7 +15,9 @@ and validation alike, counted in the run's dataset manifest and reported on stde
 ``max_prompt_length`` plus the response limit fits the model's context.
 
 Everything but ``synthetic:NAME`` goes through :func:`dapo_cli.data.registry.load_dataset_rows`,
-so training and ``dapo eval`` accept the same specs.
+so training and ``dapo eval`` accept the same specs, and every row of every file is checked by
+:func:`dapo_cli.data.rows.check_row` when it is read, before the first step: a bad row is one
+``error:`` line naming the file, the row and the field, never a traceback in the middle of a run.
 """
 
 from __future__ import annotations
@@ -60,11 +62,16 @@ def build_prompts(
     count_tokens: Callable[[str], int],
     max_prompt_length: int,
 ) -> tuple[list[Prompt], int]:
-    """Template every row; drop prompts over ``max_prompt_length`` tokens. Returns (prompts, dropped)."""
+    """Template every row; drop prompts over ``max_prompt_length`` tokens. Returns (prompts, dropped).
+
+    ``rows`` are checked rows (:func:`load_rows` reads them through :func:`dapo_cli.data.rows.check_row`):
+    the prompt a list of role/content messages, the ground truth a string. A row without
+    ``extra_info.index`` is identified by its position.
+    """
     prompts = []
     for i, row in enumerate(rows):
-        extra = row.get("extra_info") or {}
-        truth, pid = str(row["reward_model"]["ground_truth"]), str(extra.get("index", i))
+        index = (row.get("extra_info") or {}).get("index")
+        truth, pid = row["reward_model"]["ground_truth"], str(i if index is None else index)
         prompts.append(Prompt(text=format_prompt(row["prompt"]), ground_truth=truth, problem_id=pid))
     kept, _, dropped = keep_fitting(prompts, [p.text for p in prompts], count_tokens, max_prompt_length)
     return kept, dropped

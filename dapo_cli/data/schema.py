@@ -102,11 +102,14 @@ def is_dapo_table(columns: Sequence[str]) -> bool:
 
 
 def read_dapo_rows(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """Read a DAPO-schema parquet file into a list of row dicts.
+    """Read a DAPO-schema parquet file into a list of row dicts, each checked by
+    :func:`dapo_cli.data.rows.check_row` (a row without ``extra_info.index`` gets its row number).
 
     Raises :class:`UserError` (one line, what to fix) when the file is missing,
-    unreadable, or lacks ``prompt`` / ``reward_model.ground_truth``.
+    unreadable, not in the DAPO schema, empty, or holds a row that is not valid.
     """
+    from dapo_cli.data.rows import checked_rows
+
     p = Path(path)
     if not p.is_file():
         raise UserError(f"dataset file not found: {p} (give a parquet file in the DAPO schema)")
@@ -119,17 +122,10 @@ def read_dapo_rows(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
             f"{p} is not in the DAPO schema (needs 'prompt' and 'reward_model' columns); "
             "convert it with `dapo prepare-data`"
         )
-    rows = [r for r in table.to_pylist()]
+    rows = list(checked_rows(table.to_pylist(), str(p)))
     for i, row in enumerate(rows):
-        gt = (row.get("reward_model") or {}).get("ground_truth")
-        if gt is None or str(gt).strip() == "":
-            raise UserError(f"{p}: row {i} has no reward_model.ground_truth")
-        if not row.get("prompt"):
-            raise UserError(f"{p}: row {i} has an empty prompt")
-        extra = row.get("extra_info") or {}
-        if extra.get("index") is None:
-            extra["index"] = i
-        row["extra_info"] = extra
+        if row["extra_info"]["index"] is None:
+            row["extra_info"]["index"] = i
     if not rows:
         raise UserError(f"{p} holds no rows")
     return rows

@@ -8,7 +8,7 @@ import pytest
 
 from dapo_cli.errors import UserError
 from dapo_cli.eval.compare import compare_accuracies, compare_results, per_problem_accuracy
-from dapo_cli.eval.generations import CHECKPOINT_FILE, SampleRecord, read_generations, write_generations
+from dapo_cli.eval.generations import CHECKPOINT_FILE, SampleRecord, generations_path, write_generations
 
 
 def write_run(path: Path, correct: dict[str, int], k: int = 4) -> Path:
@@ -62,6 +62,6 @@ def test_compare_empty_intersection_is_a_user_error() -> None:
 def test_unfinished_or_missing_results_are_user_errors(tmp_path: Path) -> None:
     (tmp_path / CHECKPOINT_FILE).write_text("{}\n")
     with pytest.raises(UserError, match="unfinished evaluation"):
-        read_generations(str(tmp_path))
+        generations_path(str(tmp_path))
     with pytest.raises(UserError, match="not found"):
-        read_generations(str(tmp_path / "missing.parquet"))
+        generations_path(str(tmp_path / "missing.parquet"))
