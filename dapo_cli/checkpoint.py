@@ -47,7 +47,10 @@ from dapo_cli.config.versions import split_version, upgrade
 from dapo_cli.engine.dist import Collective
 from dapo_cli.errors import UserError, failed_write
 from dapo_cli.fileio import safetensors_problem, write_json_atomic, write_text_atomic
-from dapo_cli.statefiles import RefusedFile, StateFileError, from_elsewhere, read_legacy, read_state, unreadable, write_state
+from dapo_cli.resume_state import TrainerState, check_rng_state, check_trainer_state
+from dapo_cli.statefiles import (
+    RefusedFile, StateFileError, from_elsewhere, parse_json, read_legacy, read_state, unreadable, write_state,
+)
 
 KEEP_CHECKPOINTS = 2
 """Complete checkpoints kept per run (older ones are deleted after a new one lands)."""
@@ -81,7 +84,7 @@ def read_run_info(model_dir: Path) -> dict[str, Any]:
     """``model_dir/dapo_run.json``, or ``{}`` when absent or unreadable (a plain save_pretrained folder)."""
     try:
         info = json.loads((model_dir / RUN_INFO_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: nested past json's recursion
         return {}
     return info if isinstance(info, dict) else {}
 
@@ -220,9 +223,10 @@ def read_trainer_state(checkpoint: Path) -> dict[str, Any]:
         state = read_legacy(checkpoint / LEGACY_TRAINER_STATE, fix=from_elsewhere(checkpoint))
     else:
         try:
-            state = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, ValueError) as exc:  # ValueError: UnicodeDecodeError, a binary file
             raise StateFileError(f"{TRAINER_STATE} is unreadable ({type(exc).__name__})") from None
+        state = parse_json(text, f"{TRAINER_STATE} is")
     if not isinstance(state, dict):
         raise StateFileError(f"{path.name} holds no trainer state")
     return state
@@ -289,14 +293,17 @@ class CheckpointManager:
         own, legacy = rng_file(path, rank), rng_file(path, rank, ".pt")
         try:
             if own.exists():
-                return read_state(own)
-            if rank and legacy.is_file():
-                return read_legacy(legacy, fix=from_elsewhere(path))
-            if "rng" in state:
-                return state["rng"]
-            raise StateFileError(f"{own.relative_to(path)} is missing")
+                found, file = read_state(own), own.relative_to(path).as_posix()
+            elif rank and legacy.is_file():
+                found, file = read_legacy(legacy, fix=from_elsewhere(path)), legacy.relative_to(path).as_posix()
+            elif "rng" in state:
+                found, file = state["rng"], f"{LEGACY_TRAINER_STATE}: rng"
+            else:
+                raise StateFileError(f"{own.relative_to(path)} is missing")
+            check_rng_state(found, file)
         except StateFileError as exc:
             raise unreadable(path, exc) from None
+        return found
 
     def _prune(self, keep: str) -> None:
         done = sorted(d for d in self.root.glob("step_*") if d.is_dir())
@@ -333,6 +340,23 @@ class CheckpointManager:
         except StateFileError as exc:  # a corrupt file is the user's to remove
             raise unreadable(path, exc) from None
 
+    @staticmethod
+    def checked_state(path: Path, state: dict[str, Any], *, total_steps: int, num_prompts: int) -> TrainerState:
+        """Checkpoint ``path``'s trainer state ``state``, every field checked (:func:`check_trainer_state`: a
+        wrong one is :func:`unreadable`'s one line), its step at most ``total_steps`` (the resume's
+        ``trainer.total_steps``: a run is extended by raising it, never shortened below its checkpoint)."""
+        file = TRAINER_STATE if (path / TRAINER_STATE).exists() else LEGACY_TRAINER_STATE
+        number = path.name.removeprefix("step_")
+        try:
+            saved = check_trainer_state(state, file, checkpoint_step=int(number) if number.isascii() and number.isdigit() else None,
+                                        num_prompts=num_prompts)
+        except StateFileError as exc:
+            raise unreadable(path, exc) from None
+        if saved.step > total_steps:
+            raise UserError(f"--resume: {path} is step {saved.step}, past trainer.total_steps={total_steps}; "
+                            f"resume with --set trainer.total_steps={saved.step} or more")
+        return saved
+
 
 def checkpoint_problem(path: Path) -> str | None:
     """Why checkpoint ``path`` cannot be resumed from (None: it can).
@@ -340,7 +364,8 @@ def checkpoint_problem(path: Path) -> str | None:
     Checks what a crash, a full disk or a copy gone wrong leaves: every part present, the
     trainer state readable (an older dapo's ``trainer_state.pt`` by torch's weights-only reader: one
     it refuses is named with the refusal), and each ``*.safetensors`` file exactly as long as its
-    header says.
+    header says. Such a checkpoint is passed over for the one before it. Files that read but hold wrong
+    values are not judged here: the resume refuses them, naming the field (:mod:`dapo_cli.resume_state`).
     """
     state_file = TRAINER_STATE if (path / TRAINER_STATE).exists() else LEGACY_TRAINER_STATE
     for part in (state_file, "model/config.json", ENGINE_DIR):
@@ -369,11 +394,11 @@ def checkpoint_problem(path: Path) -> str | None:
 
 def config_differences(saved: dict[str, Any], current: dict[str, Any], prefix: str = "") -> list[str]:
     """Dotted keys whose values differ between two nested config dicts."""
-    keys = sorted(set(saved) | set(current))
+    keys = sorted(set(saved) | set(current), key=str)  # a damaged config.yaml may hold keys that are no strings
     diffs: list[str] = []
     for k in keys:
         a, b = saved.get(k), current.get(k)
-        dotted = f"{prefix}.{k}" if prefix else k
+        dotted = f"{prefix}.{k}" if prefix else str(k)
         if isinstance(a, dict) and isinstance(b, dict):
             diffs.extend(config_differences(a, b, dotted))
         elif a != b:

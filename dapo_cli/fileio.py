@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -85,6 +86,29 @@ def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:
     write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
 
 
+class UnreadableJson(ValueError):
+    """JSON text that :func:`load_json` cannot read; the message says why, without the text."""
+
+
+def load_json(text: str) -> Any:
+    """``json.loads(text)``, every way it fails an :class:`UnreadableJson` that says why.
+
+    Bounded: json recurses once per nesting level, so a value nested past the recursion limit (about a
+    thousand levels; dapo's own files nest a few) raises RecursionError, and Python refuses to convert an
+    integer of more than ``sys.get_int_max_str_digits()`` digits (4,300) with a plain ValueError. Both are
+    damage, reported in one line like a syntax error, never a traceback.
+    """
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        why = f"not valid JSON: line {exc.lineno} column {exc.colno}: {exc.msg}"
+    except RecursionError:
+        why = "nested too deeply to read"
+    except ValueError:  # int() past sys.get_int_max_str_digits()
+        why = f"a number of more than {sys.get_int_max_str_digits():,} digits"
+    raise UnreadableJson(why)
+
+
 def sha256_file(path: str | os.PathLike[str]) -> str:
     """Hex SHA-256 of a file's bytes, read in 1 MiB chunks."""
     digest = hashlib.sha256()
@@ -130,3 +154,44 @@ def safetensors_problem(file: Path) -> str | None:
     if size != expected:
         return f"is truncated or corrupt: {size} bytes, its header promises {expected}"
     return None
+
+
+_SPECIAL_KINDS = (
+    ("S_ISFIFO", "is a named pipe (FIFO), not a file"),
+    ("S_ISCHR", "is a character device, not a file"),
+    ("S_ISBLK", "is a block device, not a file"),
+    ("S_ISSOCK", "is a socket, not a file"),
+)
+
+
+def special_file_problem(path: str | os.PathLike[str]) -> str | None:
+    """What makes ``path`` neither a regular file, a directory nor a missing path, or None.
+
+    An input from elsewhere that is a FIFO blocks a reader forever, a link to ``/dev/zero`` never ends,
+    and a symbolic-link loop makes ``Path.resolve`` raise; ``is_file`` and ``is_dir`` say False for all
+    of them, so without this a reader calls them "not found". The phrase follows the path in an error
+    line (``input x.jsonl is a character device, not a file (it leads to /dev/zero)``).
+    """
+    import errno
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        return "is a symbolic link loop" if exc.errno == errno.ELOOP else None
+    for test, phrase in _SPECIAL_KINDS:
+        if getattr(stat, test)(mode):
+            target = os.path.realpath(path)
+            return phrase + (f" (it leads to {target})" if target != os.path.abspath(path) else "")
+    return None
+
+
+def refuse_special(path: str | os.PathLike[str], what: str) -> None:
+    """A UserError when ``path`` is a FIFO, a device, a socket or a symbolic-link loop (:func:`special_file_problem`):
+    ``<what> <path> is a named pipe (FIFO), not a file; give a regular file``."""
+    from dapo_cli.errors import UserError
+    from dapo_cli.redact import escape_controls
+
+    problem = special_file_problem(path)
+    if problem:
+        raise UserError(f"{what} {escape_controls(os.fspath(path))} {problem}; give a regular file")

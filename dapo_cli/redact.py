@@ -41,3 +41,13 @@ def escape_controls(text: str) -> str:
         return text
     return "".join(c if c.isprintable() or c == " " else c.encode("unicode_escape").decode("ascii") for c in text)
 
+
+def shown(value: object, limit: int = 60) -> str:
+    """``repr(value)`` as an error message may quote a value read from a file: control characters escaped
+    (:func:`escape_controls`) and at most ``limit`` characters, since a damaged field may hold a megabyte of
+    text or a 4,000-digit number; an int too long for Python to convert is named, not shown."""
+    try:
+        text = escape_controls(repr(value))
+    except ValueError:  # int() past sys.get_int_max_str_digits()
+        return "a number too long to show"
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -26,7 +26,8 @@ from typing import Any
 import torch
 
 from dapo_cli.errors import UserError
-from dapo_cli.fileio import atomic_path, safetensors_problem
+from dapo_cli.fileio import UnreadableJson, atomic_path, load_json, safetensors_problem
+from dapo_cli.redact import escape_controls
 
 TREE_KEY = "dapo.tree"
 """Metadata key of a state file: the JSON tree of the object, tensors as ``{"__tensor__": name}``."""
@@ -129,11 +130,20 @@ def read_state(path: Path, *, device: str | torch.device = "cpu") -> Any:
         raise StateFileError(f"{path.name} cannot be read ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
     if tree is None:
         raise StateFileError(f"{path.name} is a safetensors file without a dapo state ({TREE_KEY} metadata)")
+    node = parse_json(tree, f"{path.name} holds a state that is")
     try:
-        node = json.loads(tree)
-    except ValueError:
-        raise StateFileError(f"{path.name} holds a state that is not valid JSON") from None
-    return decode(node, tensors)
+        return decode(node, tensors)
+    except RecursionError:  # a tree under json's limit can still be too deep for decode's own recursion
+        raise StateFileError(f"{path.name} holds a state nested too deeply to read") from None
+
+
+def parse_json(text: str, what: str) -> Any:
+    """The JSON value of ``text``; what :func:`~dapo_cli.fileio.load_json` refuses (bad syntax, nesting past the
+    recursion limit, a number of over 4,300 digits) is a StateFileError ``<what> unreadable (<why>)``."""
+    try:
+        return load_json(text)
+    except UnreadableJson as exc:
+        raise StateFileError(f"{what} unreadable ({exc})") from None
 
 
 def read_legacy(path: Path, *, fix: str, device: str | torch.device = "cpu") -> Any:
@@ -162,8 +172,13 @@ def from_elsewhere(checkpoint: Path) -> str:
 
 
 def unreadable(checkpoint: Path, exc: StateFileError) -> UserError:
-    """The one-line error of a damaged state file in ``checkpoint``."""
-    return UserError(f"cannot read checkpoint {checkpoint}: {exc}; delete it to resume from an earlier one")
+    """The one-line error of a state file in ``checkpoint`` that is damaged or holds values the run cannot
+    take (:mod:`dapo_cli.resume_state`), with the way on: delete the checkpoint so ``--resume`` takes the one
+    before it (named when there is one), or start a fresh run."""
+    earlier = sorted(p.name for p in checkpoint.parent.glob("step_*") if p.is_dir() and p.name < checkpoint.name)
+    fix = (f"delete {checkpoint.name} so --resume takes {earlier[-1]}, or start a fresh run without --resume" if earlier
+           else f"start a fresh run without --resume ({checkpoint.name} is the run's only checkpoint)")
+    return UserError(f"cannot resume from checkpoint {checkpoint}: {escape_controls(str(exc))}; {fix}")
 
 
 def _reason(exc: BaseException) -> str:

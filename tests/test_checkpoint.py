@@ -140,3 +140,55 @@ def test_an_intact_safetensors_file_passes_the_length_check(tmp_path):
         f.write(b"extra")
     assert "its header promises" in safetensors_problem(tmp_path / "x.safetensors")
 
+
+
+# ---------------------------------------------------------------- what a resume reads back (issue 54)
+
+
+def test_a_trainer_state_that_cannot_be_parsed_is_passed_over_like_a_truncated_file(tmp_path):
+    """Unreadable is damage (a crash, a disk, a copy): bounded reads name it, and --resume takes the one before."""
+    path = complete_checkpoint(tmp_path / "step_000001", 1)
+    for text, problem in (("[" * 100_000 + "]" * 100_000, "nested too deeply to read"),
+                          ('{"step": ' + "9" * 5000 + "}", "a number of more than 4,300 digits"),
+                          ('{"step": 1,', "not valid JSON: line 1 column 12: Expecting property name enclosed in double quotes")):
+        (path / "trainer_state.json").write_text(text)
+        assert checkpoint_problem(path) == f"trainer_state.json is unreadable ({problem})"
+
+
+def test_a_trainer_state_with_wrong_values_is_refused_naming_the_field_and_the_checkpoint_before(tmp_path):
+    ckpt = CheckpointManager(tmp_path)
+    complete_checkpoint(ckpt.root / "step_000001", 1)
+    newest = complete_checkpoint(ckpt.root / "step_000002", 2)
+    state = {"step": "2", "stream": {"epoch": 0, "position": 0}, "barren_steps": 0}
+    with pytest.raises(UserError) as info:
+        ckpt.checked_state(newest, state, total_steps=5, num_prompts=4)
+    assert str(info.value) == (f"cannot resume from checkpoint {newest}: trainer_state.json: step is '2', not a whole number; "
+                               "delete step_000002 so --resume takes step_000001, or start a fresh run without --resume")
+    only = complete_checkpoint(tmp_path / "other" / "checkpoints" / "step_000003", 3)
+    with pytest.raises(UserError, match=r"start a fresh run without --resume \(step_000003 is the run's only checkpoint\)$"):
+        ckpt.checked_state(only, {**state, "step": 3, "barren_steps": 9}, total_steps=5, num_prompts=4)
+
+
+def test_a_checkpoint_past_total_steps_says_which_setting_resumes_it(tmp_path):
+    path = complete_checkpoint(tmp_path / "step_000004", 4)
+    state = {"step": 4, "stream": {"epoch": 0, "position": 0}, "barren_steps": 0}
+    assert CheckpointManager(tmp_path).checked_state(path, state, total_steps=4, num_prompts=1).step == 4
+    with pytest.raises(UserError, match=r"is step 4, past trainer.total_steps=3; resume with --set trainer.total_steps=4 or more"):
+        CheckpointManager(tmp_path).checked_state(path, state, total_steps=3, num_prompts=1)
+
+
+def test_an_rng_state_of_the_wrong_shape_is_refused_with_its_file_and_field(tmp_path):
+    path = complete_checkpoint(tmp_path / "step_000001", 1)
+    write_state(path / "rng" / "rank_00000.safetensors", {**rng_state(), "torch": torch.zeros(8, dtype=torch.uint8)})
+    assert checkpoint_problem(path) is None  # a complete file: not passed over, refused when read back
+    with pytest.raises(UserError, match=r"rng/rank_00000.safetensors: torch holds 8 bytes; this torch's generator state is"):
+        CheckpointManager(tmp_path).rank_rng_state(path, 0, {})
+    legacy = complete_checkpoint(tmp_path / "old" / "step_000001", 1, legacy=True)
+    with pytest.raises(UserError, match=r"trainer_state.pt: rng: python is 7, not a state of Python's random"):
+        CheckpointManager(tmp_path / "old").rank_rng_state(legacy, 0, {"rng": {"python": 7, "torch": torch.get_rng_state()}})
+
+
+def test_config_differences_of_a_damaged_config_with_keys_that_are_no_strings():
+    from dapo_cli.checkpoint import config_differences
+
+    assert config_differences({1: 2, "a": {None: 1}}, {"a": {}}) == ["1", "a.None"]

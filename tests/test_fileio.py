@@ -134,3 +134,37 @@ def test_sha256_file(tmp_path: Path) -> None:
     payload = bytes(range(256)) * 5000  # 1.28 MB: crosses the 1 MiB read chunk
     big.write_bytes(payload)
     assert sha256_file(big) == hashlib.sha256(payload).hexdigest()
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ('{"a": 1,', "not valid JSON: line 1 column 9: Expecting property name enclosed in double quotes"),
+        ("[" * 100_000 + "]" * 100_000, "nested too deeply to read"),
+        ("9" * 5000, "a number of more than 4,300 digits"),
+    ],
+)
+def test_json_that_cannot_be_read_says_why_in_one_exception(text: str, why: str) -> None:
+    from dapo_cli.fileio import UnreadableJson, load_json
+
+    with pytest.raises(UnreadableJson) as info:
+        load_json(text)
+    assert str(info.value) == why and isinstance(info.value, ValueError)
+    assert load_json('{"a": [1, 2.5, null]}') == {"a": [1, 2.5, None]}
+
+
+def test_special_file_problem_names_what_is_not_a_file_and_passes_what_is(tmp_path: Path) -> None:
+    from dapo_cli.fileio import special_file_problem
+
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "link").symlink_to("file")
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "loop").symlink_to("loop")
+    (tmp_path / "zero").symlink_to("/dev/zero")
+    # a file, a directory, a link to a file and a missing path are the readers' to judge
+    assert [special_file_problem(tmp_path / n) for n in ("file", "dir", "link", "missing")] == [None] * 4
+    assert special_file_problem(tmp_path / "fifo") == "is a named pipe (FIFO), not a file"
+    assert special_file_problem(tmp_path / "loop") == "is a symbolic link loop"
+    assert special_file_problem(tmp_path / "zero") == "is a character device, not a file (it leads to /dev/zero)"
+    assert special_file_problem("/dev/null") == "is a character device, not a file"  # named directly: no "leads to"

@@ -26,9 +26,10 @@ WING_RULES = ((RUNS, (TRAIN, DIRECT_ADVANTAGE)), (DIRECT_ADVANTAGE, (TRAIN,)), (
 """``(package, packages it must not reach)``: what both algorithms share is in ``runs.py``, which imports neither;
 ``direct_advantage/`` never loads the DAPO loop's package, nor ``train/`` direct-advantage."""
 
-LEAF_UTILITIES = ("dapo_cli", "dapo_cli.errors", "dapo_cli.fileio", "dapo_cli.hardware")
-"""Modules the bottom layers may import besides each other: each imports no dapo_cli module
-(asserted below). ``dapo_cli`` itself is the package's ``__init__`` (the version string only)."""
+LEAF_UTILITIES = ("dapo_cli", "dapo_cli.errors", "dapo_cli.fileio", "dapo_cli.hardware", "dapo_cli.redact")
+"""Modules the bottom layers may import besides each other: each imports no dapo_cli module but
+another of these (asserted below; ``fileio`` raises ``errors``' UserError with ``redact``'s escapes).
+``dapo_cli`` itself is the package's ``__init__`` (the version string only)."""
 
 def module_name(path: Path) -> str:
     parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
@@ -206,7 +207,7 @@ def test_bottom_layers_import_nothing_above_them() -> None:
 
 @pytest.mark.parametrize("leaf", LEAF_UTILITIES)
 def test_leaf_utilities_are_leaves(leaf: str) -> None:
-    assert GRAPH[leaf] == set()
+    assert GRAPH[leaf] <= set(LEAF_UTILITIES) - {leaf}
 
 
 def test_the_wing_rules_catch_a_crossing_direct_or_through_another_module() -> None:

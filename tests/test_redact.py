@@ -51,3 +51,13 @@ def test_control_characters_are_shown_as_their_escapes(text, expected):
     from dapo_cli.redact import escape_controls
 
     assert escape_controls(text) == expected
+
+
+def test_a_value_quoted_in_a_message_is_escaped_and_bounded() -> None:
+    import sys
+
+    from dapo_cli.redact import shown
+
+    assert shown("a\x1b[2J" + "x" * 100, limit=20) == "'a\\x1b[2Jxxxxxxxx..."
+    assert shown([1, "\u202e"]) == "[1, '\\u202e']"
+    assert shown(10 ** (sys.get_int_max_str_digits() + 1)) == "a number too long to show"

@@ -132,3 +132,34 @@ def test_a_state_file_holds_no_pickle(tmp_path) -> None:
     data = (tmp_path / "s.safetensors").read_bytes()
     header = json.loads(data[8 : 8 + int.from_bytes(data[:8], "little")])
     assert json.loads(header["__metadata__"]["dapo.tree"]) == {"pair": {"__tuple__": [1, 2]}}
+
+
+@pytest.mark.parametrize(
+    ("tree", "message"),
+    [
+        ('{"step": ' + "9" * 5000 + "}", r"s.safetensors holds a state that is unreadable \(a number of more than 4,300 digits\)"),
+        ("[" * 100_000 + "]" * 100_000, r"holds a state that is unreadable \(nested too deeply to read\)"),
+        ("[" * 900 + "]" * 900, r"nested too deeply to read"),  # json's recursion or decode's, whichever runs out first
+    ],
+)
+def test_a_state_tree_past_the_read_bounds_is_one_error_not_a_traceback(tmp_path, tree, message) -> None:
+    import sys
+
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(600)
+    try:
+        save_file({}, str(tmp_path / "s.safetensors"), metadata={"dapo.tree": tree})
+        with pytest.raises(StateFileError, match=message):
+            read_state(tmp_path / "s.safetensors")
+    finally:
+        sys.setrecursionlimit(limit)
+
+
+def test_a_damaged_checkpoints_error_names_the_checkpoint_before_it(tmp_path) -> None:
+    from dapo_cli.statefiles import unreadable
+
+    for name in ("step_000002", "step_000010"):
+        (tmp_path / name).mkdir()
+    error = unreadable(tmp_path / "step_000010", StateFileError("trainer_state.json: step is '\x1b'"))
+    assert str(error) == (f"cannot resume from checkpoint {tmp_path / 'step_000010'}: trainer_state.json: step is '\\x1b'; "
+                          "delete step_000010 so --resume takes step_000002, or start a fresh run without --resume")

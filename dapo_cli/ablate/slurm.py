@@ -9,19 +9,31 @@ waits for them all in :meth:`Slurm.finish`. A job runs
 subprocess, with ``DAPO_PARENT_RUN_ID`` and ``DAPO_EXTRA_TAGS`` set, in the directory
 ``dapo ablate`` was started from. Only this module imports submitit, and only when the
 slurm launcher runs.
+
+Before the parent run opens, :func:`probe_sbatch` asks Slurm to accept a child's job shape
+(``sbatch --test-only``): a login node whose ``sbatch`` cannot reach its controller, an unknown
+partition or a shape over the limits is one error line, with nothing opened or written. A
+submission that fails later removes the files submitit wrote for it and cancels the jobs this
+command already submitted.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import shlex
+import shutil
+import subprocess
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from dapo_cli.ablate.child import ChildOutcome, child_argv, child_env, child_tags, run_child
 from dapo_cli.ablate.launchers import Parent
 from dapo_cli.ablate.variants import AblationPlan, Child
 from dapo_cli.errors import COLLAPSED, UserError
+from dapo_cli.redact import escape_controls, redact
 
 ArgvFn = Callable[[Child, bool], list[str]]
 """``(child, resume) -> argv`` of a child's job (default: :func:`~dapo_cli.ablate.child.child_argv`, the executed spelling)."""
@@ -74,8 +86,57 @@ def executor_parameters(slurm: Any, name: str) -> dict[str, Any]:
     return params
 
 
+PROBE_TIMEOUT_S = 30.0
+"""How long :func:`probe_sbatch` waits for ``sbatch --test-only`` (a controller that does not answer in this time
+would not take the real submissions either)."""
+
+LOCAL_HINT = "or set ablate.slurm.cluster=local to run the jobs as processes here"
+
+
+def probe_argv(sbatch: str, slurm: Any) -> list[str]:
+    """``sbatch --test-only`` with a child's job shape (the options :func:`executor_parameters` gives submitit)."""
+    argv = [sbatch, "--test-only", "--job-name=dapo-ablate-probe", f"--nodes={slurm.nodes}", "--ntasks-per-node=1",
+            f"--cpus-per-task={slurm.cpus_per_task}", f"--time={slurm.timeout_min}"]
+    if slurm.partition:
+        argv.append(f"--partition={slurm.partition}")
+    if slurm.gpus_per_node:
+        argv.append(f"--gpus-per-node={slurm.gpus_per_node}")
+    if slurm.mem_gb > 0:
+        argv.append(f"--mem={slurm.mem_gb}G")
+    return [*argv, "--wrap=true"]
+
+
+def probe_sbatch(slurm: Any, *, run: Callable[..., Any] = subprocess.run) -> None:
+    """Refuse, before anything opens, a Slurm that would not take a child's job (``slurm`` is a ``SlurmConfig``).
+
+    ``sbatch --test-only`` validates the job shape against the controller (partition, limits, account) and
+    submits nothing. Refused: ``sbatch`` or ``srun`` missing from PATH, the probe failing (its last stderr line quoted,
+    escaped and with credentials redacted), or no answer within :data:`PROBE_TIMEOUT_S`.
+    """
+    missing = [tool for tool in ("sbatch", "srun") if shutil.which(tool) is None]  # submitit needs both
+    if missing:
+        raise UserError(f"ablate.slurm.cluster=slurm but {' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} "
+                        f"not on PATH; run dapo ablate on a Slurm login node, {LOCAL_HINT}")
+    sbatch = str(shutil.which("sbatch"))
+    argv = probe_argv(sbatch, slurm)
+    shown = shlex.join(["sbatch", *argv[1:]])
+    try:
+        done = run(argv, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, check=False)
+    except subprocess.TimeoutExpired:
+        raise UserError(f"`{shown}` did not answer in {PROBE_TIMEOUT_S:.0f} s: is the Slurm controller up? {LOCAL_HINT}") from None
+    except OSError as exc:
+        raise UserError(f"cannot run {sbatch}: {exc.strerror or exc}; {LOCAL_HINT}") from None
+    if done.returncode != 0:
+        said = [line.strip() for line in (done.stderr or done.stdout or "").splitlines() if line.strip()]
+        reason = escape_controls(redact(said[-1])) if said else f"exit code {done.returncode}"
+        raise UserError(f"Slurm refused a child's job shape (`{shown}`): {reason}; "
+                        f"check ablate.slurm.partition, gpus_per_node, cpus_per_task, mem_gb and timeout_min, {LOCAL_HINT}")
+
+
 def make_executor(submitit: Any, slurm: Any) -> Any:
-    return submitit.AutoExecutor(folder=slurm.folder, cluster=None if slurm.cluster == "slurm" else "local")
+    """submitit's executor, named: left to choose, ``AutoExecutor`` falls back to local processes wherever
+    ``srun`` is missing, which would train a cluster ablation on the login node."""
+    return submitit.AutoExecutor(folder=slurm.folder, cluster=slurm.cluster)
 
 
 def child_job(name: str, argv: Sequence[str], extra_env: Mapping[str, str], cwd: str) -> int:
@@ -88,10 +149,27 @@ def child_job(name: str, argv: Sequence[str], extra_env: Mapping[str, str], cwd:
     return code
 
 
+def _folder_entries(folder: Path) -> set[Path]:
+    return set(folder.iterdir()) if folder.is_dir() else set()
+
+
 def submit(executor: Any, slurm: Any, name: str, argv: Sequence[str], extra_env: Mapping[str, str]) -> Any:
-    """Submit one child; returns its submitit job."""
+    """Submit one child; returns its submitit job. A submission that fails is a UserError with the scheduler's
+    last line, and the pickle and script submitit wrote for it are removed (the folder too, if it made it)."""
+    folder = Path(slurm.folder)
+    existed, before = folder.is_dir(), _folder_entries(folder)
     executor.update_parameters(**executor_parameters(slurm, name))
-    return executor.submit(child_job, name, list(argv), dict(extra_env), os.getcwd())
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):  # submitit echoes a failed sbatch's stderr; the error line quotes it
+            return executor.submit(child_job, name, list(argv), dict(extra_env), os.getcwd())
+    except Exception as exc:
+        for path in _folder_entries(folder) - before:
+            shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink(missing_ok=True)
+        if not existed and folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
+        said = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        reason = escape_controls(redact(said[-1])) if said else type(exc).__name__
+        raise UserError(f"submitting {name} failed: {reason}; rerun the same command once Slurm takes jobs") from None
 
 
 _RULE = "-" * 22
@@ -154,6 +232,8 @@ class Slurm:
         self.submitit = require_submitit()
         check_resources(plan.base.ablate)
         self.plan, self.log, self.settings = plan, log, plan.base.ablate.slurm
+        if self.settings.cluster == "slurm":
+            probe_sbatch(self.settings)
         self.poll_s = poll_s if poll_s is not None else (30.0 if self.settings.cluster == "slurm" else 0.5)
         self.argv_for = argv_for or (lambda c, resume: child_argv(plan, c, config_path, sets, resume=resume, executable=True))
         self.executor = make_executor(self.submitit, self.settings)
@@ -161,8 +241,14 @@ class Slurm:
 
     def start(self, o: ChildOutcome, parent: Parent) -> None:
         child = o.child
-        job = submit(self.executor, self.settings, child.run_name, self.argv_for(child, o.action == "resume"),
-                     child_env(parent.run_id, child_tags(self.plan, child, parent.run_id)))
+        try:
+            job = submit(self.executor, self.settings, child.run_name, self.argv_for(child, o.action == "resume"),
+                         child_env(parent.run_id, child_tags(self.plan, child, parent.run_id)))
+        except UserError:
+            for name, queued in self.submitted:  # nobody would wait for them: a rerun must not find them training
+                self.log(f"cancelling job {queued.job_id} ({name})")
+                queued.cancel(check=False)
+            raise
         self.log(f"{o.where}: submitted job {job.job_id}{' (resuming)' if o.action == 'resume' else ''}")
         self.submitted.append((child.run_name, job))
 

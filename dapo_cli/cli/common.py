@@ -180,12 +180,28 @@ def check_writable_dir(path: Path, what: str) -> None:
     """
     if path.exists() and not path.is_dir():
         raise UserError(f"{what} {path} is a file, not a directory; give a directory (or remove the file)")
+    _check_can_create(path, what)
+
+
+def _check_can_create(path: Path, what: str) -> None:
+    """The nearest existing ancestor of ``path`` is a directory this process can write."""
     base = nearest_existing(path)
     if not base.is_dir():
         raise UserError(f"{what} {path} is inside {base}, which is a file, not a directory; give another {what}")
     if not os.access(base, os.W_OK | os.X_OK):
         reason = "is on a read-only file system" if _read_only_fs(base) else "is not writable"
         raise UserError(f"{what} {path}: {base} {reason}; give a writable {what}")
+
+
+def check_output_file(path: Path, what: str) -> None:
+    """``path`` can be written as a file: not a directory, inside a writable directory; else a UserError.
+
+    Nothing is created. Commands call it before they open an MLflow run, so an output that cannot be
+    written leaves no store and no FAILED run behind.
+    """
+    if path.is_dir():
+        raise UserError(f"{what} {path} is a directory; give a file path such as {path / 'train.parquet'}")
+    _check_can_create(path, what)
 
 
 def _read_only_fs(path: Path) -> bool:
@@ -221,7 +237,7 @@ def check_tracking_uri(configured: str, *, create: bool, what: str = "--tracking
     """
     from urllib.parse import urlparse
 
-    from dapo_cli.tracking.mlflow import resolve_tracking_uri, sqlite_path
+    from dapo_cli.tracking.mlflow import resolve_tracking_uri, sqlite_path, sqlite_store_problem
 
     uri = resolve_tracking_uri(configured)
     source = what if configured else ("$MLFLOW_TRACKING_URI" if os.environ.get("MLFLOW_TRACKING_URI") else "the default store")
@@ -243,6 +259,9 @@ def check_tracking_uri(configured: str, *, create: bool, what: str = "--tracking
         return uri
     if db.is_dir():
         raise UserError(f"MLflow store {uri} (from {source}): {db} is a directory; name a database file, e.g. {db / 'mlflow.db'}")
+    problem = sqlite_store_problem(db)
+    if problem:
+        raise UserError(f"MLflow store {uri} (from {source}): {problem}")
     if not create and not db.is_file():
         return uri  # reading: the store's own check says "no MLflow store at ..."
     base = nearest_existing(db.parent)

@@ -17,6 +17,7 @@ from pathlib import Path
 from dapo_cli.cli.common import check_tracking_uri, check_writable_dir
 from dapo_cli.config import Config
 from dapo_cli.errors import UserError
+from dapo_cli.fileio import refuse_special
 
 
 def check_train(cfg: Config, *, resume: bool = False) -> None:
@@ -134,6 +135,7 @@ def check_datasets(cfg: Config) -> None:
             if spec.startswith("synthetic:"):
                 continue
             path = Path(spec).expanduser()
+            refuse_special(path, f"{key}:")
             if path.is_dir():
                 raise UserError(f"{key}: {spec} is a directory; give a parquet or JSONL file")
             looks_like_path = os.sep in spec or path.suffix.lower() in {".parquet", ".jsonl", ".json"}

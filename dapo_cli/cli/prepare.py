@@ -97,6 +97,11 @@ def prepare_data(
     """Turn raw math problems into DAPO parquet with integer answers (like DAPO-Math-17K)."""
     if output is None:
         raise UserError("missing -o/--output: where to write the parquet file")
+    from dapo_cli.cli.common import check_output_file
+
+    for flag, path in (("-o/--output", output), ("--val-output", val_output)):
+        if path is not None:
+            check_output_file(Path(path), flag)  # before the MLflow run opens: a failed write leaves no run behind
     if not no_track:
         from dapo_cli.cli.common import check_tracking_uri
 

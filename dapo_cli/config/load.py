@@ -23,6 +23,7 @@ import yaml
 
 from dapo_cli.config.schema import Config, ConfigError, flatten, is_section  # noqa: F401 (re-exported)
 from dapo_cli.config.versions import SCHEMA_VERSION, VERSION_KEY, split_version
+from dapo_cli.fileio import refuse_special
 
 EMBEDDED_EXPERIMENT = "tiny.yaml"
 """The experiment of a command given no CONFIG (``presets/`` links it to ``experiments/``)."""
@@ -90,6 +91,7 @@ class UniqueKeyLoader(yaml.SafeLoader):
 
 def read_yaml(path: Path) -> dict[str, Any]:
     """Read a YAML mapping; a missing, unreadable or binary file or bad YAML is a ConfigError."""
+    refuse_special(path, "config")
     if path.is_dir():
         raise ConfigError(f"config {path} is a directory; give a YAML file (e.g. experiments/tiny.yaml)")
     if not path.is_file():

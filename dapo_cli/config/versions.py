@@ -152,14 +152,24 @@ def upgrade(saved: dict[str, Any], version: int) -> tuple[dict[str, Any], dict[s
         if _has(out, parts):
             continue
         added = declaration(key)
-        if added is None or added.since <= version:
-            missing.append(key)
+        if added is None or added.since <= version or not _sections(out, parts[:-1]):
+            missing.append(key)  # no section to fill it into (a damaged config holding `trainer: 5`): missing
             continue
         filled[key] = before_value(key, defaults)
         for part in parts[:-1]:
             node = node.setdefault(part, {})
         node[parts[-1]] = copy.deepcopy(filled[key])
     return out, filled, missing
+
+
+def _sections(data: dict[str, Any], parts: list[str]) -> bool:
+    """Each of ``parts`` (a key's sections, outermost first) is a mapping in ``data`` or absent."""
+    node: Any = data
+    for part in parts:
+        node = node.get(part, {})
+        if not isinstance(node, dict):
+            return False
+    return True
 
 
 def _has(data: dict[str, Any], parts: list[str]) -> bool:

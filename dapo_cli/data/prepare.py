@@ -76,6 +76,7 @@ from dapo_cli.data.manifest import (
 from dapo_cli.data.readers import InputSource, open_input
 from dapo_cli.data.schema import DAPO_INSTRUCTION, make_row
 from dapo_cli.errors import UserError
+from dapo_cli.fileio import refuse_special
 from dapo_cli.rewards.bounds import MAX_GROUND_TRUTH_CHARS
 
 DEFAULT_DATA_SOURCE = "math_dapo"
@@ -216,6 +217,10 @@ def validate_options(options: PrepareOptions) -> None:
     if options.template is not None and "{problem}" not in options.template:
         raise UserError("--template must contain {problem} where the problem text goes")
     paths = [p for p in (options.output, options.val_path, options.manifest_path) if p is not None]
+    for path in paths:
+        refuse_special(path, "output")
+    for path in options.inputs:
+        refuse_special(path, "input")
     outputs = [p.resolve() for p in paths]
     if len(set(outputs)) != len(outputs):
         raise UserError("the output, validation output and manifest paths must differ")

@@ -25,8 +25,9 @@ rows found are compared with ``num_rows``: a mismatch, or an entry marked
 stderr with the rows and sha256 found against what is expected.
 
 :func:`load_dataset_rows` turns any dataset spec (a path or a name) into DAPO-schema
-rows: DAPO parquet or JSONL directly, raw files (``problem``/``answer`` …) through
-the ``dapo prepare-data`` library.
+rows, each checked by :func:`dapo_cli.data.rows.check_row` as it is read: DAPO parquet or
+JSONL directly, raw files (``problem``/``answer`` …) through the ``dapo prepare-data``
+library. :func:`open_dataset` opens one without reading its rows (``dapo eval --limit``).
 """
 
 from __future__ import annotations
@@ -38,13 +39,17 @@ from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from dapo_cli.data.rows import checked_rows
 from dapo_cli.data.schema import read_dapo_rows
 from dapo_cli.errors import UserError
-from dapo_cli.fileio import sha256_file
+from dapo_cli.fileio import refuse_special, sha256_file
+
+if TYPE_CHECKING:
+    from dapo_cli.data.readers import InputSource
 
 REGISTRY_RESOURCE = "datasets.yaml"
 FORMATS = ("dapo", "raw")
@@ -203,6 +208,7 @@ def resolve_dataset(name: str) -> Path:
 def resolve_dataset_path(spec: str) -> Path:
     """The local file of a dataset spec: an existing path as it is, else a registered name."""
     path = Path(spec).expanduser()
+    refuse_special(path, "dataset")
     if path.exists():
         if not path.is_file():
             raise UserError(f"dataset {path} is a directory; give a parquet or JSONL file")
@@ -260,22 +266,41 @@ def convert_raw(path: Path) -> list[dict[str, Any]]:
         return read_dapo_rows(out)
 
 
-def load_dataset_rows(spec: str) -> DatasetRows:
-    """DAPO-schema rows of a dataset spec (path or registered name).
+@dataclass(frozen=True)
+class OpenedDataset:
+    """A dataset spec resolved and opened (:func:`~dapo_cli.data.readers.open_input`): no row held yet."""
 
-    The file is read by the ``prepare-data`` reader (parquet, JSONL or JSON, sniffed):
-    DAPO rows are returned as they are; raw problems go through :func:`convert_raw`.
-    """
-    from dapo_cli.data.readers import read_input
+    path: Path
+    source: InputSource
+    check: str | None = None
+    """For a registered name: :func:`check_rows`'s line (already printed on stderr), None when all matched."""
+
+
+def open_dataset(spec: str) -> OpenedDataset:
+    """The file of a dataset spec (path or registered name), opened by the ``prepare-data`` reader
+    (parquet, JSONL or JSON, sniffed); a registered name's rows are compared with the registry here."""
+    from dapo_cli.data.readers import open_input
 
     registered = not Path(spec).expanduser().exists()
     path = resolve_dataset_path(spec)
-    found = read_input(path)
+    source = open_input(path)
     check = None
     if registered:
-        check = check_rows(get_dataset_entry(spec), path, found.rows_read)
+        check = check_rows(get_dataset_entry(spec), path, source.rows_read)
         if check is not None:
             print(check, file=sys.stderr, flush=True)
-    if found.kind == "dapo":
-        return DatasetRows(list(found.dapo_rows), path, check=check)
-    return DatasetRows(convert_raw(path), path, raw_rows=found.rows_read, check=check)
+    return OpenedDataset(path, source, check)
+
+
+def load_dataset_rows(spec: str) -> DatasetRows:
+    """DAPO-schema rows of a dataset spec (path or registered name), every one checked and normalized by
+    :func:`dapo_cli.data.rows.check_row` as it is read (the whole file, before any of it is used).
+
+    DAPO rows come back normalized (see :func:`~dapo_cli.data.rows.check_row`); raw problems go through
+    :func:`convert_raw`, whose rows pass the same check.
+    """
+    opened = open_dataset(spec)
+    path, source = opened.path, opened.source
+    if source.kind == "dapo":
+        return DatasetRows(list(checked_rows(source.records(), str(path))), path, check=opened.check)
+    return DatasetRows(convert_raw(path), path, raw_rows=source.rows_read, check=opened.check)

@@ -32,6 +32,7 @@ from dapo_cli.engine.base import no_context
 from dapo_cli.engine.dist import Collective, SingleProcess
 from dapo_cli.engine.forward import PolicyLogProbs, plain_log_probs
 from dapo_cli.engine.lora import ADAPTER_DIR, LoraAdapters
+from dapo_cli.resume_state import check_optimizer_state
 from dapo_cli.statefiles import StateFileError, from_elsewhere, read_legacy, read_state, unreadable, write_state
 
 OPTIMIZER_FILE = "optimizer.safetensors"
@@ -228,14 +229,19 @@ class TorchEngine:
                 self.adapters.save(directory / ADAPTER_DIR)
 
     def load_checkpoint(self, directory: Path) -> None:
+        """Optimizer and schedule (with LoRA the adapters first), the state checked against this model's
+        parameters before it is loaded (:func:`~dapo_cli.resume_state.check_optimizer_state`): torch's own load
+        compares only how many there are, and moments of another shape would crash AdamW in the first step."""
         if self.adapters is not None:
             self.adapters.load(directory / ADAPTER_DIR)
         checkpoint = directory.parent
+        name = OPTIMIZER_FILE if (directory / OPTIMIZER_FILE).exists() else LEGACY_OPTIMIZER_FILE
         try:
-            if (directory / OPTIMIZER_FILE).exists():
+            if name == OPTIMIZER_FILE:
                 state = read_state(directory / OPTIMIZER_FILE, device=self.device)
             else:
                 state = read_legacy(directory / LEGACY_OPTIMIZER_FILE, fix=from_elsewhere(checkpoint), device=self.device)
+            check_optimizer_state(state, self.optimizer, self.scheduler, f"{directory.name}/{name}")
         except StateFileError as exc:
             raise unreadable(checkpoint, exc) from None
         self.optimizer.load_state_dict(state["optimizer"])

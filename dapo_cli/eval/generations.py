@@ -11,6 +11,7 @@ import this module, neither the other.
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -18,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from dapo_cli.errors import UserError
-from dapo_cli.fileio import atomic_path
+from dapo_cli.fileio import UnreadableJson, atomic_path, load_json, refuse_special
+from dapo_cli.redact import escape_controls, shown
 
 CHECKPOINT_FILE = "generations.partial.jsonl"
 GENERATIONS_FILE = "generations.parquet"
@@ -68,6 +70,7 @@ def write_generations(records: Sequence[SampleRecord], path: str | os.PathLike[s
 def generations_path(spec: str) -> Path:
     """The parquet of a result dir (``--output`` of ``dapo eval``) or a parquet path."""
     path = Path(spec).expanduser()
+    refuse_special(path, "comparison input")
     if path.is_dir():
         if (path / GENERATIONS_FILE).is_file():
             return path / GENERATIONS_FILE
@@ -79,34 +82,34 @@ def generations_path(spec: str) -> Path:
     return path
 
 
-def read_generations(spec: str) -> list[dict[str, Any]]:
-    """Rows of a generations parquet (``problem_id`` and ``acc`` at least)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+PARTIAL_FIX = "delete it or use another --output DIR"
+"""The end of every error about ``generations.partial.jsonl``: the way on (a fresh evaluation)."""
 
-    path = generations_path(spec)
-    try:
-        table = pq.read_table(path)
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise UserError(f"cannot read {path} as parquet: {exc}") from None
-    missing = {"problem_id", "acc"} - set(table.column_names)
-    if missing:
-        raise UserError(f"{path} is not a generations file (missing {', '.join(sorted(missing))})")
-    return table.select(["problem_id", "acc"]).to_pylist()
+RECORD_TYPES: dict[str, tuple[type, ...]] = {"string": (str,), "int64": (int,), "bool": (bool,), "float64": (int, float)}
+"""Python types a record's field may hold, by its :data:`GENERATION_COLUMNS` type (a bool is no number here)."""
 
 
 class GenerationCheckpoint:
     """Finished batches, kept in memory and (with a directory) in ``DIR/generations.partial.jsonl``.
 
     The file is append-only JSONL: line 1 is ``{"settings": {...}}``, every later line
-    ``{"batch": b, "records": [...]}``, flushed and fsynced when batch ``b`` finishes. A
-    torn last line (killed mid-write) is dropped; other settings are a :class:`UserError`.
-    Without a directory nothing is written (a null checkpoint).
+    ``{"batch": b, "records": [...]}``, flushed and fsynced when batch ``b`` finishes. A torn last
+    line (killed mid-write: no newline after it) is dropped and the file rewritten without it; other
+    settings are a :class:`UserError`, and so is any other line that is not what this class wrote
+    (:meth:`_batch`): nothing is kept or rewritten before the whole file has been checked. Without a
+    directory nothing is written (a null checkpoint).
+
+    ``batches`` (the problem ids of each batch, as the evaluation splits them) and ``k`` (samples per
+    problem), when given, bound every record: its batch among them, exactly ``k`` samples (``sample_index``
+    0..k-1) of each problem of its batch and nothing else.
     """
 
-    def __init__(self, directory: Path | None, settings: Mapping[str, Any]) -> None:
+    def __init__(self, directory: Path | None, settings: Mapping[str, Any], *,
+                 batches: Sequence[Sequence[str]] | None = None, k: int | None = None) -> None:
         self.path = None if directory is None else directory / CHECKPOINT_FILE
         self.settings = json.loads(json.dumps(dict(settings)))
+        self.batches = None if batches is None else [list(b) for b in batches]
+        self.k = k
         self.done: dict[int, list[SampleRecord]] = {}
         if self.path is not None and self.path.exists():
             self._load(self.path)
@@ -115,29 +118,84 @@ class GenerationCheckpoint:
             self._write_line({"settings": self.settings}, mode="w")
 
     def _load(self, path: Path) -> None:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            line = path.read_bytes().count(b"\n", 0, exc.start) + 1
+            raise UserError(f"{path}: line {line} is not UTF-8 text; {PARTIAL_FIX}") from None
+        lines = text.splitlines()
+        torn = bool(text) and not text.endswith("\n")  # only a write cut short leaves a line without its newline
         entries = []
-        for number, line in enumerate(lines):
+        for number, line in enumerate(lines, start=1):
             try:
-                entries.append(json.loads(line))
-            except json.JSONDecodeError:
-                if number == len(lines) - 1:
+                entries.append(load_json(line))
+            except UnreadableJson as exc:
+                if number == len(lines) and torn:
                     break  # torn final write: that batch is simply redone
-                raise UserError(f"{path} is corrupt at line {number + 1}; delete it or use another --output DIR") from None
-        if not entries or "settings" not in entries[0]:
-            raise UserError(f"{path} has no settings header; delete it or use another --output DIR")
-        old = entries[0]["settings"]
+                raise UserError(f"{path}: line {number} is corrupt ({exc}); {PARTIAL_FIX}") from None
+        header = entries[0] if entries else None
+        if not (isinstance(header, dict) and list(header) == ["settings"] and isinstance(header["settings"], dict)):
+            raise UserError(f"{path}: line 1 is not its settings header ({{\"settings\": {{...}}}}); {PARTIAL_FIX}")
+        old = header["settings"]
         if old != self.settings:
-            diff = sorted(key for key in set(old) | set(self.settings) if old.get(key) != self.settings.get(key))
-            detail = "; ".join(f"{key}: {old.get(key)!r} then, {self.settings.get(key)!r} now" for key in diff)
-            raise UserError(
-                f"{path.parent} holds generations made with other settings ({detail}); use another --output DIR"
-            )
-        for entry in entries[1:]:
-            self.done[int(entry["batch"])] = [SampleRecord(**r) for r in entry["records"]]
-        if len(lines) > len(entries):  # drop the torn line so appends start on a clean line
+            diff = sorted((key for key in set(old) | set(self.settings) if old.get(key) != self.settings.get(key)), key=str)
+            detail = "; ".join(f"{escape_controls(str(key))}: {shown(old.get(key))} then, {shown(self.settings.get(key))} now"
+                               for key in diff)
+            raise UserError(f"{path}: line 1 says it holds generations made with other settings ({detail}); use another "
+                            "--output DIR (or delete the file to start afresh)")
+        done: dict[int, list[SampleRecord]] = {}
+        for number, entry in enumerate(entries[1:], start=2):
+            batch, records = self._batch(entry, f"{path}: line {number}")
+            if batch in done:
+                raise UserError(f"{path}: line {number} repeats batch {batch}; {PARTIAL_FIX}")
+            done[batch] = records
+        self.done = done
+        if torn:  # drop the torn line (or end the last one) so appends start on a clean line
             with atomic_path(path) as tmp:
                 tmp.write_text("".join(json.dumps(e) + "\n" for e in entries), encoding="utf-8")
+
+    def _batch(self, entry: Any, where: str) -> tuple[int, list[SampleRecord]]:
+        """``(b, records)`` of one ``{"batch": b, "records": [...]}`` line, every field checked (see the class)."""
+        if not (isinstance(entry, dict) and set(entry) == {"batch", "records"} and isinstance(entry["records"], list)):
+            raise UserError(f"{where} is not a finished batch ({{\"batch\": b, \"records\": [...]}}); {PARTIAL_FIX}")
+        batch, count = entry["batch"], None if self.batches is None else len(self.batches)
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 0 or (count is not None and batch >= count):
+            valid = f"0..{count - 1}" if count is not None else "a whole number >= 0"
+            raise UserError(f"{where} is batch {shown(batch)}; this evaluation's batches are {valid}; {PARTIAL_FIX}")
+        records = [self._record(r, f"{where}, record {i + 1}") for i, r in enumerate(entry["records"])]
+        if self.batches is not None and self.k is not None:
+            ids = self.batches[batch]
+            expected = {(pid, j) for pid in ids for j in range(self.k)}
+            got = [(r.problem_id, r.sample_index) for r in records]
+            stray = next((g for g in got if g not in expected), None)
+            if stray is not None:
+                problems = ", ".join(map(shown, ids[:3])) + (", ..." if len(ids) > 3 else "")
+                raise UserError(f"{where} holds sample {stray[1]} of problem {shown(stray[0])}; batch {batch} is samples "
+                                f"0..{self.k - 1} of problem(s) {problems}; {PARTIAL_FIX}")
+            if len(got) != len(expected) or set(got) != expected:
+                raise UserError(f"{where} holds {len(got)} samples; batch {batch} is {len(ids)} problem(s) x {self.k} "
+                                f"samples, each once; {PARTIAL_FIX}")
+        return batch, records
+
+    def _record(self, record: Any, where: str) -> SampleRecord:
+        """One sample: exactly the :class:`SampleRecord` fields, each of its column's type; counts >= 0, a finite score."""
+        if not isinstance(record, dict):
+            raise UserError(f"{where} is {shown(record)}, not a sample record ({', '.join(GENERATION_COLUMNS)}); {PARTIAL_FIX}")
+        missing = [name for name in GENERATION_COLUMNS if name not in record]
+        unknown = sorted((escape_controls(str(key)) for key in record if key not in GENERATION_COLUMNS))
+        if missing or unknown:
+            wrong = "; ".join(f"{label} {', '.join(keys[:5])}" for label, keys in (("lacks", missing), ("has no field", unknown)) if keys)
+            raise UserError(f"{where} {wrong}; {PARTIAL_FIX}")
+        for name, kind in GENERATION_COLUMNS.items():
+            value = record[name]
+            if not isinstance(value, RECORD_TYPES[kind]) or (kind != "bool" and isinstance(value, bool)):
+                raise UserError(f"{where}: {name} is {shown(value)}, not of type {kind}; {PARTIAL_FIX}")
+        for name in ("sample_index", "length"):
+            if record[name] < 0:
+                raise UserError(f"{where}: {name} is {record[name]}; it counts from 0; {PARTIAL_FIX}")
+        if not math.isfinite(record["score"]):
+            raise UserError(f"{where}: score is {shown(record['score'])}, not a finite number; {PARTIAL_FIX}")
+        return SampleRecord(**record)
 
     def _write_line(self, obj: Mapping[str, Any], mode: str = "a") -> None:
         if self.path is None:

@@ -451,10 +451,9 @@ def run_eval(
     """Evaluate ``opts.checkpoint`` on ``opts.dataset`` (see the module docstring); ``clock`` times
     generation (a test injects a fake one)."""
     from dapo_cli.config.schema import TrackingConfig
-    from dapo_cli.data.registry import load_dataset_rows
     from dapo_cli.eval.links import (link_runs, read_source, recorded_elsewhere, resolve_tracking, source_label,
                                       source_tags)
-    from dapo_cli.eval.problems import describe_layout, group_problems
+    from dapo_cli.eval.problems import read_problems
     from dapo_cli.eval.table import log_generations_table
     from dapo_cli.rewards import VERIFIERS
     from dapo_cli.tracking import start_run
@@ -476,16 +475,15 @@ def run_eval(
     if opts.engine not in ROLLOUT_ENGINES:
         raise unknown_name("engine", opts.engine, ROLLOUT_ENGINES, listed=LISTED_AS_NAMES)
     model = resolve_checkpoint(opts.checkpoint)
-    data = load_dataset_rows(opts.dataset)
-    problems = group_problems(data.rows)
-    layout = f"{data.describe()}: {describe_layout(problems)}"
-    problems = problems[: opts.limit] if opts.limit is not None else problems
+    found = read_problems(opts.dataset, opts.limit)  # every row read is checked; --limit reads only what it needs
+    problems, layout = found.problems, found.layout
     prompt_bytes = max(sum(len(m["content"].encode("utf-8")) for m in p.messages) for p in problems)
     check_memory(opts, len(problems), prompt_bytes)
-    settings = eval_settings(opts, model, data.source, len(problems))
-    checkpoint = GenerationCheckpoint(opts.output, settings)
-    previous = checkpoint.records()
+    settings = eval_settings(opts, model, found.source, len(problems))
     batches = problem_batches(len(problems), settings["batch_problems"])
+    # a resumed --output DIR: its partial file checked against these batches and K before anything runs
+    checkpoint = GenerationCheckpoint(opts.output, settings, batches=[[problems[i].problem_id for i in b] for b in batches], k=opts.k)
+    previous = checkpoint.records()
     resumed = sum(len(batches[b]) for b in checkpoint.done)
     params = SamplingParams(temperature=opts.temperature, top_p=opts.top_p, max_tokens=opts.max_tokens, seed=opts.seed)
     source = read_source(model)  # the training run this checkpoint came from, if it records one

@@ -10,6 +10,7 @@ on SQLite and ~60 ms over HTTP.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -61,6 +62,53 @@ def sqlite_path(uri: str) -> Path | None:
     return None if not db or db == ":memory:" else Path(db)
 
 
+SQLITE_MAGIC = b"SQLite format 3\x00"
+"""The first 16 bytes of every SQLite database file (https://www.sqlite.org/fileformat.html, 1.3)."""
+
+MLFLOW_TABLES = frozenset({"alembic_version", "experiments", "runs"})
+"""Tables every MLflow SQLite store has (its schema migrations create them first)."""
+
+
+def sqlite_store_problem(db: Path) -> str | None:
+    """What keeps the file ``db`` from being an MLflow store, or None (no file yet, an empty file, or a store).
+
+    Refused before MLflow opens it, because MLflow would otherwise run its schema migrations on whatever
+    the URI names: a text file or a corrupt database (a traceback and a stray ``.lock``), a FIFO or a device
+    (a hang), another program's SQLite database (66 tables added to it). The checks read the 16-byte header
+    and, for a SQLite file, its table names through a read-only connection; nothing is written.
+    """
+    import sqlite3
+    import stat
+
+    from dapo_cli.fileio import special_file_problem
+
+    special = special_file_problem(db)
+    if special:
+        return f"{db} {special}; name a database file"
+    try:
+        st = db.stat()
+        if not stat.S_ISREG(st.st_mode) or st.st_size == 0:
+            return None  # missing (created later), a directory (the callers say so), or empty (SQLite's empty database)
+        with open(db, "rb") as f:
+            head = f.read(len(SQLITE_MAGIC))
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"cannot read {db}: {exc.strerror or exc}"
+    if head != SQLITE_MAGIC:
+        return f"{db} is not a SQLite database (it does not start with SQLite's header); name a new file or an MLflow store"
+    try:
+        with contextlib.closing(sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True)) as conn:
+            tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    except sqlite3.Error as exc:
+        return f"{db} is a damaged SQLite database ({exc}); restore it from a backup or name a new file"
+    if tables and not MLFLOW_TABLES <= tables:
+        shown = ", ".join(sorted(tables)[:5]) + (", ..." if len(tables) > 5 else "")
+        return (f"{db} is a SQLite database but not an MLflow store (its tables: {shown}); "
+                "name a new file or an MLflow store, so that nothing is added to it")
+    return None
+
+
 def _client(uri: str, *, must_exist: bool = False):
     """An ``MlflowClient`` on ``uri``; a SQLite store is created (schema migration) under a file lock.
 
@@ -78,17 +126,27 @@ def _client(uri: str, *, must_exist: bool = False):
         return MlflowClient(tracking_uri=uri)
     import fcntl
 
+    from sqlalchemy.exc import SQLAlchemyError
+
+    problem = sqlite_store_problem(db)
+    if problem:
+        raise UserError(f"MLflow store {redact(uri)}: {problem}")
+    lock_file = db.resolve().with_name(db.name + ".lock")
+    lock_existed = lock_file.exists()
     try:
         db.resolve().parent.mkdir(parents=True, exist_ok=True)
-        lock_file = db.resolve().with_name(db.name + ".lock")
         with open(lock_file, "a+") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             client = MlflowClient(tracking_uri=uri)
             client.search_experiments(max_results=1)  # creates and migrates the schema, inside the lock
-    except OSError as exc:
-        raise UserError(f"cannot open the MLflow store {uri}: {exc.strerror or exc}; use a writable directory or another tracking.tracking_uri") from None
-    except MlflowException as exc:
-        raise UserError(f"MLflow store {uri} failed: {str(exc).splitlines()[0]}") from None
+    except (OSError, MlflowException, SQLAlchemyError) as exc:
+        if not lock_existed:
+            lock_file.unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise UserError(f"cannot open the MLflow store {redact(uri)}: {exc.strerror or exc}; "
+                            "use a writable directory or another tracking.tracking_uri") from None
+        first = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise UserError(f"MLflow store {redact(uri)} failed: {redact(first)}") from None
     _READY.add(uri)
     return client
 

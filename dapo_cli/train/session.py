@@ -18,7 +18,6 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import torch
-import yaml
 
 from dapo_cli.checkpoint import (
     resume_blockers,
@@ -31,7 +30,8 @@ from dapo_cli.checkpoint import (
     run_dir_for,
     set_rng_state,
 )
-from dapo_cli.config import Config, dump_saved, flatten, technique_state, to_dict
+from dapo_cli.config import Config, ConfigError, dump_saved, flatten, technique_state, to_dict
+from dapo_cli.config.load import read_yaml
 from dapo_cli.config.schema import round_sequences, thread_split, uses_worker
 from dapo_cli.config.techniques import variant_name
 from dapo_cli.config.validate import check_world_size
@@ -41,6 +41,7 @@ from dapo_cli.engine.dist import Collective, SingleProcess, shutdown_process_gro
 from dapo_cli.errors import NON_FINITE, RunStopped, UserError
 from dapo_cli.fileio import write_text_atomic
 from dapo_cli.progress import QUIET, StepReporter
+from dapo_cli.redact import escape_controls
 from dapo_cli.rollout.base import RolloutEngine, SamplingParams
 from dapo_cli.runs import derive_seed, read_model_info, read_run_data, run_tags, upload_model
 from dapo_cli.tracking.base import Tracker
@@ -126,15 +127,28 @@ def pick_run(cfg: Config, *, resume: bool) -> RunClaim:
             raise UserError(f"--resume: {run_dir} has no complete checkpoint{why}; start it again without --resume")
         if skipped:
             claim.notes.append(f"resuming from {latest.name}; passed over {'; '.join(skipped)}")
-        saved = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8"))
-        diffs = resume_blockers(saved, to_dict(cfg))
+        diffs = resume_blockers(read_saved_config(run_dir / "config.yaml"), to_dict(cfg))
         if diffs:
-            raise UserError(f"--resume: the config differs from the run's config.yaml in {', '.join(diffs)}; resume with the same settings")
+            raise UserError(f"--resume: the config differs from the run's config.yaml in {escape_controls(', '.join(diffs))}; "
+                            "resume with the same settings")
         claim.resume_from = latest
         return claim
     except BaseException:
         claim.release(failed=True)
         raise
+
+
+def read_saved_config(path: Path) -> dict[str, Any]:
+    """The config a resumed run was started with (its ``config.yaml``), read as any config is
+    (:func:`~dapo_cli.config.load.read_yaml`: bounded, so a binary file, bad YAML, values nested past the
+    recursion limit or a number of 5,000 digits are one line). Its error ends with the fix for a config the user
+    passes; that for the run's own copy replaces it."""
+    try:
+        return read_yaml(path)
+    except ConfigError as exc:
+        what = str(exc).split("; ")[0]  # read_yaml's message, without its fix
+        raise UserError(f"--resume: cannot use the run's saved config: {what}; put back the config.yaml the run "
+                        "wrote, or start a fresh run without --resume") from None
 
 
 @dataclasses.dataclass
@@ -268,16 +282,23 @@ class TrainingSession:
         return session
 
     def restore(self, state: dict[str, Any], checkpoint: Path) -> None:
+        """Continue from ``checkpoint``, whose trainer state is ``state``. Every saved field is checked first
+        (:mod:`dapo_cli.resume_state`: the trainer state against the config and the training prompts, this
+        rank's RNG state, the optimizer's against the model inside ``load_checkpoint``), so a damaged or
+        foreign state is one error line before the MLflow run opens and before anything is written."""
+        saved = self.ckpt.checked_state(checkpoint, state, total_steps=self.cfg.trainer.total_steps,
+                                        num_prompts=len(self.stream.prompts))
+        rng = self.ckpt.rank_rng_state(checkpoint, self.dist.rank, state)
         self.engine.load_checkpoint(checkpoint / ENGINE_DIR)
         if self.cfg.model.lora.rank > 0:  # the rollout copy was synced from the base before the adapters came back
             self.rollout.sync_weights(self.engine)
-        self.stream.load_state_dict(state["stream"])
-        set_rng_state(self.ckpt.rank_rng_state(checkpoint, self.dist.rank, state))
-        self.start_step = int(state["step"])
-        self.barren_steps = int(state["barren_steps"])
-        self.mlflow_run_id = state.get("mlflow_run_id") or None
-        self.base_val = state.get("base_val")
-        self.last_val = state.get("last_val")
+        self.stream.load_state_dict(saved.stream)
+        set_rng_state(rng)
+        self.start_step = saved.step
+        self.barren_steps = saved.barren_steps
+        self.mlflow_run_id = saved.mlflow_run_id
+        self.base_val = saved.base_val
+        self.last_val = saved.last_val
 
     def close(self) -> None:
         """Release the run directory and the rollout engine; leave the process group (and any DeepSpeed

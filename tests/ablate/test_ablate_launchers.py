@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -425,3 +426,69 @@ def test_jobs_2_resolves_a_builtin_policy_once_before_the_first_child_starts(tmp
     run_ablation(plan, command="x", config_path=None, popen=popen, poll_s=0, log=lines.append)
     assert order == ["resolve builtin:tiny"] + ["start"] * 4
     assert any(line.startswith("policy builtin:tiny: ") for line in lines)
+
+
+# ---------------------------------------------------------------- slurm: asked before anything opens (issue 54)
+
+
+def fake_tools(bin_dir: Path, sbatch: str) -> None:
+    """``sbatch`` (the shell body given), ``srun`` and ``scancel`` stand-ins in ``bin_dir``."""
+    bin_dir.mkdir(exist_ok=True)
+    for name, body in (("sbatch", sbatch), ("srun", "exit 0"), ("scancel", "exit 0")):
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n", encoding="utf-8")
+        (bin_dir / name).chmod(0o755)
+
+
+def test_the_probe_is_sbatch_test_only_with_a_childs_job_shape() -> None:
+    from dapo_cli.config.schema import SlurmConfig
+
+    assert jobs.probe_argv("/x/sbatch", SlurmConfig()) == [
+        "/x/sbatch", "--test-only", "--job-name=dapo-ablate-probe", "--nodes=1", "--ntasks-per-node=1", "--cpus-per-task=2",
+        "--time=240", "--wrap=true"]
+    full = jobs.probe_argv("sbatch", SlurmConfig(partition="gpu", gpus_per_node=8, mem_gb=64, timeout_min=30))
+    assert full[-4:] == ["--partition=gpu", "--gpus-per-node=8", "--mem=64G", "--wrap=true"] and "--time=30" in full
+
+
+def test_the_probe_refuses_missing_tools_a_refusal_and_silence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dapo_cli.config.schema import SlurmConfig
+
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    (tmp_path / "bin").mkdir()
+    with pytest.raises(UserError, match=r"^ablate.slurm.cluster=slurm but sbatch and srun are not on PATH; run dapo ablate "
+                                        r"on a Slurm login node, or set ablate.slurm.cluster=local"):
+        jobs.probe_sbatch(SlurmConfig())
+    # the controller's last line is quoted, its credentials redacted and its escapes made visible
+    fake_tools(tmp_path / "bin", 'echo "sbatch: error: Unable to contact slurm controller at http://u:pw@ctl \033[2J" >&2; exit 1')
+    with pytest.raises(UserError) as refused:
+        jobs.probe_sbatch(SlurmConfig(partition="gpu"))
+    message = str(refused.value)
+    assert message.startswith("Slurm refused a child's job shape (`sbatch --test-only --job-name=dapo-ablate-probe --nodes=1 ")
+    assert "--partition=gpu --wrap=true`): sbatch: error: Unable to contact slurm controller at http://***@ctl \\x1b[2J; " in message
+    assert "pw" not in message and message.endswith("or set ablate.slurm.cluster=local to run the jobs as processes here")
+
+    def silent(argv, **kw):
+        raise subprocess.TimeoutExpired(argv, kw["timeout"])
+
+    with pytest.raises(UserError, match=r"did not answer in 30 s: is the Slurm controller up\?"):
+        jobs.probe_sbatch(SlurmConfig(), run=silent)
+    fake_tools(tmp_path / "bin", 'echo "sbatch: Job 7 to start at 2026-12-06T10:00:00" >&2; exit 0')
+    jobs.probe_sbatch(SlurmConfig())  # accepted: nothing raised
+
+
+@pytest.mark.slow
+def test_a_slurm_that_refuses_leaves_no_parent_and_a_failed_submission_no_files(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("submitit")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    sets = sets_for(tmp_path, "ablate.slurm.cluster=slurm", f"ablate.slurm.folder={tmp_path / 'slurm'}")
+    plan = make_ablation(build_config(None, sets), mode="ladder", only=["grpo"], seeds=1)
+    fake_tools(tmp_path / "bin", 'echo "sbatch: error: slurm_load_partitions: Unable to contact slurm controller" >&2; exit 1')
+    with pytest.raises(UserError, match=r"Unable to contact slurm controller; check ablate.slurm.partition"):
+        slurm_launch(plan, command="x", config_path=None, sets=sets)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bin"]  # no store, no parent run, no run directory
+    # the probe passes, the submission itself is refused: the pickle and script submitit wrote for it are gone
+    fake_tools(tmp_path / "bin", 'case "$*" in *--test-only*) exit 0;; esac; echo "sbatch: error: Invalid account" >&2; exit 1')
+    with pytest.raises(UserError, match=rf"^submitting {plan.name}/grpo-s0 failed: sbatch: error: Invalid account; rerun"):
+        slurm_launch(plan, command="x", config_path=None, sets=sets)
+    assert not (tmp_path / "slurm").exists()

@@ -60,3 +60,13 @@ def read_only_dir(tmp_path_factory: pytest.TempPathFactory):
 
 
 # ---------------------------------------------------------------- files a case creates in its working directory
+
+
+@pytest.fixture
+def case_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fresh, empty working directory for one malformed-input case, with ``$MLFLOW_TRACKING_URI`` unset."""
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    return cwd

@@ -11,6 +11,7 @@ listing after the command must equal the listing before it. The tables live in
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,13 +83,25 @@ def case(id: str, *args: str, expect: str, setup: tuple[str, ...] = (), **kw: bo
 
 
 def listing(root: Path) -> list[str]:
-    """Every path under ``root`` (relative), with the size of each file."""
+    """Every path under ``root`` (relative): a directory, a link and its target (links are not followed: a
+    case may plant a loop or a link to a device), a FIFO, or a regular file with its size and SHA-256, so a
+    file a command changed in place (another program's database) shows as changed."""
+    import hashlib
+    import stat
+
     out = []
     for path in sorted(root.rglob("*")):
         rel = path.relative_to(root).as_posix()
-        out.append(rel + "/" if path.is_dir() else f"{rel} ({path.stat().st_size} bytes)" if path.name != ".lock" else rel)
+        mode = path.lstat().st_mode
+        if stat.S_ISLNK(mode):
+            out.append(f"{rel} -> {os.readlink(path)}")
+        elif stat.S_ISDIR(mode):
+            out.append(rel + "/")
+        elif not stat.S_ISREG(mode) or path.name == ".lock":
+            out.append(rel)
+        else:
+            out.append(f"{rel} ({path.stat().st_size} bytes, {hashlib.sha256(path.read_bytes()).hexdigest()[:16]})")
     return out
-
 
 
 def run_case(c: Case, places: dict[str, str], cwd: Path) -> None:

@@ -200,8 +200,8 @@ def test_an_output_dir_of_the_old_defaults_exits_2_with_one_line(tiny_model_dir:
     result = runner.invoke(app, ["eval", str(tiny_model_dir), "--dataset", str(short_set), "--avg", "4", "--output",
                                  str(tmp_path / "out"), "--no-track"])
     assert error_line(result) == (
-        f"error: {tmp_path / 'out'} holds generations made with other settings (batch_problems: 1 then, 16 now; "
-        "engine: 'hf' then, 'fast' now); use another --output DIR"
+        f"error: {tmp_path / 'out' / CHECKPOINT_FILE}: line 1 says it holds generations made with other settings (batch_problems: "
+        "1 then, 16 now; engine: 'hf' then, 'fast' now); use another --output DIR (or delete the file to start afresh)"
     )
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [CHECKPOINT_FILE]
 

@@ -182,9 +182,9 @@ CASES = [
     case("prepare-output-directory", "prepare-data", "--synthetic", "add-3digit", "-o", "adir", "--no-track",
          expect="output adir is a directory", setup=("adir",)),
     case("prepare-output-inside-a-file", "prepare-data", "--synthetic", "add-3digit", "-o", "afile/x.parquet", "--no-track",
-         expect="afile is a file, not a directory", setup=("afile",)),
+         expect="-o/--output afile/x.parquet is inside afile, which is a file, not a directory", setup=("afile",)),
     case("prepare-output-read-only", "prepare-data", "--synthetic", "add-3digit", "-o", "{ro}/x.parquet", "--no-track",
-         expect="Read-only file system", read_only=True),
+         expect="is on a read-only file system; give a writable -o/--output", read_only=True),
     case("prepare-n-zero", "prepare-data", "--synthetic", "add-3digit", "--n", "0", "-o", "x.parquet", expect="--n must be >= 1"),
     case("prepare-unknown-task", "prepare-data", "--synthetic", "add-9digit", "-o", "x.parquet", expect="unknown synthetic task"),
     case("prepare-bogus-tracking-uri", "prepare-data", "--synthetic", "add-3digit", "-o", "x.parquet", "--tracking-uri", "bogus://::",
@@ -213,11 +213,6 @@ def test_the_table_covers_every_command_and_at_least_50_inputs() -> None:
 @pytest.mark.parametrize("c", CASES, ids=[c.id for c in CASES])
 @pytest.mark.slow
 def test_malformed_input_is_one_error_line_exit_2_and_leaves_nothing(
-    c: Case, request: pytest.FixtureRequest, models: dict[str, Path], dataset: Path, tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
+    c: Case, request: pytest.FixtureRequest, models: dict[str, Path], dataset: Path, case_dir: Path,
 ) -> None:
-    cwd = tmp_path / "cwd"
-    cwd.mkdir()
-    monkeypatch.chdir(cwd)
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    run_case(c, places_for(c, request, models, dataset), cwd)
+    run_case(c, places_for(c, request, models, dataset), case_dir)

@@ -150,3 +150,11 @@ def test_a_version_1_config_gets_the_kv_cache_size_of_version_2_and_the_registri
         "engine.optimizer": "torch",  # version 4: which AdamW implementation steps, not the update (its default)
     }
     assert upgraded["rollout"]["kv_cache_gib"] is None and upgraded["algorithm"]["policy_loss"] == "dapo"
+
+
+def test_a_damaged_config_whose_section_is_a_value_blocks_the_resume_instead_of_crashing_the_upgrade() -> None:
+    old = saved(sorted(p.name for p in OLDER.glob("*.yaml"))[0])
+    old["rollout"], old[7] = 5, "x"  # what an edited config.yaml may hold: a section that is a number, a key that is none
+    blockers = resume_blockers(old, to_dict(load_config(None)))  # rollout.* keys added since would be filled into it
+    assert "rollout" in blockers and "7" in blockers
+    assert "rollout.max_staleness (not in it, and no value is known to do what the dapo that wrote it did)" in blockers

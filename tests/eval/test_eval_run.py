@@ -299,8 +299,8 @@ def test_an_output_dir_of_the_old_defaults_is_refused_with_one_line(tmp_path: Pa
     with pytest.raises(UserError) as info:
         GenerationCheckpoint(tmp_path / "out", eval_settings(_options(k=4, engine="fast"), "m", source, 20))
     assert str(info.value) == (
-        f"{tmp_path / 'out'} holds generations made with other settings (batch_problems: 1 then, 16 now; "
-        "engine: 'hf' then, 'fast' now); use another --output DIR"
+        f"{tmp_path / 'out' / CHECKPOINT_FILE}: line 1 says it holds generations made with other settings (batch_problems: 1 "
+        "then, 16 now; engine: 'hf' then, 'fast' now); use another --output DIR (or delete the file to start afresh)"
     )
     assert (tmp_path / "out" / CHECKPOINT_FILE).read_text() == before  # nothing rewritten
 

@@ -289,3 +289,31 @@ def test_params_and_tags_never_hold_a_uris_password(store: SimpleNamespace) -> N
     assert run.data.params["trainer.lr"] == "0.0001"
     assert run.data.tags["note"] == "copied from https://***@host/run"
 
+
+
+def test_sqlite_store_problem_reads_the_header_and_the_table_names_and_writes_nothing(tmp_path: Path) -> None:
+    import hashlib
+    import sqlite3
+
+    from dapo_cli.tracking.mlflow import sqlite_store_problem
+
+    (tmp_path / "empty.db").write_bytes(b"")  # SQLite's empty database: MLflow creates its schema in it
+    assert sqlite_store_problem(tmp_path / "missing.db") is None and sqlite_store_problem(tmp_path / "empty.db") is None
+    (tmp_path / "text.db").write_text("hello\n")
+    assert "is not a SQLite database (it does not start with SQLite's header)" in sqlite_store_problem(tmp_path / "text.db")
+    other = tmp_path / "other.db"
+    with sqlite3.connect(other) as conn:
+        for i in range(7):
+            conn.execute(f"CREATE TABLE t{i} (x)")
+    conn.close()
+    before = hashlib.sha256(other.read_bytes()).hexdigest()
+    assert sqlite_store_problem(other).startswith(f"{other} is a SQLite database but not an MLflow store (its tables: t0, t1, t2, t3, t4, ...)")
+    assert hashlib.sha256(other.read_bytes()).hexdigest() == before and sorted(p.name for p in tmp_path.iterdir()) == [
+        "empty.db", "other.db", "text.db"]  # no journal, no lock
+    store = tmp_path / "store.db"
+    from dapo_cli.tracking.mlflow import open_client
+
+    open_client(f"sqlite:///{store}", create=True)  # a real MLflow store passes
+    assert sqlite_store_problem(store) is None
+    (tmp_path / "damaged.db").write_bytes(b"SQLite format 3\x00" + b"\xff" * 2000)
+    assert "is a damaged SQLite database" in sqlite_store_problem(tmp_path / "damaged.db")
