@@ -183,9 +183,10 @@ def check_writable_dir(path: Path, what: str) -> None:
     _check_can_create(path, what)
 
 
-def _check_can_create(path: Path, what: str) -> None:
-    """The nearest existing ancestor of ``path`` is a directory this process can write."""
-    base = nearest_existing(path)
+def _check_can_create(path: Path, what: str, *, inside: bool = False) -> None:
+    """The nearest existing ancestor of ``path`` (of its parent with ``inside``: a file to be replaced) is a
+    directory this process can write."""
+    base = nearest_existing(path.parent if inside else path)
     if not base.is_dir():
         raise UserError(f"{what} {path} is inside {base}, which is a file, not a directory; give another {what}")
     if not os.access(base, os.W_OK | os.X_OK):
@@ -201,7 +202,7 @@ def check_output_file(path: Path, what: str) -> None:
     """
     if path.is_dir():
         raise UserError(f"{what} {path} is a directory; give a file path such as {path / 'train.parquet'}")
-    _check_can_create(path, what)
+    _check_can_create(path, what, inside=True)
 
 
 def _read_only_fs(path: Path) -> bool:

@@ -137,7 +137,7 @@ def test_bad_inputs_exit_2_with_one_line_and_no_output(
     ("args", "message"),
     [
         (["good.jsonl", "-o", "existing"], r"output existing is a directory; give a file path such as existing/train.parquet"),
-        (["good.jsonl", "-o", "good.jsonl/out.parquet"], r"cannot write good.jsonl/out.parquet: good.jsonl is a file"),
+        (["good.jsonl", "-o", "good.jsonl/out.parquet"], r"-o/--output good.jsonl/out.parquet is inside good.jsonl, which is a file"),
         (["deep.jsonl", "-o", "out.parquet"], r"deep.jsonl: line 1 nests arrays/objects deeper than 64 levels"),
         (["deep.json", "-o", "out.parquet"], r"deep.json: line 1 nests arrays/objects deeper than 64 levels"),
         (["binary.jsonl", "-o", "out.parquet"], r"binary.jsonl: line 2 is not UTF-8 text"),  # byte 10 ends line 1
