@@ -10,9 +10,11 @@ T 1.0, top-p 0.7 (``validation``'s defaults), at most ``--max-tokens`` new token
 Two engines, one after another on the same prompts (each fresh, so the cache starts cold, as it does after
 the weight change before every validation):
 
-- ``before``: ``FastRolloutEngine(prefix_cache=False, refill=False)``: the chunked loop, every prompt prefilled whole;
+- ``before``: ``FastRolloutEngine(prefix_cache=False, refill=False)``: the chunked loop, every prompt prefilled whole,
+  top-p by sorting every row's whole vocabulary (``rollout.sampling.TOP_P_CANDIDATES`` emptied for its calls):
+  the engine as it was before issue 47;
 - ``after``: the defaults: shared prefixes prefilled once (``rollout/prefix_cache.py``), finished rows refilled
-  (``rollout/continuous.py``).
+  (``rollout/continuous.py``), the nucleus found among each row's most probable tokens (``rollout/sampling.py``).
 
 Two workloads, each timed around the engine calls only (model load excluded):
 
@@ -32,6 +34,7 @@ sample (its tokens) is the same in both; then the two target lines.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 from pathlib import Path
@@ -57,6 +60,19 @@ def load_testbed(problems: int):
     model, tokenizer = load_policy(folder)
     found = group_problems(generate_rows("fewshot-add-2digit", problems, SYNTHETIC_DATA_SEED, "val"))
     return model, tokenizer, found, [format_prompt(tokenizer, p.messages) for p in found]
+
+
+@contextlib.contextmanager
+def candidates(counts: tuple[int, ...] | None):
+    """``rollout.sampling.TOP_P_CANDIDATES`` set to ``counts`` inside (``()``: the full sort); None: unchanged."""
+    from dapo_cli.rollout import sampling
+
+    kept = sampling.TOP_P_CANDIDATES
+    sampling.TOP_P_CANDIDATES = kept if counts is None else counts
+    try:
+        yield
+    finally:
+        sampling.TOP_P_CANDIDATES = kept
 
 
 def run_case(engine, workload: str, problems, prompts, k: int, params) -> dict:
@@ -126,13 +142,14 @@ def main() -> None:
     started = time.perf_counter()
     model, tokenizer, problems, prompts = load_testbed(args.problems)
     params = SamplingParams(temperature=1.0, top_p=0.7, max_tokens=args.max_tokens, seed=0)
-    variants = {"before": {"prefix_cache": False, "refill": False}, "after": {}}
+    variants = {"before": ({"prefix_cache": False, "refill": False}, ()), "after": ({}, None)}
     FastRolloutEngine(model, tokenizer).generate(prompts[:2], 1, SamplingParams(max_tokens=2, seed=1))  # warm-up
     results: dict[tuple[str, str], list[dict]] = {}
     for workload in ("validation", "eval"):
         for _ in range(args.repeats):
-            for name, kw in variants.items():
-                r = run_case(FastRolloutEngine(model, tokenizer, **kw), workload, problems, prompts, args.k, params)
+            for name, (kw, counts) in variants.items():
+                with candidates(counts):
+                    r = run_case(FastRolloutEngine(model, tokenizer, **kw), workload, problems, prompts, args.k, params)
                 results.setdefault((workload, name), []).append(r)
                 print(f"{workload} {name}: {r['seconds']:.1f} s", file=sys.stderr, flush=True)
     tail = round_tail(model, tokenizer, prompts, params)

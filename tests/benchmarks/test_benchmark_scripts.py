@@ -24,7 +24,7 @@ import rl_step_vs_trl
 
 SCRIPTS = ["rl_step_vs_trl.py", "rollout_vs_generate.py", "update_throughput.py", "dynamic_sampling_overhead.py",
            "tracking_overhead.py", "prepare_data_speed.py", "async_rollout.py", "lora_vs_full.py", "bf16_logprob_gap.py",
-           "logprob_chunk.py", "decode_speed.py", "ladder_regime.py", "prefix_cache.py"]
+           "logprob_chunk.py", "decode_speed.py", "ladder_regime.py", "prefix_cache.py", "ladder_child.py"]
 
 
 @pytest.fixture(scope="module")
