@@ -119,6 +119,7 @@ bench: $(STAMP) $(VLLM_STAMP) smollm2
 	$(VLLM)/bin/python benchmarks/rollout_engines.py --real --repeats 3
 	$(VLLM)/bin/python benchmarks/eval_speed.py --real
 	$(PY) benchmarks/prefix_cache.py
+	$(VLLM)/bin/python benchmarks/ladder_child.py
 	$(PY) benchmarks/update_throughput.py
 	$(PY) benchmarks/update_throughput.py --ragged
 	$(PY) benchmarks/logprob_chunk.py --real --chunks 0 256 1024 4096

@@ -14,7 +14,7 @@ any ``--set``. Two ``dapo train`` processes run it at the same time, one torch t
 
 Each process writes to its own temporary MLflow store and run folder. Printed: each child's wall time (process
 start to exit, the model load included), the ratio, and whether every ``val/`` metric of every validation step is
-the same number in both.
+the same number in both, and the first step at which any other logged metric (timings left out) differs.
 """
 
 from __future__ import annotations
@@ -56,8 +56,16 @@ def child(variant: str, out: Path, config: str, sets: list[str]) -> None:
     main()
 
 
-def validations(out: Path) -> dict[tuple[str, int], float]:
-    """Every val/ metric of the child's run by (key, step)."""
+TIMING = ("timing/", "perf/", "system/")
+"""Metric prefixes that measure time or the machine, left out of the comparison (keys with ``per_s`` too)."""
+
+SAMPLER_GAP = ("rollout/logprob_diff", "rollout/token_prob_ratio")
+"""The sampler's log-probs against the trainer's: they carry each decode loop's last-bit rounding, so they differ
+between the two engines by design; the first step at which they or the rest differ are printed apart."""
+
+
+def metrics(out: Path) -> dict[tuple[str, int], float]:
+    """Every metric of the child's run by (key, step), but those measuring time."""
     from mlflow.tracking import MlflowClient
 
     summary = json.loads(next((out / "runs").rglob("summary.json")).read_text())
@@ -65,7 +73,7 @@ def validations(out: Path) -> dict[tuple[str, int], float]:
     run = client.get_run(summary["mlflow_run_id"])
     values = {}
     for key in run.data.metrics:
-        if key.startswith("val/"):
+        if not key.startswith(TIMING) and "per_s" not in key and "seconds" not in key:
             for m in client.get_metric_history(run.info.run_id, key):
                 values[(key, m.step)] = m.value
     return values
@@ -90,13 +98,23 @@ def main() -> None:
                    *[w for s in args.sets for w in ("--set", s)]]
             started[variant] = time.perf_counter()
             procs[variant] = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(out / "stderr.txt", "w"))
-        for variant, proc in procs.items():
-            if proc.wait() != 0:
-                sys.exit(f"the {variant} child failed:\n{(Path(tmp) / variant / 'stderr.txt').read_text()[-3000:]}")
-            seconds[variant] = time.perf_counter() - started[variant]
-        results = {v: validations(Path(tmp) / v) for v in procs}
+        while len(seconds) < len(procs):  # each child's own end, whichever ends first
+            for variant, proc in procs.items():
+                if variant not in seconds and proc.poll() is not None:
+                    seconds[variant] = time.perf_counter() - started[variant]
+                    if proc.returncode != 0:
+                        sys.exit(f"the {variant} child failed:\n{(Path(tmp) / variant / 'stderr.txt').read_text()[-3000:]}")
+            time.sleep(0.2)
+        logged = {v: metrics(Path(tmp) / v) for v in procs}
+    differing = [(k, step) for (k, step), x in logged["after"].items()
+                 if not k.startswith(("val/", *SAMPLER_GAP)) and logged["before"].get((k, step)) != x]
+    first = min((step for _, step in differing), default=None)
+    gap = min((step for (k, step), x in logged["after"].items()
+               if k.startswith(SAMPLER_GAP) and logged["before"].get((k, step)) != x), default=None)
+    results = {v: {k: x for k, x in m.items() if k[0].startswith("val/")} for v, m in logged.items()}
     before, after = results["before"], results["after"]
     same = sum(before.get(key) == value for key, value in after.items())
+    differ = sorted({key for (key, _), value in after.items() if before.get((key, _)) != value})
     steps = sorted({step for _, step in after})
     print(f"## one ladder child (naive GRPO rung, seed 0, validations at steps {steps}), before and after, "
           f"side by side, 1 thread each; {args.config}{''.join(' --set ' + s for s in args.sets)}")
@@ -104,9 +122,20 @@ def main() -> None:
         print(line)
     for v in ("before", "after"):
         print(f"{v}: {seconds[v]:.0f} s wall; {len(results[v])} val metrics logged")
+    print(f"sampler-trainer gap metrics ({', '.join(SAMPLER_GAP)}*): "
+          f"{'the same at every step' if gap is None else f'first differ at step {gap}'}")
+    if first is None:
+        print("training metrics (all but timings and the gap): the same at every step")
+    else:
+        keys = sorted(k for k, step in differing if step == first)
+        print(f"training metrics (all but timings and the gap): first differ at step {first}: {', '.join(keys[:40])}"
+              f"{' ...' if len(keys) > 40 else ''}")
+    for (key, step), value in sorted(after.items(), key=lambda item: (item[0][1], item[0][0])):
+        print(f"  step {step} {key}: before {before.get((key, step))!r}, after {value!r}")
     print(f"T2 ladder child: {seconds['after']:.0f} s after against {seconds['before']:.0f} s before, "
           f"{seconds['after'] / seconds['before']:.2f}x (target <= 0.6x); validation metrics the same: "
-          f"{same}/{len(after)}{'' if len(after) == len(before) else f' (before logged {len(before)})'}")
+          f"{same}/{len(after)}{'' if len(after) == len(before) else f' (before logged {len(before)})'}"
+          f"{'; differ: ' + ', '.join(differ) if differ else ''}")
 
 
 if __name__ == "__main__":
