@@ -105,11 +105,68 @@ def nucleus_probs(probs: torch.Tensor, top_p: float) -> torch.Tensor:
 
 def inverse_cdf_draw(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     """Token i with probability probs[i] / sum(probs) for each row: the first index whose cumulative
-    mass exceeds ``u * total`` (float64; a zero-probability token is never chosen)."""
+    mass exceeds ``u * total`` (float64; a zero-probability token is never chosen).
+
+    The cumulative mass is the sequential float64 running sum over the vocabulary (:func:`sequential_cdf_draw`).
+    Over a large vocabulary that scan is most of a draw (~21 ms a step for 64 rows of 49,152 tokens on one
+    thread), so rows are first located by :func:`blocked_cdf_draw`, which gives the same token or says it cannot
+    be sure; only those rows are scanned."""
+    if probs.shape[1] < BLOCKED_CDF_MIN:
+        return sequential_cdf_draw(probs, uniforms)
+    tok, sure = blocked_cdf_draw(probs, uniforms)
+    if not bool(sure.all()):
+        rows = (~sure).nonzero().squeeze(1)
+        tok[rows] = sequential_cdf_draw(probs.index_select(0, rows), uniforms[rows])
+    return tok
+
+
+def sequential_cdf_draw(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """The reference draw: the first index whose sequential float64 running sum exceeds ``u * total``
+    (``total``: the sum's last value; ``u * total`` kept just below it)."""
     cdf = torch.cumsum(probs.double(), dim=-1)
     total = cdf[:, -1]
     x = torch.minimum(uniforms * total, torch.nextafter(total, torch.zeros_like(total)))
     return torch.searchsorted(cdf, x.unsqueeze(1), right=True).squeeze(1)
+
+
+BLOCKED_CDF_MIN = 4096
+"""Vocabularies at least this large are drawn through :func:`blocked_cdf_draw` first."""
+
+BLOCK = 64
+"""Tokens per block of :func:`blocked_cdf_draw`."""
+
+
+def blocked_cdf_draw(probs: torch.Tensor, uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tokens [B], sure [B]): where ``sure``, the token :func:`sequential_cdf_draw` gives, found without the scan.
+
+    Blocks of :data:`BLOCK` tokens are summed in float64, the block sums accumulated (``n_b = V / BLOCK`` of
+    them), the block where the mass passes ``x = u * T`` located, and the running sum inside it alone computed:
+    ``a_j``, an approximation of the sequential sum ``s_j`` at every token of that block. Float64 sums of ``n``
+    non-negative terms are within ``n * 2^-53`` (relative) of the true sum in any order (Higham, *Accuracy and
+    Stability of Numerical Algorithms*, 4.2), so ``|a_j - s_j|`` and the uncertainty of ``x`` are below
+    ``m = 4 (V + 2 BLOCK + n_b + 8) 2^-53 T``. If the token ``j`` found has ``a_{j-1} + m < x - m`` and
+    ``a_j - m > x + m``, then ``s_{j-1} <= u * total < s_j`` for the exact values too, so ``j`` is the scan's
+    answer (and ``p_j > 0``: the running sum grew there). A row within ``2m`` of a boundary (about 10^-11 of the
+    mass at SmolLM2's size) is not ``sure``."""
+    b, v = probs.shape
+    nb = -(-v // BLOCK)
+    p = probs if nb * BLOCK == v else torch.nn.functional.pad(probs, (0, nb * BLOCK - v))
+    blocks = p.reshape(b, nb, BLOCK)
+    block_cdf = torch.cumsum(blocks.sum(-1, dtype=torch.float64), dim=-1)  # [B, nb]
+    total = block_cdf[:, -1]
+    margin = 4.0 * (v + 2 * BLOCK + nb + 8) * 2.0**-53 * total
+    x = uniforms * total
+    at = torch.searchsorted(block_cdf, x.unsqueeze(1), right=True).squeeze(1).clamp(max=nb - 1)  # the block
+    start = torch.where(at > 0, block_cdf.gather(1, (at - 1).clamp(min=0).unsqueeze(1)).squeeze(1), torch.zeros_like(total))
+    inside = blocks.gather(1, at.view(b, 1, 1).expand(b, 1, BLOCK)).squeeze(1).double()
+    running = start.unsqueeze(1) + torch.cumsum(inside, dim=-1)  # a_j over the block
+    j = torch.searchsorted(running, x.unsqueeze(1), right=True).squeeze(1)
+    sure = j < BLOCK
+    j = j.clamp(max=BLOCK - 1)
+    a_j = running.gather(1, j.unsqueeze(1)).squeeze(1)
+    a_before = torch.where(j > 0, running.gather(1, (j - 1).clamp(min=0).unsqueeze(1)).squeeze(1), start)
+    sure &= (a_before + margin < x - margin) & (a_j - margin > x + margin)
+    return at * BLOCK + j, sure
 
 
 def row_uniforms(keys: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:

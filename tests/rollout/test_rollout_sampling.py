@@ -105,3 +105,42 @@ def test_the_engines_samples_are_the_same_with_candidates_or_the_full_sort(monke
     assert fast.lengths.tolist() == full.lengths.tolist()
     torch.testing.assert_close(fast.logprobs, full.logprobs, rtol=0, atol=0)
     assert len({tuple(r) for r in fast.response_ids.tolist()}) > 6  # sampled, not one greedy answer repeated
+
+
+# ---------------------------------------------------------------- the inverse-CDF draw located by blocks
+
+
+def test_blocked_draw_equals_the_sequential_scan_and_is_sure_almost_everywhere():
+    gen = torch.Generator().manual_seed(7)
+    vocab = 49_152 + 37  # not a multiple of the block: the padded tail must never be drawn
+    logits = torch.randn(48, vocab, generator=gen) * torch.tensor([0.5, 2.0, 6.0, 40.0]).repeat(12)[:, None]
+    probs = torch.softmax(logits, dim=-1)
+    probs[:8, ::3] = 0.0  # rows with zeros inside (a top-k mask): a zero-probability token is never drawn
+    u = torch.rand(48, generator=gen, dtype=torch.float64)
+    u[0], u[1] = 0.0, 1.0 - 2**-53  # the ends of the unit interval
+    tok, sure = sampling.blocked_cdf_draw(probs, u)
+    want = sampling.sequential_cdf_draw(probs, u)
+    assert tok[sure].tolist() == want[sure].tolist()
+    assert int(sure.sum()) >= 46  # a row is unsure only within ~1e-11 of a boundary (the ends may be unsure)
+    assert sampling.inverse_cdf_draw(probs, u).tolist() == want.tolist()
+    assert bool((probs.gather(1, want[:, None]) > 0).all())
+
+
+def test_a_uniform_on_a_boundary_is_not_sure_and_falls_back_to_the_scan():
+    # u chosen so u * total is exactly a running sum s_j: the scan answers j + 1 (the first s_i > x); the blocks
+    # cannot tell s_j from x within their error bound, so they must say unsure rather than guess
+    gen = torch.Generator().manual_seed(8)
+    probs = torch.softmax(torch.randn(6, 8192, generator=gen), dim=-1)
+    cdf = torch.cumsum(probs.double(), dim=-1)
+    at = torch.tensor([0, 63, 64, 1000, 4095, 8000])
+    u = cdf.gather(1, at[:, None]).squeeze(1) / cdf[:, -1]
+    _, sure = sampling.blocked_cdf_draw(probs, u)
+    assert not bool(sure.any())
+    assert sampling.inverse_cdf_draw(probs, u).tolist() == sampling.sequential_cdf_draw(probs, u).tolist()
+
+
+def test_small_vocabularies_take_the_scan():
+    probs = torch.softmax(torch.randn(4, 100), dim=-1)
+    u = torch.rand(4, dtype=torch.float64)
+    assert probs.shape[1] < sampling.BLOCKED_CDF_MIN
+    assert sampling.inverse_cdf_draw(probs, u).tolist() == sampling.sequential_cdf_draw(probs, u).tolist()
