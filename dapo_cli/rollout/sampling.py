@@ -18,6 +18,11 @@ token the full sort would keep is a candidate, in the same order, so the kept se
 mass and the float64 cumulative distribution the draw inverts are the same numbers (a prefix of the same
 sequential sums; zero-probability tokens add nothing), hence the same token. Rows where that does not
 hold try the next candidate count, then the full sort (:func:`nucleus_probs`).
+
+**The inverse CDF without scanning the vocabulary.** The draw inverts the sequential float64 running sum of
+the row's probabilities; :func:`blocked_cdf_draw` finds the token from 64-token block sums and one block's scan,
+and keeps it only where a bound on float64 summation error proves it is the scan's token
+(:func:`inverse_cdf_draw` scans the rest).
 """
 
 from __future__ import annotations
