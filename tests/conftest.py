@@ -15,6 +15,15 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 
 
+@pytest.fixture(autouse=True)
+def no_leaked_tracking_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A command run in-process (CliRunner) moves a URI's credentials into MLflow's variables
+    (``tracking/credentials.py``) for its whole process: each test starts and ends without them."""
+    for var in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
+        monkeypatch.setenv(var, "")  # recorded, so the teardown removes whatever the test left
+        monkeypatch.delenv(var)
+
+
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     """``../shared/data`` (real public files; never copied into the repo)."""

@@ -165,7 +165,10 @@ def ablate(
     if auto and chosen != "local":
         raise UserError(f"--seeds auto decides each wave from the last one's results: it needs --launcher local, not {chosen}")
     from dapo_cli.cli.preflight import check_train
+    from dapo_cli.tracking.credentials import move_credentials
 
+    # the children inherit the credentials through the environment; the plan and every record hold the bare URI
+    cfg.tracking.tracking_uri = move_credentials(cfg.tracking.tracking_uri, "tracking.tracking_uri")
     if chosen == "local":
         check_train(cfg)  # the children train here: output dir, dtype, model, data and store first
     elif cfg.tracking.backend != "null":

@@ -142,6 +142,10 @@ def eval_command(
         experiment=experiment,  # None: the training run's experiment, else TRACKING's (eval/links.py)
         table_rows=table_rows,
     )
+    if opts.tracking_backend != "null":  # a password in the URI would be recorded with the eval run
+        from dapo_cli.tracking.credentials import move_credentials
+
+        opts = dataclasses.replace(opts, tracking_uri=move_credentials(opts.tracking_uri, "--tracking-uri"))
     check_options(opts)
 
     def log(message: str) -> None:

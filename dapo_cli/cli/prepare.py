@@ -104,7 +104,9 @@ def prepare_data(
             check_output_file(Path(path), flag)  # before the MLflow run opens: a failed write leaves no run behind
     if not no_track:
         from dapo_cli.cli.common import check_tracking_uri
+        from dapo_cli.tracking.credentials import move_credentials
 
+        tracking_uri = move_credentials(tracking_uri, "--tracking-uri")
         check_tracking_uri(tracking_uri, create=True)
     options = PrepareOptions(
         output=output,

@@ -49,7 +49,10 @@ def report(
 
     if effect is not None and not effect > 0:
         raise UserError(f"--effect must be a positive Δ in points, got {effect}")
-    uri = check_tracking_uri(tracking_uri or "", create=False)
+    from dapo_cli.tracking.credentials import move_credentials
+
+    tracking_uri = move_credentials(tracking_uri or "", "--tracking-uri")
+    uri = check_tracking_uri(tracking_uri, create=False)
     if output is not None:
         check_writable_dir(output, "--output")
     try:

@@ -124,7 +124,10 @@ def train(
     from dapo_cli.tracking.tags import extra_tags_from_env
 
     from dapo_cli.cli.preflight import check_train, removing_new_dirs
+    from dapo_cli.tracking.credentials import move_credentials
 
+    # a password in the URI would be recorded in config.yaml, summary.json, dapo_run.json and the run's params
+    cfg.tracking.tracking_uri = move_credentials(cfg.tracking.tracking_uri, "tracking.tracking_uri")
     check_train(cfg, resume=resume)  # before a run dir is claimed or an MLflow run opened
     parent = os.environ.get(PARENT_RUN_ENV) or None
     try:
@@ -275,7 +278,9 @@ def train_direct_advantage(
     from dapo_cli.tracking.tags import extra_tags_from_env
     from dapo_cli.cli.preflight import check_engines
     from dapo_cli.direct_advantage.launch import run_direct_advantage
+    from dapo_cli.tracking.credentials import move_credentials
 
+    cfg.tracking.tracking_uri = move_credentials(cfg.tracking.tracking_uri, "tracking.tracking_uri")
     check_engines(cfg)  # before a run dir is claimed or an MLflow run opened
     run_direct_advantage(
         cfg, resume=resume, from_phase=from_phase, command=command_line("train", config, sets, Techniques(), resume=resume, from_phase=from_phase),

@@ -122,8 +122,11 @@ def _client(uri: str, *, must_exist: bool = False):
     db = sqlite_path(uri)
     if db is not None and must_exist and not db.is_file():
         raise UserError(f"no MLflow store at {db} (from {uri}); point --tracking-uri or MLFLOW_TRACKING_URI at the store your runs are in")
-    if db is None or uri in _READY:
-        return MlflowClient(tracking_uri=uri)
+    # MLflow keeps one store per URI text for the process: a relative sqlite:///x.db opened in one working directory
+    # would keep writing there after a chdir (a library caller, a test), so the client gets the absolute path
+    connect = absolute_tracking_uri(uri) if db is not None else uri
+    if db is None or connect in _READY:
+        return MlflowClient(tracking_uri=connect)
     import fcntl
 
     from sqlalchemy.exc import SQLAlchemyError
@@ -137,7 +140,7 @@ def _client(uri: str, *, must_exist: bool = False):
         db.resolve().parent.mkdir(parents=True, exist_ok=True)
         with open(lock_file, "a+") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            client = MlflowClient(tracking_uri=uri)
+            client = MlflowClient(tracking_uri=connect)
             client.search_experiments(max_results=1)  # creates and migrates the schema, inside the lock
     except (OSError, MlflowException, SQLAlchemyError) as exc:
         if not lock_existed:
@@ -147,7 +150,7 @@ def _client(uri: str, *, must_exist: bool = False):
                             "use a writable directory or another tracking.tracking_uri") from None
         first = (str(exc).splitlines() or [type(exc).__name__])[0]
         raise UserError(f"MLflow store {redact(uri)} failed: {redact(first)}") from None
-    _READY.add(uri)
+    _READY.add(connect)
     return client
 
 
@@ -313,7 +316,7 @@ class MlflowTracker:
                 self.client.update_run(resume_run_id, status="RUNNING")
                 self._recorded = self._recorded_steps(run)
             else:
-                all_tags = {str(k): str(v) for k, v in (tags or {}).items()}
+                all_tags = {str(k): redact(str(v)) for k, v in (tags or {}).items()}  # dapo.command holds --set values
                 if parent_run_id:
                     all_tags["mlflow.parentRunId"] = parent_run_id
                 exp_id = experiment_id(
@@ -322,7 +325,7 @@ class MlflowTracker:
                 run = self.client.create_run(exp_id, run_name=run_name, tags=all_tags)
                 self.run_id = run.info.run_id
         except MlflowException as exc:
-            raise UserError(f"MLflow store {self.tracking_uri} failed: {str(exc).splitlines()[0]}") from None
+            raise UserError(f"MLflow store {redact(self.tracking_uri)} failed: {redact(str(exc).splitlines()[0])}") from None
         self.experiment = experiment
 
     _recorded: dict[str, int] = {}
@@ -422,7 +425,7 @@ class MlflowTracker:
         run = get_run_or_none(self.client, run_id)
         if run is None:
             return None
-        items = {str(k): str(v)[:MAX_LIST_TAG_CHARS] for k, v in tags.items()}
+        items = {str(k): redact(str(v))[:MAX_LIST_TAG_CHARS] for k, v in tags.items()}
         for key, value in (append or {}).items():
             values = [v for v in run.data.tags.get(key, "").split(",") if v and v != value] + [str(value)]
             while len(values) > 1 and len(",".join(values)) > MAX_LIST_TAG_CHARS:

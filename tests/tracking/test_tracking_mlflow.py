@@ -317,3 +317,17 @@ def test_sqlite_store_problem_reads_the_header_and_the_table_names_and_writes_no
     assert sqlite_store_problem(store) is None
     (tmp_path / "damaged.db").write_bytes(b"SQLite format 3\x00" + b"\xff" * 2000)
     assert "is a damaged SQLite database" in sqlite_store_problem(tmp_path / "damaged.db")
+
+
+def test_a_relative_sqlite_store_is_the_one_in_the_current_directory_after_a_chdir(tmp_path, monkeypatch) -> None:
+    # MLflow keeps one store per URI text for the whole process: opened as sqlite:///mlflow.db in a/, the same
+    # text in b/ kept reading and writing a/mlflow.db (an eval in one test wrote into another test's store)
+    from mlflow import MlflowClient
+
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        monkeypatch.chdir(tmp_path / name)
+        open_client("sqlite:///mlflow.db", create=True).create_experiment(f"made-in-{name}")
+    for name, other in (("a", "b"), ("b", "a")):
+        names = {e.name for e in MlflowClient(f"sqlite:///{tmp_path / name / 'mlflow.db'}").search_experiments()}
+        assert f"made-in-{name}" in names and f"made-in-{other}" not in names
