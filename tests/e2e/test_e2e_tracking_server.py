@@ -3,18 +3,15 @@ is recorded on the server, and the password is in no file dapo or the server wro
 
 from __future__ import annotations
 
-import os
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 from mlflow import MlflowClient
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 from test_e2e_reliability import clean_env  # noqa: E402
 from test_e2e_train import write_config  # noqa: E402
@@ -22,40 +19,18 @@ from test_e2e_train import write_config  # noqa: E402
 PASSWORD = "pw-7f3c9e1d-not-anywhere"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture()
 def mlflow_server(tmp_path):
-    """An `mlflow server` on the loopback address with its own SQLite store and artifact folder, until the test ends."""
-    port, root = free_port(), tmp_path / "server"
+    """An `mlflow server` on the loopback address with its own SQLite store and artifact folder, until the test
+    ends (the tracking benchmark's helper: ``benchmarks/tracking_overhead.mlflow_server``)."""
+    from tracking_overhead import mlflow_server as serve
+
+    root = tmp_path / "server"
     root.mkdir()
-    cmd = [str(Path(sys.executable).parent / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port),
-           "--backend-store-uri", f"sqlite:///{root / 'server.db'}", "--artifacts-destination", str(root / "artifacts"),
-           "--workers", "1"]
-    proc = subprocess.Popen(cmd, cwd=root, env=clean_env(), stdout=subprocess.DEVNULL, stderr=open(root / "server.log", "w"))
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
-    while True:
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as answer:
-                if answer.status == 200:
-                    break
-        except OSError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
+    with serve(root, timeout=90) as url:
+        if url is None:
             pytest.fail(f"mlflow server did not start: {(root / 'server.log').read_text()[-2000:]}")
-        time.sleep(0.5)
-    yield url, root
-    proc.terminate()
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+        yield url, root
 
 
 def test_a_password_in_the_uri_is_in_no_record_and_the_run_reaches_the_server(tmp_path, tiny_model_dir, mlflow_server):
