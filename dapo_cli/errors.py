@@ -65,6 +65,9 @@ COLLAPSED = 3
 NON_FINITE = 4
 """Exit code of a run whose parameters became NaN/Inf (the last good checkpoint is kept)."""
 
+PREEMPTED = 6
+"""Exit code of a run stopped by a scheduler's stop request (SIGUSR2: Slurm's time-limit warning) after it saved a
+checkpoint at the step it had finished: ``dapo train --resume`` continues it (the slurm launcher's jobs do, requeued)."""
 
 ENVIRONMENT = 5
 """Exit code of a command the machine failed although its input was valid: a full disk, a path it may not

@@ -1,4 +1,5 @@
-"""Ctrl-C at a safe point: hold SIGINT while something must be written whole (a checkpoint)."""
+"""Signals at safe points: Ctrl-C held while a checkpoint is written whole; a scheduler's stop request (SIGUSR2)
+recorded, so a run stops at its next step boundary with a checkpoint."""
 
 from __future__ import annotations
 
@@ -34,3 +35,42 @@ def sigint_deferred() -> Iterator[None]:
             previous(signal.SIGINT, None)
         elif previous is not signal.SIG_IGN:
             raise KeyboardInterrupt
+
+
+STOP_SIGNAL = signal.SIGUSR2
+"""The signal that asks a run to stop at the next step boundary with a checkpoint: what a scheduler sends ahead of
+a time limit or a preemption (submitit's Slurm jobs ask for ``--signal=USR2@<signal_delay_s>``; Slurm signals every
+process of the job step, so the ``dapo train`` under the job's own process gets it too)."""
+
+
+class StopRequest:
+    """Whether :data:`STOP_SIGNAL` came while :func:`stop_requests` was active (``signum``: None until it did)."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name if self.signum is not None else ""
+
+
+@contextlib.contextmanager
+def stop_requests() -> Iterator[StopRequest]:
+    """Record :data:`STOP_SIGNAL` instead of dying of it (its default action ends the process at once, mid-step).
+
+    The caller looks at the yielded :class:`StopRequest` at its safe points. Outside the main thread (where
+    Python cannot set handlers) nothing is installed and no request ever comes.
+    """
+    request = StopRequest()
+    if threading.current_thread() is not threading.main_thread():
+        yield request
+        return
+
+    def record(signum: int, _frame: Any) -> None:
+        request.signum = signum
+
+    previous = signal.signal(STOP_SIGNAL, record)
+    try:
+        yield request
+    finally:
+        signal.signal(STOP_SIGNAL, previous)

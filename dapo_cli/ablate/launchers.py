@@ -40,7 +40,7 @@ from dapo_cli.ablate.child import (
     run_child,
     train_words,
 )
-from dapo_cli.ablate.variants import AblationPlan
+from dapo_cli.ablate.variants import AblationPlan, Child
 from dapo_cli.errors import UserError
 from dapo_cli.progress import format_duration
 from dapo_cli.tracking.tags import PARENT_RUN_ENV
@@ -70,6 +70,10 @@ class Launcher(Protocol):
     """Children trained here at once, for the progress clock's ETA; None: nothing is timed here (no clock)."""
     reports: bool
     """Whether the report is written once :meth:`finish` returns."""
+
+    def attached(self, child: Child) -> str | None:
+        """A child not finished whose job, from an earlier driver, is still queued or running: what it is (``job 12
+        (RUNNING)``); the driver then starts it as ``attach`` (wait for it) instead of deciding it. None: decide it."""
 
     def start(self, o: ChildOutcome, parent: Parent) -> None:
         """Start (or queue) one decided child that is not skipped; children come in plan order."""
@@ -134,6 +138,9 @@ class _OneAtATime:
 
     def __init__(self, plan: AblationPlan, *, config_path: str | None, sets: Sequence[str], quiet: bool, log: Log) -> None:
         self.plan, self.config_path, self.sets, self.quiet, self.log = plan, config_path, sets, quiet, log
+
+    def attached(self, child: Child) -> str | None:
+        return None  # a child trained here ends with this process
 
     def run(self, o: ChildOutcome, parent_id: str) -> dict[str, Any] | None:
         raise NotImplementedError
@@ -201,6 +208,9 @@ class PrintCommands:
     def __init__(self, plan: AblationPlan, *, config_path: str | None, sets: Sequence[str]) -> None:
         self.plan, self.config_path, self.sets = plan, config_path, sets
         self.commands: list[str] = []
+
+    def attached(self, child: Child) -> str | None:
+        return None
 
     def start(self, o: ChildOutcome, parent: Parent) -> None:
         pass

@@ -42,7 +42,7 @@ from dapo_cli.ablate.child import (
     read_summary,
 )
 from dapo_cli.ablate.launchers import AblationClock, Log, Parent, child_done, start_line
-from dapo_cli.ablate.variants import AblationPlan
+from dapo_cli.ablate.variants import AblationPlan, Child
 from dapo_cli.errors import UserError
 from dapo_cli.progress import format_duration
 
@@ -214,6 +214,9 @@ class Pool:
                  popen: PopenFn | None = None, poll_s: float = 0.2) -> None:
         self.plan, self.config_path, self.sets, self.log, self.popen, self.poll_s = plan, config_path, sets, log, popen, poll_s
         self.jobs: int | None = plan.base.ablate.jobs
+
+    def attached(self, child: Child) -> str | None:
+        return None  # its processes are this driver's
 
     def start(self, o: ChildOutcome, parent: Parent) -> None:
         pass  # queued: they all start in finish, once every child is decided

@@ -185,14 +185,21 @@ def _parent_run(client: Any, plan: AblationPlan, *, command: str, launcher: str)
 
 
 def _decide_child(client: Any, plan: AblationPlan, runs: Sequence[Any], i: int, child: Child, *,
-                  log: Log = no_log, clock: AblationClock | None = None) -> ChildOutcome:
+                  log: Log = no_log, clock: AblationClock | None = None,
+                  attached: Callable[[Child], str | None] | None = None) -> ChildOutcome:
     """Decide what to do for the ``i``-th child (:func:`decide`), tag its superseded runs and log both
-    (a skip is counted on ``clock``); the outcome carries the child's config."""
+    (a skip is counted on ``clock``); the outcome carries the child's config. A child not finished whose job
+    from an earlier driver is still queued or running (``attached``, the launcher's) is ``attach``: nothing
+    of it is superseded, and it is not started again."""
     cfg = plan.child_config(child)
     action, stale = decide(prior_runs(runs, child), has_checkpoint(cfg))
+    where = f"[{i}/{len(plan.children())}] {child.variant.name} seed {child.seed}"
+    live = attached(child) if attached is not None and action != "skip" else None
+    if live is not None:
+        log(f"{where}: still queued or running as {live}")
+        return ChildOutcome(child, "attach", [], where=where, cfg=cfg)
     for run_id in stale:
         client.set_tag(run_id, SUPERSEDED_TAG, "true")
-    where = f"[{i}/{len(plan.children())}] {child.variant.name} seed {child.seed}"
     if stale:
         log(f"{where}: superseding {len(stale)} earlier run(s) that never reached a checkpoint")
     if action == "skip":
@@ -255,7 +262,7 @@ def drive(plan: AblationPlan, launcher: Launcher, *, command: str, html: bool = 
         parent = Parent(tracker.run_id, clock)
         outcomes: list[ChildOutcome] = []
         for i, child in enumerate(plan.children(), start=1):
-            o = _decide_child(client, plan, runs, i, child, log=log, clock=clock)
+            o = _decide_child(client, plan, runs, i, child, log=log, clock=clock, attached=launcher.attached)
             outcomes.append(o)
             if o.action != "skip":
                 launcher.start(o, parent)
@@ -310,12 +317,38 @@ def slurm_launch(
     log: Log = no_log,
     argv_for: ArgvFn | None = None,
     poll_s: float | None = None,
+    detach: bool = False,
 ) -> AblationOutcome:
-    """Submit one submitit job per missing child, wait for them all, then write the report as :func:`run_ablation`
-    does (:class:`~dapo_cli.ablate.slurm.Slurm`)."""
+    """Submit one submitit job per missing child (re-attaching to those still queued or running), wait for them
+    all, then write the report as :func:`run_ablation` does (:class:`~dapo_cli.ablate.slurm.Slurm`); ``detach``:
+    return once submitted."""
     plan = continued(plan, log)
-    launcher = Slurm(plan, config_path=config_path, sets=sets, log=log, argv_for=argv_for, poll_s=poll_s)
+    launcher = Slurm(plan, config_path=config_path, sets=sets, log=log, argv_for=argv_for, poll_s=poll_s, detach=detach)
     return drive(plan, launcher, command=command, html=html, log=log)
+
+
+def ablation_status(plan: AblationPlan, job_state: Callable[[Child], str | None]) -> tuple[list[str], int]:
+    """Where every child of ``plan`` is, read only (nothing is created, tagged or submitted): one line per child
+    and how many have finished. Finished: an MLflow run FINISHED with its summary; else what ``job_state`` says of
+    its job (the slurm launcher's record and ``sacct``), or that it has not been started."""
+    _require_mlflow(plan)
+    client = mlflow_client(plan.base.tracking.tracking_uri)
+    parent = find_parent(client, plan.base.tracking.experiment, plan.ablation_id)
+    if parent is None:
+        raise UserError(f"ablation {plan.name} has not been started in this tracking store; run the same command "
+                        "without --status to start it")
+    runs = child_runs(client, parent)
+    lines, done = [], 0
+    for i, child in enumerate(plan.children(), start=1):
+        prior = prior_runs(runs, child)
+        where = f"[{i}/{len(plan.children())}] {child.variant.name} seed {child.seed}"
+        if decide(prior, False)[0] == "skip":
+            done += 1
+            lines.append(f"{where}: finished")
+            continue
+        job = job_state(child)
+        lines.append(f"{where}: {job or 'not started (no job recorded)'}")
+    return lines, done
 
 
 def print_launch(

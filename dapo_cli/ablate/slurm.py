@@ -4,11 +4,13 @@ submitit (Facebook Research) writes each job's sbatch script, pickled call and l
 ``ablate.slurm.folder``; ``ablate.slurm.cluster: local`` swaps Slurm for its LocalExecutor
 (each job a local process), which is how the tests run this path. :class:`Slurm` is the
 :class:`~dapo_cli.ablate.launchers.Launcher`: it submits each child the driver does not skip, and
-waits for them all in :meth:`Slurm.finish`. A job runs
-:func:`child_job`: the child's command (:func:`~dapo_cli.ablate.child.child_argv`) as a
-subprocess, with ``DAPO_PARENT_RUN_ID`` and ``DAPO_EXTRA_TAGS`` set, in the directory
-``dapo ablate`` was started from. Only this module imports submitit, and only when the
-slurm launcher runs.
+waits for them all in :meth:`Slurm.finish` (or, ``--detach``, does not). A job runs
+:class:`~dapo_cli.ablate.slurm_jobs.ChildJob`: the child's command (:func:`~dapo_cli.ablate.child.child_argv`)
+as a subprocess, with ``DAPO_PARENT_RUN_ID`` and ``DAPO_EXTRA_TAGS`` set, in the directory
+``dapo ablate`` was started from; on Slurm's warning signal it checkpoints and is requeued. Each
+submission is recorded (``<ablation>/slurm-jobs.json``), so a rerun re-attaches to jobs still queued or
+running instead of submitting them again. Only this module and :mod:`~dapo_cli.ablate.slurm_jobs` import
+submitit, and only when the slurm launcher runs.
 
 Before the parent run opens, :func:`probe_sbatch` asks Slurm to accept a child's job shape
 (``sbatch --test-only``): a login node whose ``sbatch`` cannot reach its controller, an unknown
@@ -29,20 +31,17 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from dapo_cli.ablate.child import ChildOutcome, child_argv, child_env, child_tags, run_child
+from dapo_cli.ablate.child import ChildOutcome, ablation_dir, child_argv, child_env, child_tags
 from dapo_cli.ablate.launchers import Parent
+from dapo_cli.ablate.slurm_jobs import ACTIVE_STATES, RECORD_NAME, ChildFailed, ChildJob, JobRecord, live_state
 from dapo_cli.ablate.variants import AblationPlan, Child
-from dapo_cli.errors import COLLAPSED, UserError
+from dapo_cli.errors import UserError
 from dapo_cli.redact import escape_controls, redact
 
 ArgvFn = Callable[[Child, bool], list[str]]
 """``(child, resume) -> argv`` of a child's job (default: :func:`~dapo_cli.ablate.child.child_argv`, the executed spelling)."""
 
 INSTALL_HINT = "launcher slurm needs submitit: pip install 'dapo-cli[slurm]'"
-
-
-class ChildFailed(RuntimeError):
-    """A child's command exited non-zero inside its job (re-raised by submitit in ``job.result()``)."""
 
 
 def require_submitit() -> Any:
@@ -78,6 +77,8 @@ def executor_parameters(slurm: Any, name: str) -> dict[str, Any]:
         "gpus_per_node": slurm.gpus_per_node,
         "cpus_per_task": slurm.cpus_per_task,
         "timeout_min": slurm.timeout_min,
+        # Slurm's warning ahead of the time limit (sbatch --signal=USR2@N): the child checkpoints, the job is requeued
+        "slurm_signal_delay_s": slurm.signal_delay_s,
     }
     if slurm.partition:
         params["slurm_partition"] = slurm.partition
@@ -134,34 +135,26 @@ def probe_sbatch(slurm: Any, *, run: Callable[..., Any] = subprocess.run) -> Non
 
 
 def make_executor(submitit: Any, slurm: Any) -> Any:
-    """submitit's executor, named: left to choose, ``AutoExecutor`` falls back to local processes wherever
+    """submitit's executor (a job reaching its time limit is requeued up to ``max_requeues`` times), named: left to choose, ``AutoExecutor`` falls back to local processes wherever
     ``srun`` is missing, which would train a cluster ablation on the login node."""
-    return submitit.AutoExecutor(folder=slurm.folder, cluster=slurm.cluster)
-
-
-def child_job(name: str, argv: Sequence[str], extra_env: Mapping[str, str], cwd: str) -> int:
-    """The job's callable: run the child's command to its end; its exit code, ChildFailed when it failed
-    (any non-zero code but the collapse guard's)."""
-    print(f"dapo ablate child {name}: {shlex.join(argv)}", flush=True)  # the first line of the job's log
-    code = run_child(argv, extra_env, cwd=cwd)
-    if code not in (0, COLLAPSED):  # a collapsed child finished and is recorded: not a failure
-        raise ChildFailed(f"child {name} exited with code {code}")
-    return code
+    return submitit.AutoExecutor(folder=slurm.folder, cluster=slurm.cluster, slurm_max_num_timeout=slurm.max_requeues)
 
 
 def _folder_entries(folder: Path) -> set[Path]:
     return set(folder.iterdir()) if folder.is_dir() else set()
 
 
-def submit(executor: Any, slurm: Any, name: str, argv: Sequence[str], extra_env: Mapping[str, str]) -> Any:
-    """Submit one child; returns its submitit job. A submission that fails is a UserError with the scheduler's
+def submit(executor: Any, slurm: Any, name: str, argv: Sequence[str], extra_env: Mapping[str, str],
+           resume_argv: Sequence[str] | None = None) -> Any:
+    """Submit one child (a :class:`~dapo_cli.ablate.slurm_jobs.ChildJob` running ``argv``, requeued with
+    ``resume_argv`` after a stop on Slurm's warning signal); returns its submitit job. A submission that fails is a UserError with the scheduler's
     last line, and the pickle and script submitit wrote for it are removed (the folder too, if it made it)."""
     folder = Path(slurm.folder)
     existed, before = folder.is_dir(), _folder_entries(folder)
     executor.update_parameters(**executor_parameters(slurm, name))
     try:
         with contextlib.redirect_stderr(io.StringIO()):  # submitit echoes a failed sbatch's stderr; the error line quotes it
-            return executor.submit(child_job, name, list(argv), dict(extra_env), os.getcwd())
+            return executor.submit(ChildJob(name, argv, resume_argv or argv, extra_env, os.getcwd()))
     except Exception as exc:
         for path in _folder_entries(folder) - before:
             shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink(missing_ok=True)
@@ -207,7 +200,8 @@ def wait(
             done.add(id(job))
             exc = job.exception()
             reason = failure_reason(exc) if exc is not None else ""
-            log(f"job {job.job_id} ({names[id(job)]}): {job.state}" + (f", failed: {reason}" if exc is not None else ""))
+            # submitit's cached state may predate the result file that ended the wait: a job without an error finished
+            log(f"job {job.job_id} ({names[id(job)]}): " + (f"{job.state}, failed: {reason}" if exc is not None else "finished"))
             if exc is not None:
                 failed.append(f"{names[id(job)]} (job {job.job_id}: {reason})")
     except BaseException:
@@ -219,41 +213,98 @@ def wait(
     return failed
 
 
+def job_state_reader(plan: AblationPlan) -> Callable[[Child], str | None]:
+    """For :func:`~dapo_cli.ablate.runner.ablation_status`: what Slurm says of each child's recorded job (``job 12:
+    RUNNING``; ``job 12: CANCELLED (ended unfinished; the rerun resumes or restarts it)``), None without one."""
+    record = JobRecord(ablation_dir(plan) / RECORD_NAME)
+    submitit = require_submitit() if record.jobs else None
+
+    def state(child: Child) -> str | None:
+        recorded = record.jobs.get(child.run_name)
+        if recorded is None:
+            return None
+        _, now = live_state(submitit, recorded)
+        ended = "" if now in ACTIVE_STATES else " (ended unfinished; the rerun resumes or restarts it)"
+        return f"job {recorded.job_id}: {now}{ended}"
+
+    return state
+
+
 class Slurm:
     """One submitit job per child not skipped; :meth:`finish` waits for them all. Failed jobs stop the
     ablation (after every job has ended) with a UserError naming them; rerunning the command resumes or
-    restarts just those. ``poll_s``: seconds between state checks (default 30 on Slurm, 0.5 with
-    ``cluster: local``). Refuses at construction when submitit is missing or the job shape is wrong."""
+    restarts just those. ``poll_s``: seconds between state checks (default ``ablate.slurm.poll_s`` on Slurm,
+    0.5 with ``cluster: local``). Refuses at construction when submitit is missing or the job shape is wrong.
 
-    name, reports, jobs = "slurm", True, None
+    On Slurm (``cluster: slurm``) every submission is recorded in ``<ablation>/slurm-jobs.json``
+    (:class:`~dapo_cli.ablate.slurm_jobs.JobRecord`) and :meth:`attached` finds a child's job from an
+    earlier driver that is still queued or running, so the rerun waits for it instead of submitting it again.
+    ``detach``: submit and return; nothing is waited for and no report is written (``--status`` or the
+    rerun does that). Ctrl-C while waiting cancels the jobs; a driver that dies (``kill -9``, a closed
+    login session: SIGHUP) leaves them running for the rerun to re-attach to."""
+
+    name, jobs = "slurm", None
 
     def __init__(self, plan: AblationPlan, *, config_path: str | None, sets: Sequence[str],
-                 log: Callable[[str], None], argv_for: ArgvFn | None = None, poll_s: float | None = None) -> None:
+                 log: Callable[[str], None], argv_for: ArgvFn | None = None, poll_s: float | None = None,
+                 detach: bool = False) -> None:
         self.submitit = require_submitit()
         check_resources(plan.base.ablate)
         self.plan, self.log, self.settings = plan, log, plan.base.ablate.slurm
-        if self.settings.cluster == "slurm":
+        on_slurm = self.settings.cluster == "slurm"
+        if detach and not on_slurm:
+            raise UserError("--detach needs jobs that outlive this command: ablate.slurm.cluster=slurm (local jobs are "
+                            "processes of the driver)")
+        if on_slurm:
             probe_sbatch(self.settings)
-        self.poll_s = poll_s if poll_s is not None else (30.0 if self.settings.cluster == "slurm" else 0.5)
+        self.detach, self.reports = detach, not detach
+        self.poll_s = poll_s if poll_s is not None else (self.settings.poll_s if on_slurm else 0.5)
         self.argv_for = argv_for or (lambda c, resume: child_argv(plan, c, config_path, sets, resume=resume, executable=True))
         self.executor = make_executor(self.submitit, self.settings)
+        self.record = JobRecord(ablation_dir(plan) / RECORD_NAME) if on_slurm else None
         self.submitted: list[tuple[str, Any]] = []
+        self._live: dict[str, Any] = {}
+
+    def attached(self, child: Child) -> str | None:
+        """``job N (STATE)`` when the record names a job of ``child`` that Slurm says is still queued or running
+        (it is waited for, not submitted again); None otherwise."""
+        recorded = self.record.jobs.get(child.run_name) if self.record is not None else None
+        if recorded is None:
+            return None
+        job, state = live_state(self.submitit, recorded)
+        if state not in ACTIVE_STATES:
+            return None
+        self._live[child.run_name] = job
+        return f"job {job.job_id} ({state})"
 
     def start(self, o: ChildOutcome, parent: Parent) -> None:
         child = o.child
+        if o.action == "attach":
+            job = self._live[child.run_name]
+            self.log(f"{o.where}: re-attached to job {job.job_id}, submitted by an earlier dapo ablate")
+            self.submitted.append((child.run_name, job))
+            return
         try:
             job = submit(self.executor, self.settings, child.run_name, self.argv_for(child, o.action == "resume"),
-                         child_env(parent.run_id, child_tags(self.plan, child, parent.run_id)))
+                         child_env(parent.run_id, child_tags(self.plan, child, parent.run_id)),
+                         resume_argv=self.argv_for(child, True))
         except UserError:
-            for name, queued in self.submitted:  # nobody would wait for them: a rerun must not find them training
-                self.log(f"cancelling job {queued.job_id} ({name})")
-                queued.cancel(check=False)
+            if not self.detach:
+                for name, queued in self.submitted:  # nobody would wait for them: a rerun must not find them training
+                    self.log(f"cancelling job {queued.job_id} ({name})")
+                    queued.cancel(check=False)
             raise
+        if self.record is not None:
+            self.record.add(child.run_name, job.job_id, self.settings.folder)
         self.log(f"{o.where}: submitted job {job.job_id}{' (resuming)' if o.action == 'resume' else ''}")
         self.submitted.append((child.run_name, job))
 
     def finish(self, outcomes: Sequence[ChildOutcome], parent: Parent) -> None:
         folder = self.settings.folder
+        if self.detach:
+            self.log(f"detached: {len(self.submitted)} job(s) queued or running (logs in {folder}); the same command "
+                     "with --status shows where they are, and writes the report once all are done")
+            return
         if self.submitted:
             self.log(f"waiting for {len(self.submitted)} job(s); logs in {folder}")
         failed = wait(self.submitit, self.submitted, poll_s=self.poll_s, log=self.log)

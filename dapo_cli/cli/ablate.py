@@ -117,6 +117,12 @@ def ablate(
             show_default="ablate.launcher of the config", rich_help_panel=Panel.RUN,
         ),
     ] = None,
+    detach: Annotated[bool, typer.Option(
+        "--detach", help="Slurm launcher: submit the jobs and return (they outlive this command); the same command with "
+        "--status, or run again, re-attaches and writes the report when all are done.", rich_help_panel=Panel.RUN)] = False,
+    status: Annotated[bool, typer.Option(
+        "--status", help="Where every child is (MLflow, and Slurm for the slurm launcher's jobs); starts nothing. "
+        "Once every child has finished, writes the report as a rerun would.", rich_help_panel=Panel.RUN)] = False,
     html: Annotated[bool, typer.Option("--html", help="Also write report.html.", rich_help_panel=Panel.OUTPUT)] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No per-step lines from the children (the overall progress stays).", rich_help_panel=Panel.OUTPUT)] = False,
 ) -> None:
@@ -162,6 +168,8 @@ def ablate(
                                          equivalence)))
         return
     chosen = launcher.value if launcher is not None else cfg.ablate.launcher
+    if detach and (chosen != "slurm" or status):
+        raise UserError("--detach is for --launcher slurm (the jobs outlive the command), without --status")
     if auto and chosen != "local":
         raise UserError(f"--seeds auto decides each wave from the last one's results: it needs --launcher local, not {chosen}")
     from dapo_cli.cli.preflight import check_train
@@ -175,6 +183,8 @@ def ablate(
         from dapo_cli.cli.common import check_tracking_uri
 
         check_tracking_uri(cfg.tracking.tracking_uri, create=True, what="tracking.tracking_uri")
+    if status and not show_status(plan, chosen):
+        return
     if chosen == "print":
         from dapo_cli.ablate.runner import print_launch
         from dapo_cli.tracking.tags import PARENT_RUN_ENV
@@ -204,7 +214,8 @@ def ablate(
 
     try:
         if chosen == "slurm":
-            outcome = slurm_launch(plan, command=command, config_path=config, sets=sets or [], html=html, log=log)
+            outcome = slurm_launch(plan, command=command, config_path=config, sets=sets or [], html=html, log=log,
+                                   detach=detach)
         elif auto:
             outcome = run_auto(plan, ladder, max_seeds, equivalence, command=command, config_path=config, sets=sets or [],
                                quiet=quiet, html=html, log=log)
@@ -215,11 +226,38 @@ def ablate(
 
         log(f"interrupted; the same command resumes the ablation (finished children are skipped): {command}")
         raise typer.Exit(code=EXIT_INTERRUPTED) from None
+    if detach:
+        console.print(f"MLflow parent run: {outcome.parent_run_id}; where the jobs are: {command} --launcher slurm --status",
+                      highlight=False, markup=False)
+        return
     if outcome.report is not None:
         print_report(outcome.report)
     for name, path in outcome.files.items():
         console.print(f"{name}: {path}", highlight=False, markup=False)
     console.print(f"MLflow parent run: {outcome.parent_run_id}", highlight=False, markup=False)
+
+
+def show_status(plan: AblationPlan, launcher: str) -> bool:
+    """``--status``: one line per child, read only; True when every child has finished (the caller then writes the
+    report as a rerun does), False when some are still to come."""
+    from dapo_cli.ablate.runner import ablation_status, continued
+
+    plan = continued(plan)
+    if launcher == "slurm":
+        from dapo_cli.ablate.slurm import job_state_reader
+
+        job_state = job_state_reader(plan)
+    else:
+        def job_state(_child: object) -> None:
+            return None
+    lines, done = ablation_status(plan, job_state)
+    for line in lines:
+        console.print(line, highlight=False, markup=False)
+    total = len(plan.children())
+    console.print(f"{done}/{total} children finished" + ("; writing the report" if done == total else
+                  "; the report is written once all have (the same command again, with or without --status)"),
+                  highlight=False, markup=False)
+    return done == total
 
 
 def run_auto(plan, ladder: bool, max_seeds: int, equivalence: float, **run_kwargs):

@@ -116,8 +116,6 @@ def train(
         raise UserError(f"{', '.join(used)} only {'works' if len(used) == 1 else 'work'} with --dry-run (add --dry-run, or drop "
                         f"{'it' if len(used) == 1 else 'them'})")
     level = verbosity(quiet, verbose)
-    from dapo_cli.train import run_train
-
     # `dapo ablate` children started as processes (--launcher print/slurm, ablate.nproc > 1) get
     # DAPO_PARENT_RUN_ID, so the child's MLflow run nests under the ablation's parent run, and
     # DAPO_EXTRA_TAGS (a JSON object: its ablate.* tags).
@@ -129,6 +127,8 @@ def train(
     # a password in the URI would be recorded in config.yaml, summary.json, dapo_run.json and the run's params
     cfg.tracking.tracking_uri = move_credentials(cfg.tracking.tracking_uri, "tracking.tracking_uri")
     check_train(cfg, resume=resume)  # before a run dir is claimed or an MLflow run opened
+    from dapo_cli.train import run_train  # the loop's imports take seconds: after the checks, which fail fast
+
     parent = os.environ.get(PARENT_RUN_ENV) or None
     try:
         with removing_new_dirs(Path(cfg.trainer.output_dir) / cfg.tracking.experiment):
@@ -142,9 +142,12 @@ def train(
                 verbose=level > 0,
             )
     except KeyboardInterrupt as exc:
+        from dapo_cli.errors import PREEMPTED
+        from dapo_cli.train import TrainingPreempted
+
         report_interrupt(exc, command_line("train", config, sets, toggles, resume=True),
                          command_line("train", config, sets, toggles))
-        raise typer.Exit(code=EXIT_INTERRUPTED) from None
+        raise typer.Exit(code=PREEMPTED if isinstance(exc, TrainingPreempted) else EXIT_INTERRUPTED) from None
     print_results(summary, as_json=as_json)
     if summary.get("stopped"):  # the collapse guard: the run is recorded, but it did not train to the end
         from dapo_cli.errors import COLLAPSED, RunStopped
@@ -154,13 +157,17 @@ def train(
 
 def report_interrupt(exc: KeyboardInterrupt, resume_command: str, fresh_command: str) -> None:
     """What Ctrl-C left, on stderr: the command that resumes the run, or that no checkpoint exists yet."""
-    from dapo_cli.train import TrainingInterrupted
+    from dapo_cli.train import TrainingInterrupted, TrainingPreempted
 
     def say(text: str) -> None:
         err_console.print(text, highlight=False, markup=False, soft_wrap=True)
 
     if not isinstance(exc, TrainingInterrupted):  # before the run started: nothing was claimed or recorded
         say(f"interrupted before training started; run it again with: {fresh_command}")
+    elif isinstance(exc, TrainingPreempted):
+        say(f"stopped by {exc.signal_name} (a scheduler's warning: time limit or preemption) after step {exc.step}; "
+            f"the MLflow run is marked KILLED; {exc.checkpoint.name if exc.checkpoint else 'no checkpoint'} is kept in {exc.run_dir}")
+        say(f"resume with: {resume_command}")
     elif exc.checkpoint is not None:
         say(f"interrupted in step {exc.step}; the MLflow run is marked KILLED; {exc.checkpoint.name} is kept in {exc.run_dir}")
         say(f"resume with: {resume_command}")

@@ -397,6 +397,12 @@ class SlurmConfig:
     cpus_per_task: int = setting(2, "CPUs per child job (one task runs the child and its torchrun processes)")
     mem_gb: int = setting(0, "memory per child job in GB (0: the scheduler's default)")
     timeout_min: int = setting(240, "wall-time limit per child job in minutes")
+    signal_delay_s: int = setting(
+        300, "seconds before the time limit at which Slurm sends SIGUSR2: the child ends its step, saves a checkpoint "
+        "and the job is requeued to resume it (allow one step and one checkpoint write)",
+    )
+    max_requeues: int = setting(3, "how many times a child's job is requeued after reaching its time limit")
+    poll_s: float = setting(30.0, "seconds between the waiting driver's looks at its jobs (Slurm's sacct is asked at most this often)")
     folder: str = setting("runs/slurm", "where submitit keeps each job's script, pickles and logs")
     cluster: str = setting(
         "slurm", "submit to Slurm, or run the jobs as local processes (submitit's LocalExecutor: tests, one machine)",

@@ -249,6 +249,11 @@ def validate(cfg: Config) -> None:
     require(slurm.cpus_per_task >= 1, f"ablate.slurm.cpus_per_task={slurm.cpus_per_task} must be >= 1")
     require(slurm.mem_gb >= 0, f"ablate.slurm.mem_gb={slurm.mem_gb} must be >= 0 (0: the scheduler's default)")
     require(slurm.timeout_min >= 1, f"ablate.slurm.timeout_min={slurm.timeout_min} must be >= 1")
+    require(0 <= slurm.signal_delay_s < slurm.timeout_min * 60,
+            f"ablate.slurm.signal_delay_s={slurm.signal_delay_s} must be >= 0 and below the time limit "
+            f"(ablate.slurm.timeout_min={slurm.timeout_min}: {slurm.timeout_min * 60} s)")
+    require(slurm.poll_s > 0, f"ablate.slurm.poll_s={slurm.poll_s} must be > 0 (seconds)")
+    require(slurm.max_requeues >= 0, f"ablate.slurm.max_requeues={slurm.max_requeues} must be >= 0 (0: never requeued)")
     require(bool(slurm.folder.strip()), "ablate.slurm.folder is empty; give a directory for submitit's logs (default runs/slurm)")
     tiny = cfg.model.tiny
     for key, value, low in (

@@ -20,12 +20,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__all__ = ["Collected", "TrainingInterrupted", "collect_batch", "compute_advantages", "run_train", "score_and_shape", "step_metrics"]
+__all__ = ["Collected", "TrainingInterrupted", "TrainingPreempted", "collect_batch", "compute_advantages", "run_train", "score_and_shape", "step_metrics"]
 
 if TYPE_CHECKING:
     from dapo_cli.train.loop import (
         Collected,
         TrainingInterrupted,
+        TrainingPreempted,
         collect_batch,
         compute_advantages,
         run_train,

@@ -51,7 +51,7 @@ from dapo_cli.diagnostics import contains_answer, group_length_spread, loops, on
 from dapo_cli.engine.dist import Collective, SingleProcess, gather_cat, reduce_sums
 from dapo_cli.errors import UserError
 from dapo_cli.rewards import score_batch
-from dapo_cli.signals import sigint_deferred
+from dapo_cli.signals import StopRequest, sigint_deferred, stop_requests
 from dapo_cli.tracking.base import Tracker
 from dapo_cli.train.rounds import Round, RoundSource, open_rounds
 from dapo_cli.train.session import TrainingSession
@@ -308,7 +308,9 @@ def run_train(
     Under torchrun every rank runs this function; rank 0 alone tracks, prints and validates.
     ``quiet``: no progress or step lines on stderr; ``verbose``: every metric of every step too.
     Ctrl-C raises :class:`TrainingInterrupted` after the MLflow run is marked KILLED, an
-    unfinished checkpoint write is removed and the run directory's lock is released.
+    unfinished checkpoint write is removed and the run directory's lock is released. A scheduler's stop
+    request (SIGUSR2, :func:`~dapo_cli.signals.stop_requests`) ends the step under way, saves a checkpoint
+    at it and raises :class:`TrainingPreempted` the same way: ``resume=True`` continues at the next step.
     """
     s = TrainingSession.open(cfg, resume=resume, verbosity=-1 if quiet else int(verbose))
     trainer, dist = cfg.trainer, s.dist
@@ -327,7 +329,7 @@ def run_train(
                                  worker=s.worker, worker_threads=s.worker_threads, pad_id=s.pad_id)
             if s.start_step == 0:
                 s.log_validation(tracker, step=0)
-            with s.reporter:
+            with s.reporter, stop_requests() as stop:
                 for step in range(s.start_step + 1, trainer.total_steps + 1):
                     clock = StepClock()
                     # ---- the DAPO step (Algorithm 1): collect → advantages → old log-probs → update
@@ -351,11 +353,15 @@ def run_train(
                     s.count_barren(informative_step(batch, dist))
                     # ---- plumbing: record the step; validate and checkpoint when due; stop after a collapse
                     logged = record_step(s, tracker, step, collected, metrics, synced, clock)
-                    validate_and_save(s, tracker, rounds, step)
+                    saved = validate_and_save(s, tracker, rounds, step)
                     if s.collapsed:
                         s.stop_collapsed(tracker, step)
                         break
+                    if step < trainer.total_steps and stop_agreed(stop, dist):
+                        save_for_stop(s, tracker, rounds, step, saved=saved, signal_name=stop.name or "SIGUSR2")
             return s.finish(tracker, logged)
+    except TrainingPreempted:  # the tracker has marked the run KILLED on its way out; the checkpoint is whole
+        raise
     except KeyboardInterrupt as exc:  # the tracker has marked the run KILLED on its way out
         if dist.is_main:
             s.ckpt.clean_stale()  # a checkpoint write the interrupt cut short
@@ -415,16 +421,35 @@ def record_step(
     return logged
 
 
-def validate_and_save(s: TrainingSession, tracker: Tracker, rounds: RoundSource, step: int) -> None:
+def validate_and_save(s: TrainingSession, tracker: Tracker, rounds: RoundSource, step: int) -> bool:
     """Validate and checkpoint when due: every ``test_freq`` / ``save_freq`` steps and at the last step (the
-    collapsed step is the last)."""
+    collapsed step is the last). True when a checkpoint was saved at ``step``."""
     trainer = s.cfg.trainer
     last = step if s.collapsed else trainer.total_steps
     if due(step, trainer.test_freq, last):
         s.log_validation(tracker, step=step)
-    if due(step, trainer.save_freq, last):
-        with sigint_deferred():  # Ctrl-C stops the run after this checkpoint, not inside it
-            s.save(step, tracker, stream_state=rounds.stream_state())  # rounds drawn ahead are drawn again
+    if not due(step, trainer.save_freq, last):
+        return False
+    with sigint_deferred():  # Ctrl-C stops the run after this checkpoint, not inside it
+        s.save(step, tracker, stream_state=rounds.stream_state())  # rounds drawn ahead are drawn again
+    return True
+
+
+def stop_agreed(stop: StopRequest, dist: Collective) -> bool:
+    """Whether any rank got the stop request (every rank must stop at the same step: the checkpoint is collective)."""
+    asked = torch.tensor([1.0 if stop.signum is not None else 0.0])
+    if dist.world_size > 1:
+        asked = dist.all_reduce(asked, op="max")
+    return bool(asked.item() > 0)
+
+
+def save_for_stop(s: TrainingSession, tracker: Tracker, rounds: RoundSource, step: int, *, saved: bool, signal_name: str) -> None:
+    """A stop request came: checkpoint ``step`` (unless it just was) and raise :class:`TrainingPreempted`; the
+    step's metrics are logged, so a resumed run logs from ``step + 1`` on, with no gap and no step twice."""
+    if not saved:
+        with sigint_deferred():
+            s.save(step, tracker, stream_state=rounds.stream_state())
+    raise TrainingPreempted(s.run_dir, step, s.ckpt.latest(), signal_name)
 
 
 class TrainingInterrupted(KeyboardInterrupt):
@@ -433,6 +458,15 @@ class TrainingInterrupted(KeyboardInterrupt):
     def __init__(self, run_dir: Path, step: int, checkpoint: Path | None) -> None:
         super().__init__(f"interrupted in step {step} of {run_dir}")
         self.run_dir, self.step, self.checkpoint = run_dir, step, checkpoint
+
+
+class TrainingPreempted(TrainingInterrupted):
+    """A stop request (``signal_name``, e.g. Slurm's time-limit warning) ended the run after step ``step``, whose
+    checkpoint it saved: the MLflow run is marked KILLED and ``dapo train --resume`` continues it."""
+
+    def __init__(self, run_dir: Path, step: int, checkpoint: Path | None, signal_name: str) -> None:
+        super().__init__(run_dir, step, checkpoint)
+        self.signal_name = signal_name
 
 
 def sample_rows(batch: RolloutBatch, limit: int = 16) -> list[dict[str, Any]]:

@@ -40,6 +40,9 @@ class Recording:
         self.finished: list[list[str]] = []
         self.parents: list[Parent] = []
 
+    def attached(self, child) -> str | None:
+        return None
+
     def start(self, o: ChildOutcome, parent: Parent) -> None:
         self.started.append((o.child.run_name.rsplit("/", 1)[-1], o.action))
 

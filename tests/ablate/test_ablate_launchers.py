@@ -171,7 +171,8 @@ def test_executor_parameters_and_job_shapes() -> None:
     from dapo_cli.config.schema import AblateConfig, SlurmConfig
 
     assert jobs.executor_parameters(SlurmConfig(), "a/b") == {
-        "name": "a/b", "nodes": 1, "tasks_per_node": 1, "gpus_per_node": 0, "cpus_per_task": 2, "timeout_min": 240}
+        "name": "a/b", "nodes": 1, "tasks_per_node": 1, "gpus_per_node": 0, "cpus_per_task": 2, "timeout_min": 240,
+        "slurm_signal_delay_s": 300}
     full = jobs.executor_parameters(SlurmConfig(partition="gpu", gpus_per_node=8, mem_gb=64), "n")
     assert full["slurm_partition"] == "gpu" and full["mem_gb"] == 64 and full["gpus_per_node"] == 8
     submitit = pytest.importorskip("submitit")
@@ -233,7 +234,7 @@ def test_slurm_launcher_on_the_local_executor_waits_for_every_job_then_reports(
     assert sorted(p.name for p in markers.iterdir()) == ["dapo-s0.json", "dapo-s1.json", "grpo-s1.json"]  # all waited for
     assert sum("submitted job" in line for line in lines) == 3 and "finished earlier, skipped" in lines[0]
     for name in ("dapo-s0", "grpo-s1"):
-        assert any(re.fullmatch(rf"job \d+ \({plan.name}/{name}\): FINISHED", line) for line in lines), lines
+        assert any(re.fullmatch(rf"job \d+ \({plan.name}/{name}\): finished", line) for line in lines), lines
     assert any(re.fullmatch(rf"job \d+ \({plan.name}/dapo-s1\): \w+, failed: child .* exited with code 5", line) for line in lines)
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     parent = client.get_run(client.search_runs([client.get_experiment_by_name("abl").experiment_id],

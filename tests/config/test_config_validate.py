@@ -78,6 +78,10 @@ INVALID: list[tuple[dict[str, object], str]] = [
     ({"ablate__slurm__cpus_per_task": 0}, "ablate.slurm.cpus_per_task=0 must be >= 1"),
     ({"ablate__slurm__mem_gb": -1}, "ablate.slurm.mem_gb=-1 must be >= 0 (0: the scheduler's default)"),
     ({"ablate__slurm__timeout_min": 0}, "ablate.slurm.timeout_min=0 must be >= 1"),
+    ({"ablate__slurm__timeout_min": 5}, "ablate.slurm.signal_delay_s=300 must be >= 0 and below the time limit "
+     "(ablate.slurm.timeout_min=5: 300 s)"),
+    ({"ablate__slurm__signal_delay_s": -1}, "ablate.slurm.signal_delay_s=-1 must be >= 0"),
+    ({"ablate__slurm__max_requeues": -1}, "ablate.slurm.max_requeues=-1 must be >= 0 (0: never requeued)"),
     ({"ablate__slurm__folder": " "}, "ablate.slurm.folder is empty"),
     ({"engine__zero_stage": 4}, "engine.zero_stage=4 is not a ZeRO stage; use 0, 1, 2 or 3"),
     ({"engine__num_threads": -1}, "engine.num_threads=-1 must be >= 0"),

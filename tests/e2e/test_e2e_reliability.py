@@ -122,3 +122,42 @@ def test_a_run_stopped_by_the_collapse_guard_exits_3_and_says_why(tmp_path, tiny
     (run,) = client.search_runs([client.get_experiment_by_name("e2e").experiment_id])
     assert run.info.status == "FINISHED" and run.data.tags["dapo.stopped"] == "collapse"
     assert [m.step for m in client.get_metric_history(run.info.run_id, "timing/step")] == [1, 2]
+
+
+def test_a_schedulers_stop_request_checkpoints_the_step_and_resume_logs_every_step_once(tmp_path, tiny_model_dir, monkeypatch):
+    """SIGUSR2 (Slurm's time-limit warning, as submitit asks for it) in step 2 of 4 with save_freq 0: the run ends
+    step 2, saves step_000002 (not due otherwise), exits 6 (PREEMPTED) with the resume command, the MLflow run is
+    KILLED; `--resume` continues the same run at step 3, so each metric holds steps 1..4 exactly once."""
+    import signal
+
+    from dapo_cli.train import loop
+
+    monkeypatch.chdir(tmp_path)
+    config = write_config(tmp_path, tiny_model_dir, steps=4)
+    real = loop.record_step
+
+    def signalled_in_step_2(s, tracker, step, *args, **kwargs):
+        if step == 2:
+            os.kill(os.getpid(), signal.SIGUSR2)  # arrives mid-step: recorded, the step goes on
+        return real(s, tracker, step, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "record_step", signalled_in_step_2)
+    args = ["train", str(config), "--no-dynamic-sampling", "--set", "trainer.save_freq=0"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 6, result.output
+    assert "stopped by SIGUSR2 (a scheduler's warning: time limit or preemption) after step 2" in result.output
+    assert "step_000002 is kept in" in result.output and "resume with: dapo train" in result.output
+    checkpoints = tmp_path / "runs" / "e2e" / RUN / "checkpoints"
+    assert sorted(p.name for p in checkpoints.glob("step_*")) == ["step_000002"]
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("e2e").experiment_id])
+    assert run.info.status == "KILLED"
+    assert signal.getsignal(signal.SIGUSR2) is signal.SIG_DFL  # the handler lives only as long as the loop
+
+    monkeypatch.setattr(loop, "record_step", real)
+    result = CliRunner().invoke(app, [*args, "--resume"])
+    assert result.exit_code == 0, result.output
+    (again,) = client.search_runs([client.get_experiment_by_name("e2e").experiment_id])
+    assert again.info.run_id == run.info.run_id and again.info.status == "FINISHED"
+    for key in ("timing/step", "actor/pg_loss", "response_length/mean"):
+        assert sorted(m.step for m in client.get_metric_history(run.info.run_id, key)) == [1, 2, 3, 4], key

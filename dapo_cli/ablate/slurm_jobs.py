@@ -1,0 +1,148 @@
+"""What an ablation's Slurm jobs are, kept where a rerun finds them, and what each job runs.
+
+A driver on a login node can die (a dropped SSH session, ``kill -9``, ``--detach`` on purpose) while its
+jobs train on. So every submission is written down at once in ``<ablation>/slurm-jobs.json`` (child run
+name → Slurm job id and submitit folder; :class:`JobRecord`), and a later ``dapo ablate`` of the same
+ablation asks Slurm (``sacct``, through submitit) where each recorded job is: one still queued or running
+is waited for again (re-attached), never submitted twice (:func:`live_state`).
+
+A job runs :class:`ChildJob`: the child's ``dapo train`` as a subprocess. It is checkpointable in
+submitit's sense: on Slurm's warning signal (``--signal=USR2@<signal_delay_s>``, sent ahead of the time
+limit) submitit calls :meth:`ChildJob.checkpoint`, which waits while the child (signalled too) ends its
+step and saves a checkpoint (exit :data:`~dapo_cli.errors.PREEMPTED`); the job is then requeued with
+the child's ``--resume`` command, up to ``ablate.slurm.max_requeues`` times.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dapo_cli.errors import COLLAPSED, PREEMPTED, UserError
+from dapo_cli.fileio import load_json, write_json_atomic
+
+RECORD_NAME = "slurm-jobs.json"
+
+ACTIVE_STATES = frozenset({
+    "PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "COMPLETING", "SUSPENDED",
+    "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "PREEMPTED", "RESV_DEL_HOLD",
+})
+"""Slurm job states (``sacct``'s State, first word) of a job that has not ended: still queued, running, or
+about to run again. Everything else (COMPLETED, FAILED, CANCELLED, TIMEOUT, NODE_FAIL, OUT_OF_MEMORY, ...)
+has ended."""
+
+
+class ChildFailed(RuntimeError):
+    """A child's command exited non-zero inside its job (re-raised by submitit in ``job.result()``)."""
+
+
+# ---------------------------------------------------------------- the record
+
+
+@dataclass(frozen=True)
+class RecordedJob:
+    job_id: str
+    folder: str
+
+
+class JobRecord:
+    """``<ablation>/slurm-jobs.json``: the Slurm job each child was last submitted as. Rewritten whole (temp
+    file, then rename) after every submission, so a driver killed between two submissions loses none."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.jobs: dict[str, RecordedJob] = {}
+        if path.is_file():
+            data = load_json(path.read_text(encoding="utf-8"))
+            jobs = data.get("jobs") if isinstance(data, dict) else None
+            if not isinstance(jobs, dict) or not all(
+                    isinstance(v, dict) and isinstance(v.get("job_id"), str) and isinstance(v.get("folder"), str)
+                    for v in jobs.values()):
+                raise UserError(f"{path} is not a dapo job record (jobs: {{child: {{job_id, folder}}}}); "
+                                "remove it to submit every unfinished child again")
+            self.jobs = {name: RecordedJob(v["job_id"], v["folder"]) for name, v in jobs.items()}
+
+    def add(self, name: str, job_id: str, folder: str) -> None:
+        self.jobs[name] = RecordedJob(str(job_id), str(Path(folder).resolve()))
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(self.path, {"jobs": {k: {"job_id": v.job_id, "folder": v.folder} for k, v in sorted(self.jobs.items())}})
+
+
+def slurm_state(job: Any) -> str:
+    """The job's state as Slurm reports it now (``sacct``, forced past submitit's cache); first word only
+    (``CANCELLED by 0`` → ``CANCELLED``); ``UNKNOWN`` when Slurm has no record of it."""
+    state = job.watcher.get_state(job.job_id, mode="force")
+    return (state.split() or ["UNKNOWN"])[0].upper()
+
+
+def live_state(submitit: Any, recorded: RecordedJob) -> tuple[Any, str]:
+    """``(submitit job, state)`` for a recorded job: the job handle to wait on, and whether it is still
+    active (:data:`ACTIVE_STATES`)."""
+    job = submitit.SlurmJob(folder=recorded.folder, job_id=recorded.job_id)
+    return job, slurm_state(job)
+
+
+# ---------------------------------------------------------------- what a job runs
+
+
+class ChildJob:
+    """The job's callable: run the child's command (``argv``, environment ours + ``extra_env``, in ``cwd``) to
+    its end; its exit code, :class:`ChildFailed` when it failed (any non-zero code but the collapse guard's).
+
+    :meth:`checkpoint` makes it requeueable: submitit calls it in the job's process on Slurm's warning
+    signal; it returns the job to run next (the same child with ``resume_argv``, once the child saved a
+    checkpoint) or None when there is nothing to requeue.
+    """
+
+    def __init__(self, name: str, argv: Sequence[str], resume_argv: Sequence[str], extra_env: Mapping[str, str],
+                 cwd: str) -> None:
+        self.name, self.argv, self.resume_argv = name, list(argv), list(resume_argv)
+        self.extra_env, self.cwd = dict(extra_env), cwd
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:  # the running process stays behind when submitit pickles the job again
+        return {k: v for k, v in self.__dict__.items() if k != "_proc"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._proc = None
+
+    def __call__(self) -> int:
+        print(f"dapo ablate child {self.name}: {shlex.join(self.argv)}", flush=True)  # the first line of the job's log
+        self._proc = subprocess.Popen(self.argv, env={**os.environ, **self.extra_env}, cwd=self.cwd)
+        code = self._proc.wait()
+        if code == PREEMPTED:  # stopped by a stop request that did not reach this process: nothing requeues it here
+            raise ChildFailed(f"child {self.name} stopped on a scheduler's signal (exit {PREEMPTED}) and was not requeued; "
+                              "its checkpoint is kept")
+        if code < 0:  # Slurm signals every process of the job: scancel, or the time limit with no checkpoint taken
+            raise ChildFailed(f"child {self.name} was stopped by {signal.Signals(-code).name} (scancel, or the job's time "
+                              "limit); its newest checkpoint is kept")
+        if code not in (0, COLLAPSED):  # a collapsed child finished and is recorded: not a failure
+            raise ChildFailed(f"child {self.name} exited with code {code}")
+        return code
+
+    def checkpoint(self) -> Any:
+        """On the warning signal: wait while the child saves its step and stops, then the requeued job's call
+        (submitit's ``DelayedSubmission``): ``resume_argv`` after a stop with a checkpoint, ``argv`` again when
+        the child had not started its loop; None when the child had already finished (nothing to requeue)."""
+        import submitit
+
+        proc = self._proc
+        if proc is not None:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGUSR2)  # Slurm signals the whole step; this covers a signal sent to us alone
+            code = proc.wait()
+            if code in (0, COLLAPSED):
+                return None
+            resumes = code == PREEMPTED
+        else:
+            resumes = False
+        argv = self.resume_argv if resumes else self.argv
+        print(f"dapo ablate child {self.name}: requeued" + (" to resume from its checkpoint" if resumes else ""), flush=True)
+        return submitit.helpers.DelayedSubmission(ChildJob(self.name, argv, self.resume_argv, self.extra_env, self.cwd))
