@@ -54,17 +54,38 @@ class StopRequest:
         return signal.Signals(self.signum).name if self.signum is not None else ""
 
 
+_EARLY = StopRequest()
+"""The request :func:`record_stop_requests_early` records into, before the training loop exists."""
+
+
+def _record_early(signum: int, _frame: Any) -> None:
+    _EARLY.signum = signum
+
+
+def record_stop_requests_early() -> None:
+    """From now on, record :data:`STOP_SIGNAL` instead of dying of it; the next :func:`stop_requests` starts with it.
+
+    ``dapo train`` calls this first thing: Slurm may send its warning within seconds of a job's start (its
+    checks run about once a minute), while the child is still importing, and the run must then stop at its
+    first step boundary with a checkpoint, not die with nothing saved.
+    """
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(STOP_SIGNAL, _record_early)
+
+
 @contextlib.contextmanager
 def stop_requests() -> Iterator[StopRequest]:
     """Record :data:`STOP_SIGNAL` instead of dying of it (its default action ends the process at once, mid-step).
 
-    The caller looks at the yielded :class:`StopRequest` at its safe points. Outside the main thread (where
-    Python cannot set handlers) nothing is installed and no request ever comes.
+    The caller looks at the yielded :class:`StopRequest` at its safe points; one recorded early
+    (:func:`record_stop_requests_early`) is carried in. Outside the main thread (where Python cannot set
+    handlers) nothing is installed and no request ever comes.
     """
     request = StopRequest()
     if threading.current_thread() is not threading.main_thread():
         yield request
         return
+    request.signum, _EARLY.signum = _EARLY.signum, None
 
     def record(signum: int, _frame: Any) -> None:
         request.signum = signum

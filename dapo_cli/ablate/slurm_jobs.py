@@ -91,6 +91,22 @@ def live_state(submitit: Any, recorded: RecordedJob) -> tuple[Any, str]:
 # ---------------------------------------------------------------- what a job runs
 
 
+def stop_and_reap(proc: subprocess.Popen[bytes]) -> int | None:
+    """Send ``proc`` SIGUSR2 (Slurm signals the whole job step; this covers a signal sent to the job's process
+    alone) and wait for its exit code, from inside a signal handler.
+
+    The handler runs while :meth:`ChildJob.__call__` is blocked in ``proc.wait()``, which holds the Popen's wait
+    lock: a second ``proc.wait()`` here would wait for that lock forever. So the child is reaped with
+    ``os.waitpid``; None when the interrupted wait had reaped it already and kept its code to itself.
+    """
+    try:
+        os.kill(proc.pid, signal.SIGUSR2)
+        _, status = os.waitpid(proc.pid, 0)
+    except (ProcessLookupError, ChildProcessError):
+        return proc.returncode
+    return os.waitstatus_to_exitcode(status)
+
+
 class ChildJob:
     """The job's callable: run the child's command (``argv``, environment ours + ``extra_env``, in ``cwd``) to
     its end; its exit code, :class:`ChildFailed` when it failed (any non-zero code but the collapse guard's).
@@ -135,9 +151,7 @@ class ChildJob:
 
         proc = self._proc
         if proc is not None:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGUSR2)  # Slurm signals the whole step; this covers a signal sent to us alone
-            code = proc.wait()
+            code = stop_and_reap(proc)
             if code in (0, COLLAPSED):
                 return None
             resumes = code == PREEMPTED

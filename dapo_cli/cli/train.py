@@ -72,6 +72,9 @@ def train(
     from_phase: Annotated[str | None, typer.Option("--from-phase", help="direct-advantage: rerun the latest iteration from this phase (generate, mc_values, critic, advantages, actor, evaluate), reusing the stored earlier ones.", show_default="none: a new run", rich_help_panel=Panel.ALGO)] = None,
 ) -> None:
     """Train a policy with DAPO (or any subset of its techniques) and record the run in MLflow."""
+    from dapo_cli.signals import record_stop_requests_early
+
+    record_stop_requests_early()  # a scheduler's warning during start-up stops the run after its first step, with a checkpoint
     toggles = Techniques(clip_higher=clip_higher, dynamic_sampling=dynamic_sampling, token_level_loss=token_level_loss,
                          overlong_shaping=overlong_shaping, overlong_filtering=overlong_filtering)
     if algo is not None or iterations is not None:

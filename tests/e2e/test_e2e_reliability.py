@@ -152,7 +152,10 @@ def test_a_schedulers_stop_request_checkpoints_the_step_and_resume_logs_every_st
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     (run,) = client.search_runs([client.get_experiment_by_name("e2e").experiment_id])
     assert run.info.status == "KILLED"
-    assert signal.getsignal(signal.SIGUSR2) is signal.SIG_DFL  # the handler lives only as long as the loop
+    from dapo_cli.signals import _record_early
+
+    assert signal.getsignal(signal.SIGUSR2) is _record_early  # the loop's handler is gone; the command's stays (its process)
+    signal.signal(signal.SIGUSR2, signal.SIG_DFL)
 
     monkeypatch.setattr(loop, "record_step", real)
     result = CliRunner().invoke(app, [*args, "--resume"])
@@ -161,3 +164,22 @@ def test_a_schedulers_stop_request_checkpoints_the_step_and_resume_logs_every_st
     assert again.info.run_id == run.info.run_id and again.info.status == "FINISHED"
     for key in ("timing/step", "actor/pg_loss", "response_length/mean"):
         assert sorted(m.step for m in client.get_metric_history(run.info.run_id, key)) == [1, 2, 3, 4], key
+
+
+def test_a_stop_request_during_start_up_is_kept_for_the_loop(monkeypatch):
+    """Slurm may warn a job seconds after its start, while `dapo train` still imports: the signal is recorded from the
+    command's first line and the loop's stop_requests() starts with it (and takes it, so a later loop starts clean)."""
+    import signal
+
+    from dapo_cli.signals import record_stop_requests_early, stop_requests
+
+    previous = signal.getsignal(signal.SIGUSR2)
+    try:
+        record_stop_requests_early()
+        os.kill(os.getpid(), signal.SIGUSR2)  # the process lives on: recorded, not its default action
+        with stop_requests() as stop:
+            assert stop.name == "SIGUSR2"
+        with stop_requests() as stop:
+            assert stop.signum is None
+    finally:
+        signal.signal(signal.SIGUSR2, previous)

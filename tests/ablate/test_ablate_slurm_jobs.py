@@ -1,0 +1,106 @@
+"""The slurm launcher's job record and its checkpointable job, without a cluster (the real one: test_ablate_slurm_*)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from dapo_cli.ablate.slurm_jobs import ChildFailed, ChildJob, JobRecord
+from dapo_cli.errors import PREEMPTED, UserError
+
+STOPS_ON_USR2 = f"""
+import signal, sys, time
+stop = []
+signal.signal(signal.SIGUSR2, lambda *_: stop.append(1))
+open(sys.argv[1], "w").write("started")
+for _ in range(600):
+    if stop:
+        sys.exit({PREEMPTED})  # what dapo train does after the checkpoint the signal asked for
+    time.sleep(0.05)
+"""
+"""A stand-in child: exits PREEMPTED once SIGUSR2 came, after writing a marker that says it is running."""
+
+
+def test_the_record_is_rewritten_whole_and_read_back(tmp_path: Path) -> None:
+    path = tmp_path / "abl" / "slurm-jobs.json"
+    record = JobRecord(path)
+    assert record.jobs == {}
+    record.add("abl/grpo-s0", "12", "runs/slurm")
+    record.add("abl/dapo-s0", "13", "runs/slurm")
+    record.add("abl/grpo-s0", "14", "runs/slurm")  # resubmitted: the newest job is the one to re-attach to
+    again = JobRecord(path)
+    assert {k: v.job_id for k, v in again.jobs.items()} == {"abl/grpo-s0": "14", "abl/dapo-s0": "13"}
+    assert again.jobs["abl/dapo-s0"].folder == str((Path.cwd() / "runs" / "slurm").resolve())
+    assert [p.name for p in path.parent.iterdir()] == ["slurm-jobs.json"]  # no temp file left
+
+
+@pytest.mark.parametrize("text", ['{"jobs": {"a": {"job_id": 12, "folder": "x"}}}', '[]', '{"jobs": {"a": "12"}}'])
+def test_a_record_that_is_not_one_is_one_line_naming_it(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "slurm-jobs.json"
+    path.write_text(text)
+    with pytest.raises(UserError, match=r"slurm-jobs.json is not a dapo job record .* remove it to submit every "
+                                        r"unfinished child again$"):
+        JobRecord(path)
+
+
+def test_the_job_survives_a_second_pickling_without_its_process(tmp_path: Path) -> None:
+    import pickle
+
+    job = ChildJob("abl/grpo-s0", ["a"], ["a", "--resume"], {"K": "V"}, str(tmp_path))
+    job._proc = object()  # type: ignore[assignment]  (a live Popen cannot be pickled; submitit pickles the job again)
+    back = pickle.loads(pickle.dumps(job))
+    assert back._proc is None and back.resume_argv == ["a", "--resume"] and back.extra_env == {"K": "V"}
+
+
+def test_on_the_warning_signal_the_child_stops_and_the_requeued_job_resumes_it(tmp_path: Path) -> None:
+    """What submitit does on Slurm's SIGUSR2, played here: its handler runs while the job's call waits for the child,
+    calls checkpoint() and leaves (submitit then requeues the job and exits). checkpoint() must reap the child from
+    inside that handler (the interrupted wait holds the child's wait lock) and name the resume command."""
+    pytest.importorskip("submitit")
+    marker = tmp_path / "started"
+    argv = [sys.executable, "-c", STOPS_ON_USR2, str(marker)]
+    job = ChildJob("abl/grpo-s0", argv, [*argv, "--resume"], {}, str(tmp_path))
+    result: dict[str, object] = {}
+
+    class Requeued(Exception):
+        pass
+
+    def submitit_handler(signum, frame):
+        result["next"] = job.checkpoint()
+        raise Requeued  # submitit's handler exits the job's process here
+
+    def signal_once_running() -> None:
+        for _ in range(400):
+            if marker.exists():
+                break
+            threading.Event().wait(0.05)
+        os.kill(os.getpid(), signal.SIGUSR2)
+
+    previous = signal.signal(signal.SIGUSR2, submitit_handler)
+    try:
+        threading.Thread(target=signal_once_running, daemon=True).start()
+        with pytest.raises(Requeued):
+            job()
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+    nxt = result["next"]
+    assert nxt.function.argv == [*argv, "--resume"]  # the child saved its step: the requeued job resumes it
+    assert nxt.function.name == "abl/grpo-s0" and nxt.args == () and nxt.kwargs == {}
+
+
+def test_a_child_killed_by_a_signal_is_named_as_stopped(tmp_path: Path) -> None:
+    job = ChildJob("abl/grpo-s0", [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGTERM)"],
+                   [], {}, str(tmp_path))
+    with pytest.raises(ChildFailed, match=r"^child abl/grpo-s0 was stopped by SIGTERM \(scancel, or the job's time "
+                                          r"limit\); its newest checkpoint is kept$"):
+        job()
+    ok = ChildJob("abl/dapo-s0", [sys.executable, "-c", "print(__import__('os').environ['DAPO_X'])"], [], {"DAPO_X": "1"},
+                  str(tmp_path))
+    assert ok() == 0
+    assert json.dumps(ok.__getstate__())  # plain data only
