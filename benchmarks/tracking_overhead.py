@@ -117,19 +117,26 @@ def run(model: Path, store: str, uri: str, steps: int, threads: int, *, backgrou
 
 
 @contextlib.contextmanager
-def mlflow_server(root: Path, timeout: float):
-    """``mlflow server`` on 127.0.0.1 (its own session; the whole group is stopped on exit)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+def mlflow_server(root: Path, timeout: float, *, port: int | None = None, app_name: str | None = None,
+                  env: dict[str, str] | None = None, settle: float = 5.0):
+    """``mlflow server`` on 127.0.0.1 (its own session; the whole group is stopped on exit).
+
+    Its SQLite store and artifacts are under ``root`` (``server.db``, ``artifacts/``; the log in ``server.log``,
+    appended to), so a server started again on the same ``root`` and ``port`` serves the same runs. ``app_name``:
+    e.g. ``basic-auth`` (MLflow's auth app; ``env`` then names its config and secret key); ``settle``: seconds
+    to wait after the first healthy answer. Yields the URL, or None when it does not answer within ``timeout``."""
+    if port is None:
+        port = free_port()
     mlflow = Path(sys.executable).with_name("mlflow")
     cmd = [str(mlflow), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
            "--backend-store-uri", f"sqlite:///{root / 'server.db'}", "--artifacts-destination", str(root / "artifacts")]
-    log = (root / "server.log").open("w")
+    if app_name:
+        cmd += ["--app-name", app_name]
+    log = (root / "server.log").open("a")
     # no job runner: its consumers (GenAI evaluation jobs, periodic tasks) take several CPU-seconds at
     # start-up on these 2 cores, and a tracking server for training never uses them
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+    server_env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **(env or {})}
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=server_env)
     uri = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + timeout
@@ -144,7 +151,7 @@ def mlflow_server(root: Path, timeout: float):
                 yield None
                 return
             time.sleep(0.5)
-        time.sleep(5)  # let its start-up finish before the run is timed
+        time.sleep(settle)  # let its start-up finish before the run is timed
         yield uri
     finally:
         if proc.poll() is None:
@@ -155,6 +162,13 @@ def mlflow_server(root: Path, timeout: float):
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
         log.close()
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def main() -> None:

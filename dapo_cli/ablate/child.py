@@ -20,6 +20,7 @@ from typing import Any
 
 from dapo_cli.ablate.variants import AblationPlan, Child, child_label
 from dapo_cli.errors import COLLAPSED
+from dapo_cli.tracking.credentials import bare_setting
 from dapo_cli.tracking.tags import child_env
 
 __all__ = [
@@ -89,12 +90,14 @@ def child_tags(plan: AblationPlan, child: Child, parent_id: str) -> dict[str, st
 def train_words(plan: AblationPlan, child: Child, config_path: str | None, sets: Sequence[str]) -> list[str]:
     """``dapo train [CONFIG] --set ... [--set AXIS=V ...] --set trainer.seed=S --set trainer.run_name=R --[no-]toggle ...``.
 
-    Resolved by ``dapo train``, these give exactly :meth:`AblationPlan.child_config`.
+    Resolved by ``dapo train``, these give exactly :meth:`AblationPlan.child_config`. A tracking URI's user and
+    password are left out of the words (they are printed, logged and recorded): the child reads them from
+    ``$MLFLOW_TRACKING_USERNAME`` / ``$MLFLOW_TRACKING_PASSWORD`` (``tracking/credentials.py``).
     """
     words = ["dapo", "train", *([config_path] if config_path else [])]
     label = f"tracking.run_label={child_label(child.variant, child.seed)}"
     axes = [f"{key}={value}" for key, value in child.variant.axes]
-    for item in [*sets, *axes, f"trainer.seed={child.seed}", f"trainer.run_name={child.run_name}", label]:
+    for item in [*map(bare_setting, sets), *axes, f"trainer.seed={child.seed}", f"trainer.run_name={child.run_name}", label]:
         words += ["--set", item]
     words += child.variant.techniques.flags()
     return words

@@ -6,6 +6,7 @@ Without CONFIG it runs the embedded ``experiments/tiny-ladder.yaml`` (built for 
 
 from __future__ import annotations
 
+import os
 import shlex
 from enum import Enum
 from pathlib import Path
@@ -182,7 +183,7 @@ def ablate(
     elif cfg.tracking.backend != "null":
         from dapo_cli.cli.common import check_tracking_uri
 
-        check_tracking_uri(cfg.tracking.tracking_uri, create=True, what="tracking.tracking_uri")
+        check_tracking_uri(cfg.tracking.tracking_uri, create=True, what="tracking.tracking_uri", experiment=cfg.tracking.experiment)
     if status and not show_status(plan, chosen):
         return
     if chosen == "print":
@@ -198,6 +199,11 @@ def ablate(
             highlight=False,
             markup=False,
         )
+        from dapo_cli.tracking.credentials import PASSWORD_VAR, USERNAME_VAR
+
+        if os.environ.get(USERNAME_VAR) or os.environ.get(PASSWORD_VAR):  # set by us from the URI, or by the user
+            err_console.print(f"the commands hold no tracking credentials: export ${USERNAME_VAR} and ${PASSWORD_VAR} "
+                              "where they run", highlight=False, markup=False)
         return
     from dapo_cli.ablate.runner import run_ablation, slurm_launch
     from dapo_cli.cli.report import print_report

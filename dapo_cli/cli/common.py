@@ -228,9 +228,11 @@ def _plugin_schemes() -> set[str]:
         return set()
 
 
-def check_tracking_uri(configured: str, *, create: bool, what: str = "--tracking-uri") -> str:
-    """The MLflow store a command will use is one it can open: a known URI scheme and, for
-    ``sqlite:///``, a database file in a writable directory (``create``) or an existing one.
+def check_tracking_uri(configured: str, *, create: bool, what: str = "--tracking-uri", experiment: str | None = None) -> str:
+    """The MLflow store a command will use is one it can open: a known URI scheme; for ``sqlite:///``, a
+    database file in a writable directory (``create``) or an existing one; for an ``http(s)://`` server, one
+    that answers and lets this user in (and read ``experiment``, when given:
+    :func:`~dapo_cli.tracking.server.check_server`).
 
     Nothing is created; returns the resolved URI (config, else ``$MLFLOW_TRACKING_URI``, else
     ``sqlite:///mlflow.db``). The store itself is opened later; this catches what would
@@ -257,6 +259,10 @@ def check_tracking_uri(configured: str, *, create: bool, what: str = "--tracking
         raise UserError(f"MLflow store '{uri}' (from {source}): a SQLite store is sqlite:///relative.db or sqlite:////absolute.db")
     db = sqlite_path(uri)
     if db is None:
+        from dapo_cli.tracking.server import check_server, is_server
+
+        if is_server(uri):
+            check_server(uri, experiment)
         return uri
     if db.is_dir():
         raise UserError(f"MLflow store {uri} (from {source}): {db} is a directory; name a database file, e.g. {db / 'mlflow.db'}")

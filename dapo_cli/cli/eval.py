@@ -208,7 +208,7 @@ def check_options(opts: EvalOptions) -> None:
     if opts.output is not None:
         check_writable_dir(opts.output, "--output")
     if opts.tracking_backend != "null":
-        check_tracking_uri(opts.tracking_uri, create=True)
+        check_tracking_uri(opts.tracking_uri, create=True, experiment=opts.experiment)  # a server's refusal too
     if not opts.checkpoint.startswith("builtin:") and Path(opts.checkpoint).expanduser().exists():
         from dapo_cli.eval.run import resolve_checkpoint
         from dapo_cli.models.loading import check_model_dir

@@ -29,7 +29,7 @@ def check_train(cfg: Config, *, resume: bool = False) -> None:
     check_datasets(cfg)
     check_engines(cfg)
     if cfg.tracking.backend != "null":
-        check_tracking_uri(cfg.tracking.tracking_uri, create=True, what="tracking.tracking_uri")
+        check_tracking_uri(cfg.tracking.tracking_uri, create=True, what="tracking.tracking_uri", experiment=cfg.tracking.experiment)
 
 
 def check_engines(cfg: Config) -> None:

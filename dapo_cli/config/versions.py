@@ -24,8 +24,8 @@ from typing import Any
 
 from dapo_cli.config.schema import Config, ConfigError, flatten
 
-SCHEMA_VERSION = 4
-"""The version of the schema this dapo writes (4: rollout.dtype, rollout.sync_check_gap, engine.optimizer; 3: engine.logprob_chunk, the policy-loss and rollout-correction registries; 2:
+SCHEMA_VERSION = 5
+"""The version of the schema this dapo writes (5: ablate.slurm.signal_delay_s, max_requeues, poll_s; 4: rollout.dtype, rollout.sync_check_gap, engine.optimizer; 3: engine.logprob_chunk, the policy-loss and rollout-correction registries; 2:
 rollout.kv_cache_gib; 1: the first recorded; 0: a config saved without one)."""
 VERSION_KEY = "schema_version"
 """The top-level key of a saved config that records its version (not a setting: never in :class:`Config`)."""
@@ -96,6 +96,11 @@ ADDED_KEYS: dict[str, Added] = {
     "ablate.nproc": Added(1, "dapo ablate only; 1: each child in one process, as before"),
     "ablate.jobs": Added(1, "dapo ablate only; 1: one child at a time, as before"),
     "ablate.slurm": Added(1, "read by the slurm launcher only"),
+    "ablate.slurm.signal_delay_s": Added(
+        5, "slurm launcher only, not what a child trains (before, submitit's 90 s warning killed the child unsaved)",
+    ),
+    "ablate.slurm.max_requeues": Added(5, "slurm launcher only; 3: submitit's own limit on requeues, as before"),
+    "ablate.slurm.poll_s": Added(5, "slurm launcher only; 30: how often the driver looked, as before"),
 }
 """Keys added to the schema, by dotted key or section (a section's entry covers every key in it)."""
 

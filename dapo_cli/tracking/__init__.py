@@ -65,7 +65,8 @@ def start_run(
 
 def close_failed_run(tracker: Tracker, status: str) -> None:
     """Mark a run that ended by an exception; a store that fails this too (it may be why the run ended)
-    must not replace that exception with its own."""
+    must not replace that exception with its own, nor hold it up waiting for a server that does not answer."""
+    tracker.abandon()
     try:
         tracker.finish(status)
     except Exception:  # noqa: BLE001 - the original exception is on its way to the user

@@ -37,6 +37,7 @@ class BackgroundTracker:
         self.inner = inner
         self.run_id = inner.run_id
         self.tracking_uri = inner.tracking_uri
+        self.down = inner.down
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dapo-tracking")
         self._pending: list[Future[None]] = []
         self._lock = threading.Lock()
@@ -89,11 +90,21 @@ class BackgroundTracker:
             failed = self._failed is not None and status == "FINISHED"
             self.inner.finish("FAILED" if failed else status)
 
-    def flush(self) -> None:
-        """Wait for every queued call; re-raise the first failure among them."""
+    def abandon(self) -> None:
+        """At once, not queued: the worker may be the one waiting for the server."""
+        self.inner.abandon()
+
+    def flush(self, *, unless_down: bool = False) -> None:
+        """Wait for every queued call; re-raise the first failure among them. ``unless_down``: return as soon as
+        the inner tracker waits for a server that does not answer (``down``), leaving the rest queued."""
         with self._lock:
             pending, self._pending = self._pending, []
-        for future in pending:
+        for i, future in enumerate(pending):
+            while unless_down and not future.done():
+                if self.down.wait(0.05):
+                    with self._lock:  # still queued: the next flush waits for them
+                        self._pending = [f for f in pending[i:] if not f.done()] + self._pending
+                    return
             try:
                 future.result()
             except BaseException:  # noqa: BLE001 - _run kept it in self._failed

@@ -7,6 +7,7 @@ nothing and lets code log unconditionally (no ``if tracker:`` checks).
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
@@ -17,6 +18,8 @@ class Tracker(Protocol):
     run_id: str
     tracking_uri: str
     """Where the run is stored (the resolved MLflow URI); empty when nothing is stored."""
+    down: threading.Event
+    """Set while a call waits for a tracking server that does not answer (:func:`~dapo_cli.tracking.server.wait_out`)."""
 
     def log_params(self, params: Mapping[str, Any]) -> None: ...
 
@@ -36,11 +39,17 @@ class Tracker(Protocol):
         """A list of same-keyed rows as an MLflow table (JSON artifact shown in the UI)."""
         ...
 
-    def flush(self) -> None:
-        """Everything logged so far is in the store (a background tracker waits for its queue)."""
+    def flush(self, *, unless_down: bool = False) -> None:
+        """Everything logged so far is in the store (a background tracker waits for its queue). ``unless_down``:
+        return at once instead while the tracking server does not answer (what is queued stays queued)."""
         ...
 
     def finish(self, status: str = "FINISHED") -> None: ...
+
+    def abandon(self) -> None:
+        """The run is ending by an exception (Ctrl-C, a failure): stop waiting for a tracking server that
+        does not answer (:func:`~dapo_cli.tracking.server.wait_out`), so the ending is not held up by it."""
+        ...
 
     def tag_other_run(
         self, run_id: str, tags: Mapping[str, str], *, append: Mapping[str, str] | None = None
@@ -64,6 +73,7 @@ class NullTracker:
 
     run_id = ""
     tracking_uri = ""
+    down = threading.Event()  # never set: nothing to wait for
 
     def log_params(self, params: Mapping[str, Any]) -> None:
         pass
@@ -86,10 +96,13 @@ class NullTracker:
     def log_table(self, rows: Sequence[Mapping[str, Any]], artifact_file: str) -> None:
         pass
 
-    def flush(self) -> None:
+    def flush(self, *, unless_down: bool = False) -> None:
         pass
 
     def finish(self, status: str = "FINISHED") -> None:
+        pass
+
+    def abandon(self) -> None:
         pass
 
     def tag_other_run(

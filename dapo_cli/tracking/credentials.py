@@ -73,3 +73,17 @@ def move_credentials(configured: str, what: str) -> str:
         else:
             os.environ[URI_VAR] = bare
     return configured
+
+
+def bare_setting(item: str) -> str:
+    """A ``KEY=VALUE`` override (``--set``) with the credentials of a URI value removed: what a command line
+    passed on to other processes says (``dapo ablate``'s children, printed or started), once
+    :func:`move_credentials` has put the credentials in the environment those processes read.
+
+    >>> bare_setting("tracking.tracking_uri=http://me:pw@host:5000")
+    'tracking.tracking_uri=http://host:5000'
+    >>> bare_setting("trainer.lr=1e-4")
+    'trainer.lr=1e-4'
+    """
+    key, eq, value = item.partition("=")
+    return f"{key}{eq}{split_credentials(value)[0]}" if eq else item

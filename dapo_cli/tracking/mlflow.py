@@ -270,21 +270,28 @@ M = TypeVar("M", bound=Callable[..., Any])
 
 
 def store_call(method: M) -> M:
-    """A tracker method that talks to the store: once the run is open, the store failing (a server that
-    stopped answering, a database gone or locked) is the machine's failure, not a bug and not bad input:
-    one line, exit 5 (:class:`~dapo_cli.errors.EnvironmentFailure`). A full disk under a local store stays
-    an ``OSError`` (the CLI names it as such)."""
+    """A tracker method that talks to the store: once the run is open, a tracking server that stops answering
+    is waited for (:func:`~dapo_cli.tracking.server.wait_out`: retried for up to ten minutes); past that, or
+    the store failing otherwise (a refusal, a database gone or locked), is the machine's failure, not a bug
+    and not bad input: one line, exit 5 (:class:`~dapo_cli.errors.EnvironmentFailure`). A full disk under a
+    local store stays an ``OSError`` (the CLI names it as such)."""
 
     @functools.wraps(method)
     def call(self: MlflowTracker, *args: Any, **kwargs: Any) -> Any:
         from mlflow.exceptions import MlflowException
 
+        from dapo_cli.tracking.server import OUTAGE_LIMIT_S, is_server, is_transient, wait_out
+
+        server = is_server(self.tracking_uri)
         try:
+            if server:
+                return wait_out(lambda: method(self, *args, **kwargs), self.tracking_uri, stop=self.abandoned, down=self.down)
             return method(self, *args, **kwargs)
         except MlflowException as exc:
             detail = " ".join(str(exc).split())[:300]
+            waited = f" after no answer for {OUTAGE_LIMIT_S:.0f} s" if server and is_transient(exc) else ""
             raise EnvironmentFailure(
-                f"the MLflow store {self.tracking_uri} failed during the run ({detail}); what was recorded before "
+                f"the MLflow store {self.tracking_uri} failed during the run{waited} ({detail}); what was recorded before "
                 "stays, and checkpoints are on disk: rerun once the store answers (dapo train --resume continues "
                 "from the last complete checkpoint)"
             ) from exc
@@ -305,9 +312,15 @@ class MlflowTracker:
         parent_run_id: str | None = None,
         resume_run_id: str | None = None,
     ) -> None:
+        import threading
+
         from mlflow.exceptions import MlflowException
 
         self.tracking_uri = resolve_tracking_uri(tracking_uri)
+        self.abandoned = threading.Event()
+        """Set by :meth:`abandon`: a call waiting for the server gives up."""
+        self.down = threading.Event()
+        """Set while a call waits for a server that does not answer."""
         try:
             self.client = _client(self.tracking_uri)
             if resume_run_id:
@@ -325,7 +338,10 @@ class MlflowTracker:
                 run = self.client.create_run(exp_id, run_name=run_name, tags=all_tags)
                 self.run_id = run.info.run_id
         except MlflowException as exc:
-            raise UserError(f"MLflow store {redact(self.tracking_uri)} failed: {redact(str(exc).splitlines()[0])}") from None
+            from dapo_cli.tracking.server import refusal
+
+            message = refusal(self.tracking_uri, exc, experiment)
+            raise UserError(message or f"MLflow store {redact(self.tracking_uri)} failed: {redact(str(exc).splitlines()[0])}") from None
         self.experiment = experiment
 
     _recorded: dict[str, int] = {}
@@ -404,8 +420,11 @@ class MlflowTracker:
         folder = artifact_file.rsplit("/", 1)[0] if "/" in artifact_file else None
         return any(a.path == artifact_file for a in self.client.list_artifacts(self.run_id, folder))
 
-    def flush(self) -> None:
+    def flush(self, *, unless_down: bool = False) -> None:
         """Every call above has returned once written: nothing to wait for."""
+
+    def abandon(self) -> None:
+        self.abandoned.set()
 
     @store_call
     def finish(self, status: str = "FINISHED") -> None:

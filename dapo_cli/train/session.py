@@ -406,8 +406,10 @@ class TrainingSession:
             "last_val": self.last_val,
             "world_size": self.dist.world_size,
         }
-        if tracker is not None:  # the step's metrics are in the store before its checkpoint exists:
-            tracker.flush()      # a resume from it never finds a recorded step missing
+        if tracker is not None:  # the step's metrics are in the store before its checkpoint exists: a resume from it
+            # never finds a recorded step missing; while the tracking server does not answer the checkpoint does not
+            # wait for it (the records stay queued, written when it is back; lost only if this process dies first)
+            tracker.flush(unless_down=True)
         run_info = {  # model/dapo_run.json: `dapo eval` of these weights links its run to this one
             "mlflow_run_id": self.mlflow_run_id or "", "experiment": self.cfg.tracking.experiment,
             "tracking_uri": tracker.tracking_uri if tracker is not None else "", "run_name": self.display_name,

@@ -18,9 +18,11 @@ from test_ablate_slurm_cluster import EXPERIMENT, ablation_dir, env, recorded_jo
 
 pytestmark = pytest.mark.cluster
 
-STEPS = 30
-"""More than one job of 1 minute does: Slurm warns it up to a minute early (seen: 5 to 20 s after the start, for
-`--time=1 --signal=USR2@30`), and a child needs ~8 s to start and ~0.5 s a step."""
+STEPS = 200
+"""More than one job does before its warning: Slurm looks at time limits every 30 s and warns at the first look
+within 30 s of the warning time (`--time=2 --signal=USR2@60`: 30 to 60 s after the start; seen 50 s, and 5 s
+after the start of a 1-minute job with a 30 s warning), and this child needs ~8 s to start and ~0.3 s a step
+(seen: warned after step 122 of the first job)."""
 
 
 def pending_on_begin_time(job_id: str) -> bool:
@@ -31,9 +33,10 @@ def pending_on_begin_time(job_id: str) -> bool:
 def test_a_child_at_its_time_limit_checkpoints_is_requeued_and_resumes_without_a_gap(tmp_path, tiny_model_dir, slurm):
     config = write_config(tmp_path, tiny_model_dir, steps=STEPS)
     argv = [sys.executable, "-m", "dapo_cli", "ablate", str(config), "--ladder", "--only", "grpo", "--seeds", "1",
-            "--launcher", "slurm", "--set", "ablate.slurm.timeout_min=1", "--set", "ablate.slurm.signal_delay_s=30",
-            "--set", "ablate.slurm.max_requeues=10",
-            "--set", "trainer.save_freq=0"]  # no checkpoint but the one the warning asks for
+            "--launcher", "slurm", "--set", "ablate.slurm.timeout_min=2", "--set", "ablate.slurm.signal_delay_s=60",
+            "--set", "ablate.slurm.max_requeues=10", "--set", "trainer.save_freq=0",  # no checkpoint but the warning's
+            "--set", "data.train_batch_size=16", "--set", "rollout.n=8", "--set", "rollout.max_response_length=48",
+            "--set", "data.synthetic_train_size=256"]
     log = tmp_path / "driver.log"
     requeues = 0
     with log.open("w") as out:

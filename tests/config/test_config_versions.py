@@ -148,6 +148,8 @@ def test_a_version_1_config_gets_the_kv_cache_size_of_version_2_and_the_registri
         # version 4: vLLM's serving dtype (auto: model.dtype on CPU, as before) and its check after each sync
         "rollout.dtype": "auto", "rollout.sync_check_gap": 0.5,
         "engine.optimizer": "torch",  # version 4: which AdamW implementation steps, not the update (its default)
+        # version 5: the slurm launcher's time-limit warning, requeues and polling (not what a child trains)
+        "ablate.slurm.signal_delay_s": 300, "ablate.slurm.max_requeues": 3, "ablate.slurm.poll_s": 30.0,
     }
     assert upgraded["rollout"]["kv_cache_gib"] is None and upgraded["algorithm"]["policy_loss"] == "dapo"
 

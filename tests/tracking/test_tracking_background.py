@@ -23,6 +23,7 @@ class Recorder:
     tracking_uri = "memory://"
 
     def __init__(self, fail_on_step: int | None = None) -> None:
+        self.down = threading.Event()
         self.calls: list[tuple[Any, ...]] = []
         self.gate: threading.Event | None = None
         self.fail_on_step = fail_on_step
@@ -64,11 +65,34 @@ class Recorder:
         self.calls.append(("orphans",))
         return []
 
-    def flush(self) -> None:
+    def flush(self, *, unless_down: bool = False) -> None:
         pass
+
+    def abandon(self) -> None:
+        self.calls.append(("abandon",))
 
     def finish(self, status: str = "FINISHED") -> None:
         self.calls.append(("finish", status))
+
+
+@pytest.mark.slow
+def test_a_checkpoints_flush_does_not_wait_for_a_server_that_is_down() -> None:
+    """flush(unless_down=True) (before a checkpoint) returns once the worker waits for a server that does not
+    answer; what is queued stays queued, in order, and the next plain flush waits for all of it."""
+    inner = Recorder()
+    inner.gate = threading.Event()
+    tracker = BackgroundTracker(inner)
+    tracker.log_metrics({"a": 1.0}, step=1)  # the worker holds this write: the server "does not answer"
+    tracker.log_metrics({"a": 2.0}, step=2)
+    inner.down.set()
+    t0 = time.perf_counter()
+    tracker.flush(unless_down=True)
+    assert time.perf_counter() - t0 < 1.0 and inner.calls == []
+    inner.down.clear()
+    inner.gate.set()  # the server answers again
+    tracker.flush()
+    assert [c[2] for c in inner.calls if c[0] == "metrics"] == [1, 2]
+    tracker.finish()
 
 
 @pytest.mark.slow
