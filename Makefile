@@ -80,9 +80,12 @@ $(CLUSTER_STAMP): $(STAMP)
 	$(EDITABLE) $(PY) -m pip install $(PIP) -c constraints.txt -e '.[dev,cluster-test]'
 	touch $(CLUSTER_STAMP)
 
+# Four pytest processes on 2 cores: each cluster test module mostly waits (on Slurm's jobs, a server's restart), so
+# the four modules run side by side; the Slurm node itself runs at most two child jobs at once.
+CLUSTER_JOBS ?= 4
 test-cluster: $(CLUSTER_STAMP)
 	bash .ci/slurm-up
-	$(PY) -m pytest -m cluster -n $(TEST_JOBS) --dist loadscope --durations=10; status=$$?; bash .ci/slurm-down; exit $$status
+	$(PY) -m pytest -m cluster -n $(CLUSTER_JOBS) --dist loadscope --durations=10; status=$$?; bash .ci/slurm-down; exit $$status
 
 # The two README commands in a fresh clone of HEAD with empty caches, timed (.ci/fresh-check; ~20 min).
 fresh-check:

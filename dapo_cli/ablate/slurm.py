@@ -145,16 +145,16 @@ def _folder_entries(folder: Path) -> set[Path]:
 
 
 def submit(executor: Any, slurm: Any, name: str, argv: Sequence[str], extra_env: Mapping[str, str],
-           resume_argv: Sequence[str] | None = None) -> Any:
-    """Submit one child (a :class:`~dapo_cli.ablate.slurm_jobs.ChildJob` running ``argv``, requeued with
-    ``resume_argv`` after a stop on Slurm's warning signal); returns its submitit job. A submission that fails is a UserError with the scheduler's
+           resume_argv: Sequence[str] | None = None, run_dir: str = "") -> Any:
+    """Submit one child (a :class:`~dapo_cli.ablate.slurm_jobs.ChildJob` running ``argv``; requeued after a stop
+    on Slurm's warning signal, it reads ``run_dir`` to run ``resume_argv`` or nothing); returns its submitit job. A submission that fails is a UserError with the scheduler's
     last line, and the pickle and script submitit wrote for it are removed (the folder too, if it made it)."""
     folder = Path(slurm.folder)
     existed, before = folder.is_dir(), _folder_entries(folder)
     executor.update_parameters(**executor_parameters(slurm, name))
     try:
         with contextlib.redirect_stderr(io.StringIO()):  # submitit echoes a failed sbatch's stderr; the error line quotes it
-            return executor.submit(ChildJob(name, argv, resume_argv or argv, extra_env, os.getcwd()))
+            return executor.submit(ChildJob(name, argv, resume_argv or argv, extra_env, os.getcwd(), run_dir))
     except Exception as exc:
         for path in _folder_entries(folder) - before:
             shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink(missing_ok=True)
@@ -211,6 +211,14 @@ def wait(
                 job.cancel(check=False)
         raise
     return failed
+
+
+def child_run_dir(plan: AblationPlan, child: Child) -> Path:
+    """The child's run dir, as its ``dapo train`` names it (relative to where ``dapo ablate`` runs, unless
+    ``trainer.output_dir`` is absolute)."""
+    from dapo_cli.checkpoint import run_dir_for
+
+    return run_dir_for(plan.base.trainer.output_dir, plan.base.tracking.experiment, child.run_name)
 
 
 def job_state_reader(plan: AblationPlan) -> Callable[[Child], str | None]:
@@ -287,7 +295,7 @@ class Slurm:
         try:
             job = submit(self.executor, self.settings, child.run_name, self.argv_for(child, o.action == "resume"),
                          child_env(parent.run_id, child_tags(self.plan, child, parent.run_id)),
-                         resume_argv=self.argv_for(child, True))
+                         resume_argv=self.argv_for(child, True), run_dir=str(child_run_dir(self.plan, child)))
         except UserError:
             if not self.detach:
                 for name, queued in self.submitted:  # nobody would wait for them: a rerun must not find them training

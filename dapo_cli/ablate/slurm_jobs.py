@@ -91,20 +91,21 @@ def live_state(submitit: Any, recorded: RecordedJob) -> tuple[Any, str]:
 # ---------------------------------------------------------------- what a job runs
 
 
-def stop_and_reap(proc: subprocess.Popen[bytes]) -> int | None:
+def stop_and_reap(proc: subprocess.Popen[bytes]) -> None:
     """Send ``proc`` SIGUSR2 (Slurm signals the whole job step; this covers a signal sent to the job's process
-    alone) and wait for its exit code, from inside a signal handler.
+    alone) and wait until it has exited, from inside a signal handler.
 
-    The handler runs while :meth:`ChildJob.__call__` is blocked in ``proc.wait()``, which holds the Popen's wait
-    lock: a second ``proc.wait()`` here would wait for that lock forever. So the child is reaped with
-    ``os.waitpid``; None when the interrupted wait had reaped it already and kept its code to itself.
+    The handler runs while :meth:`ChildJob.__call__` waits for the child, which may hold the Popen's wait lock:
+    ``proc.wait()`` here could wait for that lock forever. So the child is reaped with ``os.waitpid``; a child
+    already reaped is gone, which is all this needs (what it left is read from its run dir).
     """
+    if proc.returncode is not None:
+        return
     try:
         os.kill(proc.pid, signal.SIGUSR2)
-        _, status = os.waitpid(proc.pid, 0)
+        os.waitpid(proc.pid, 0)
     except (ProcessLookupError, ChildProcessError):
-        return proc.returncode
-    return os.waitstatus_to_exitcode(status)
+        pass
 
 
 class ChildJob:
@@ -112,14 +113,16 @@ class ChildJob:
     its end; its exit code, :class:`ChildFailed` when it failed (any non-zero code but the collapse guard's).
 
     :meth:`checkpoint` makes it requeueable: submitit calls it in the job's process on Slurm's warning
-    signal; it returns the job to run next (the same child with ``resume_argv``, once the child saved a
-    checkpoint) or None when there is nothing to requeue.
+    signal; it stops the child (which saves a checkpoint at the step it is in) and returns this job again,
+    marked ``requeued``. A requeued job decides from the child's run dir (``run_dir``, relative to ``cwd``)
+    what to run: nothing when the child finished (``summary.json``; the warning can come as it ends), its
+    ``--resume`` command (``resume_argv``) when a checkpoint is there, else ``argv`` again.
     """
 
     def __init__(self, name: str, argv: Sequence[str], resume_argv: Sequence[str], extra_env: Mapping[str, str],
-                 cwd: str) -> None:
+                 cwd: str, run_dir: str, *, requeued: bool = False) -> None:
         self.name, self.argv, self.resume_argv = name, list(argv), list(resume_argv)
-        self.extra_env, self.cwd = dict(extra_env), cwd
+        self.extra_env, self.cwd, self.run_dir, self.requeued = dict(extra_env), cwd, run_dir, requeued
         self._proc: subprocess.Popen[bytes] | None = None
 
     def __getstate__(self) -> dict[str, Any]:  # the running process stays behind when submitit pickles the job again
@@ -129,9 +132,25 @@ class ChildJob:
         self.__dict__.update(state)
         self._proc = None
 
+    def command(self) -> list[str] | None:
+        """What this start of the job runs: ``argv`` on the first start; after a requeue, None when the child
+        finished, ``resume_argv`` when it has a complete checkpoint, else ``argv``."""
+        if not self.requeued:
+            return self.argv
+        from dapo_cli.checkpoint import CheckpointManager
+
+        run_dir = Path(self.cwd) / self.run_dir
+        if (run_dir / "summary.json").is_file():
+            return None
+        return self.resume_argv if CheckpointManager(run_dir).latest() is not None else self.argv
+
     def __call__(self) -> int:
-        print(f"dapo ablate child {self.name}: {shlex.join(self.argv)}", flush=True)  # the first line of the job's log
-        self._proc = subprocess.Popen(self.argv, env={**os.environ, **self.extra_env}, cwd=self.cwd)
+        argv = self.command()
+        if argv is None:
+            print(f"dapo ablate child {self.name}: finished before the job was requeued", flush=True)
+            return 0
+        print(f"dapo ablate child {self.name}: {shlex.join(argv)}", flush=True)  # the first line of the job's log
+        self._proc = subprocess.Popen(argv, env={**os.environ, **self.extra_env}, cwd=self.cwd)
         code = self._proc.wait()
         if code == PREEMPTED:  # stopped by a stop request that did not reach this process: nothing requeues it here
             raise ChildFailed(f"child {self.name} stopped on a scheduler's signal (exit {PREEMPTED}) and was not requeued; "
@@ -144,19 +163,12 @@ class ChildJob:
         return code
 
     def checkpoint(self) -> Any:
-        """On the warning signal: wait while the child saves its step and stops, then the requeued job's call
-        (submitit's ``DelayedSubmission``): ``resume_argv`` after a stop with a checkpoint, ``argv`` again when
-        the child had not started its loop; None when the child had already finished (nothing to requeue)."""
+        """On the warning signal: stop the child (it saves the step it is in) and wait for it, then this job
+        again as submitit's ``DelayedSubmission``, to be requeued (:meth:`command` decides what it runs)."""
         import submitit
 
-        proc = self._proc
-        if proc is not None:
-            code = stop_and_reap(proc)
-            if code in (0, COLLAPSED):
-                return None
-            resumes = code == PREEMPTED
-        else:
-            resumes = False
-        argv = self.resume_argv if resumes else self.argv
-        print(f"dapo ablate child {self.name}: requeued" + (" to resume from its checkpoint" if resumes else ""), flush=True)
-        return submitit.helpers.DelayedSubmission(ChildJob(self.name, argv, self.resume_argv, self.extra_env, self.cwd))
+        if self._proc is not None:
+            stop_and_reap(self._proc)
+        print(f"dapo ablate child {self.name}: requeued", flush=True)
+        return submitit.helpers.DelayedSubmission(ChildJob(self.name, self.argv, self.resume_argv, self.extra_env,
+                                                           self.cwd, self.run_dir, requeued=True))

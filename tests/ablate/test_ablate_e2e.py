@@ -24,7 +24,12 @@ from dapo_cli.config.techniques import variant_name
 
 def write_config(tmp: Path, model_dir: Path) -> Path:
     """2 prompts × 2 samples of ≤ 8 tokens, 2 steps (checkpoint after each), 4 val problems × 2 samples."""
-    cfg = {
+    return write_experiment(tmp, config_dict(model_dir), "e2e-ablate")
+
+
+def config_dict(model_dir: Path) -> dict:
+    """The experiment :func:`write_config` writes, as a dict."""
+    return {
         "data": {"train_files": ["synthetic:add-3digit"], "val_files": ["synthetic:add-3digit"],
                  "synthetic_train_size": 16, "synthetic_val_size": 4, "train_batch_size": 2, "max_prompt_length": 32},
         "model": {"path": str(model_dir)},
@@ -36,7 +41,6 @@ def write_config(tmp: Path, model_dir: Path) -> Path:
         # one thread: on 2 busy shared cores, 2 threads made this tiny model ~6x slower per child (measured)
         "engine": {"device": "cpu", "num_threads": 1},
     }
-    return write_experiment(tmp, cfg, "e2e-ablate")
 
 
 def count_trains(monkeypatch) -> list[tuple[str, bool]]:

@@ -18,6 +18,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from fixtures.experiment import write_experiment  # noqa: E402
+from test_ablate_e2e import config_dict  # noqa: E402
 
 pytestmark = pytest.mark.cluster
 
@@ -37,19 +38,9 @@ def slurm() -> None:
 def write_config(tmp: Path, model_dir: Path, *, steps: int = 2) -> Path:
     """2 prompts × 2 samples of ≤ 8 tokens, a checkpoint after every step, 4 val problems × 2 samples; one CPU and
     one thread per child job, so the 2-CPU node runs two children at once."""
-    cfg = {
-        "data": {"train_files": ["synthetic:add-3digit"], "val_files": ["synthetic:add-3digit"],
-                 "synthetic_train_size": 16, "synthetic_val_size": 4, "train_batch_size": 2, "max_prompt_length": 32},
-        "model": {"path": str(model_dir)},
-        "rollout": {"n": 2, "max_response_length": 8},
-        "algorithm": {"overlong_buffer": {"len": 4}, "filter_groups": {"max_num_gen_batches": 2}},
-        "trainer": {"total_steps": steps, "ppo_mini_batch_size": 1, "ppo_micro_batch_size": 4, "lr": 1e-3,
-                    "lr_warmup_steps": 1, "save_freq": 1, "test_freq": 0, "log_samples_freq": 0,
-                    "collapse_patience": 0},  # the untrained policy keeps no group: train every step anyway
-        "validation": {"k": 2},
-        "engine": {"device": "cpu", "num_threads": 1},
-        "ablate": {"slurm": {"cpus_per_task": 1, "timeout_min": 10, "signal_delay_s": 60, "poll_s": 1.0}},
-    }
+    cfg = config_dict(model_dir)  # test_ablate_e2e's tiny ablation: 2 prompts x 2 samples of <= 8 tokens
+    cfg["trainer"].update(total_steps=steps, collapse_patience=0)  # the untrained policy keeps no group: train on
+    cfg["ablate"] = {"slurm": {"cpus_per_task": 1, "timeout_min": 10, "signal_delay_s": 60, "poll_s": 1.0}}
     return write_experiment(tmp, cfg, EXPERIMENT)
 
 
@@ -104,14 +95,25 @@ def comparable(report: dict) -> dict:
     return {"children": children, "rows": report["rows"], "table": report["table"], "mechanisms": report["mechanisms_table"]}
 
 
+SECRET = "pw-slurm-3e9a1c-not-anywhere"
+
+
 def test_the_tiny_ladder_through_slurm_gives_the_local_report(tmp_path, tiny_model_dir, slurm):
+    """The same ablation through Slurm and here: the same report. The tracking credentials a user has exported
+    (read by the jobs from the environment sbatch passes on) are in none of the files the jobs and submitit wrote."""
     local, cluster = tmp_path / "local", tmp_path / "cluster"
     for work in (local, cluster):
         work.mkdir()
     proc = run(ablate_argv(write_config(local, tiny_model_dir))[:-2] + ["--launcher", "local"], local)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    proc = run(ablate_argv(write_config(cluster, tiny_model_dir)), cluster)
+    with_secret = {**env(), "MLFLOW_TRACKING_USERNAME": "alice", "MLFLOW_TRACKING_PASSWORD": SECRET}
+    proc = subprocess.run(ablate_argv(write_config(cluster, tiny_model_dir)), cwd=cluster, env=with_secret,
+                          capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert SECRET not in proc.stdout + proc.stderr
+    written = [p for p in cluster.rglob("*") if p.is_file()]
+    assert any(p.name.endswith("_submitted.pkl") for p in written) and any(p.name.endswith("_log.out") for p in written)
+    assert [p for p in written if SECRET.encode() in p.read_bytes()] == []
     jobs = recorded_jobs(cluster)
     assert sorted(jobs) == ["dapo-s0", "dapo-s1", "grpo-s0", "grpo-s1"]
     assert set(sacct_states(list(jobs.values())).values()) == {"COMPLETED"}  # real sbatch jobs, as sacct knows them
@@ -188,13 +190,13 @@ def test_a_detached_ablation_outlives_its_driver_and_the_rerun_reattaches(tmp_pa
         finally:
             driver.send_signal(signal.SIGKILL)
             driver.wait(timeout=30)
-    live = sacct_states(list(jobs.values()))
-    assert any(state in ("PENDING", "RUNNING") for state in live.values()), live  # the kill took no job with it
-
     final = run(ablate_argv(config), tmp_path)
     assert final.returncode == 0, final.stderr[-3000:]
-    assert "re-attached to job" in final.stderr and "submitted job" not in final.stderr
+    # every child re-attached to or, if its job ended meanwhile, finished: none submitted again
+    assert final.stderr.count("re-attached to job") + final.stderr.count("finished earlier, skipped") == 4, final.stderr
+    assert "submitted job" not in final.stderr
     assert recorded_jobs(tmp_path) == jobs  # nothing submitted twice
+    assert set(sacct_states(list(jobs.values())).values()) == {"COMPLETED"}  # the kill cancelled no job
     all_jobs = subprocess.run(["sacct", "-X", "-n", "-P", "-o", "JobName", "-S", "now-1hours"], capture_output=True,
                               text=True, check=True).stdout.split()
     assert sorted(n for n in all_jobs if n.startswith(ablation_dir(tmp_path).name)) == sorted(

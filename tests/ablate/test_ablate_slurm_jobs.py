@@ -52,20 +52,20 @@ def test_a_record_that_is_not_one_is_one_line_naming_it(tmp_path: Path, text: st
 def test_the_job_survives_a_second_pickling_without_its_process(tmp_path: Path) -> None:
     import pickle
 
-    job = ChildJob("abl/grpo-s0", ["a"], ["a", "--resume"], {"K": "V"}, str(tmp_path))
+    job = ChildJob("abl/grpo-s0", ["a"], ["a", "--resume"], {"K": "V"}, str(tmp_path), "runs/x/abl/grpo-s0")
     job._proc = object()  # type: ignore[assignment]  (a live Popen cannot be pickled; submitit pickles the job again)
     back = pickle.loads(pickle.dumps(job))
     assert back._proc is None and back.resume_argv == ["a", "--resume"] and back.extra_env == {"K": "V"}
 
 
-def test_on_the_warning_signal_the_child_stops_and_the_requeued_job_resumes_it(tmp_path: Path) -> None:
+def test_on_the_warning_signal_the_child_stops_and_the_requeued_job_resumes_it(tmp_path: Path, monkeypatch) -> None:
     """What submitit does on Slurm's SIGUSR2, played here: its handler runs while the job's call waits for the child,
     calls checkpoint() and leaves (submitit then requeues the job and exits). checkpoint() must reap the child from
-    inside that handler (the interrupted wait holds the child's wait lock) and name the resume command."""
+    inside that handler (the interrupted wait holds the child's wait lock); the requeued job resumes the child."""
     pytest.importorskip("submitit")
     marker = tmp_path / "started"
     argv = [sys.executable, "-c", STOPS_ON_USR2, str(marker)]
-    job = ChildJob("abl/grpo-s0", argv, [*argv, "--resume"], {}, str(tmp_path))
+    job = ChildJob("abl/grpo-s0", argv, [*argv, "--resume"], {}, str(tmp_path), "run")
     result: dict[str, object] = {}
 
     class Requeued(Exception):
@@ -89,18 +89,29 @@ def test_on_the_warning_signal_the_child_stops_and_the_requeued_job_resumes_it(t
             job()
     finally:
         signal.signal(signal.SIGUSR2, previous)
-    nxt = result["next"]
-    assert nxt.function.argv == [*argv, "--resume"]  # the child saved its step: the requeued job resumes it
-    assert nxt.function.name == "abl/grpo-s0" and nxt.args == () and nxt.kwargs == {}
+    with pytest.raises(ProcessLookupError):  # reaped inside the handler: the child is gone, not a zombie
+        os.kill(job._proc.pid, 0)
+    nxt = result["next"].function
+    assert nxt.requeued and nxt.name == "abl/grpo-s0" and result["next"].args == ()
+    assert nxt.command() == argv  # no checkpoint in its run dir (the stand-in saves none): started again
+    from dapo_cli.checkpoint import CheckpointManager
+
+    seen = []
+    monkeypatch.setattr(CheckpointManager, "latest", lambda self: seen.append(self.root) or self.root / "step_000003")
+    assert nxt.command() == [*argv, "--resume"]  # a complete checkpoint (as the manager judges it): resumed
+    assert seen == [tmp_path / "run" / "checkpoints"]  # the child's run dir, under the job's working directory
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "summary.json").write_text("{}")
+    assert nxt.command() is None and nxt() == 0  # finished as the warning came: nothing to run, the job completes
 
 
 def test_a_child_killed_by_a_signal_is_named_as_stopped(tmp_path: Path) -> None:
     job = ChildJob("abl/grpo-s0", [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGTERM)"],
-                   [], {}, str(tmp_path))
+                   [], {}, str(tmp_path), "run")
     with pytest.raises(ChildFailed, match=r"^child abl/grpo-s0 was stopped by SIGTERM \(scancel, or the job's time "
                                           r"limit\); its newest checkpoint is kept$"):
         job()
     ok = ChildJob("abl/dapo-s0", [sys.executable, "-c", "print(__import__('os').environ['DAPO_X'])"], [], {"DAPO_X": "1"},
-                  str(tmp_path))
+                  str(tmp_path), "run")
     assert ok() == 0
     assert json.dumps(ok.__getstate__())  # plain data only

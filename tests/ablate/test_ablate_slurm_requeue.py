@@ -38,7 +38,7 @@ def test_a_child_at_its_time_limit_checkpoints_is_requeued_and_resumes_without_a
             "--set", "data.train_batch_size=16", "--set", "rollout.n=8", "--set", "rollout.max_response_length=48",
             "--set", "data.synthetic_train_size=256"]
     log = tmp_path / "driver.log"
-    requeues = 0
+    requeues, held = 0, False
     with log.open("w") as out:
         driver = subprocess.Popen(argv, cwd=tmp_path, env=env(), stdout=out, stderr=out, text=True)
         deadline = time.monotonic() + 420
@@ -48,9 +48,11 @@ def test_a_child_at_its_time_limit_checkpoints_is_requeued_and_resumes_without_a
                     (tmp_path / "runs" / EXPERIMENT).glob("*/slurm-jobs.json")) else {}
                 # Slurm holds a requeued batch job for 120 s (its BeginTime): moved to now, which is all that is
                 # changed here; the signal, checkpoint, requeue and resume are Slurm's and dapo's own
-                if jobs and pending_on_begin_time(jobs["grpo-s0"]):
+                now_held = bool(jobs) and pending_on_begin_time(jobs["grpo-s0"])
+                if now_held:
                     subprocess.run(["scontrol", "update", f"JobId={jobs['grpo-s0']}", "StartTime=now"], check=True)
-                    requeues += 1
+                requeues += now_held and not held  # one per hold (it may still show for a look or two after the update)
+                held = now_held
                 time.sleep(1)
         finally:
             if driver.poll() is None:
@@ -60,8 +62,11 @@ def test_a_child_at_its_time_limit_checkpoints_is_requeued_and_resumes_without_a
     assert requeues >= 1, log.read_text()[-4000:]
     (job_id,) = recorded_jobs(tmp_path).values()
     job_log = "".join(p.read_text() for p in (tmp_path / "runs" / "slurm").glob(f"{job_id}_0_log.*"))
-    assert "requeued to resume from its checkpoint" in job_log, job_log[-4000:]
-    assert "stopped by SIGUSR2" in job_log and "--resume" in job_log, job_log[-4000:]
+    assert f"dapo ablate child {ablation_dir(tmp_path).name}/grpo-s0: requeued" in job_log, job_log[-4000:]
+    starts = [line for line in job_log.splitlines() if line.startswith("dapo ablate child ") and " train " in line]
+    assert len(starts) == requeues + 1 and not starts[0].endswith("--resume")  # the first start, then each requeue's
+    assert all(line.endswith("--resume") for line in starts[1:]), starts  # resumed from the warning's checkpoint
+    assert job_log.count("stopped by SIGUSR2 (a scheduler's warning: time limit or preemption) after step") == requeues
 
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     runs = client.search_runs([client.get_experiment_by_name(EXPERIMENT).experiment_id],
