@@ -184,6 +184,11 @@ def _parent_run(client: Any, plan: AblationPlan, *, command: str, launcher: str)
         yield tracker, child_runs(client, parent) if parent is not None else []
 
 
+def child_where(plan: AblationPlan, i: int, child: Child) -> str:
+    """``[i/n] variant seed S``: how the driver's lines name the ``i``-th child."""
+    return f"[{i}/{len(plan.children())}] {child.variant.name} seed {child.seed}"
+
+
 def _decide_child(client: Any, plan: AblationPlan, runs: Sequence[Any], i: int, child: Child, *,
                   log: Log = no_log, clock: AblationClock | None = None,
                   attached: Callable[[Child], str | None] | None = None) -> ChildOutcome:
@@ -193,7 +198,7 @@ def _decide_child(client: Any, plan: AblationPlan, runs: Sequence[Any], i: int, 
     of it is superseded, and it is not started again."""
     cfg = plan.child_config(child)
     action, stale = decide(prior_runs(runs, child), has_checkpoint(cfg))
-    where = f"[{i}/{len(plan.children())}] {child.variant.name} seed {child.seed}"
+    where = child_where(plan, i, child)
     live = attached(child) if attached is not None and action != "skip" else None
     if live is not None:
         log(f"{where}: still queued or running as {live}")
@@ -341,7 +346,7 @@ def ablation_status(plan: AblationPlan, job_state: Callable[[Child], str | None]
     lines, done = [], 0
     for i, child in enumerate(plan.children(), start=1):
         prior = prior_runs(runs, child)
-        where = f"[{i}/{len(plan.children())}] {child.variant.name} seed {child.seed}"
+        where = child_where(plan, i, child)
         if decide(prior, False)[0] == "skip":
             done += 1
             lines.append(f"{where}: finished")

@@ -9,8 +9,9 @@ is waited for again (re-attached), never submitted twice (:func:`live_state`).
 A job runs :class:`ChildJob`: the child's ``dapo train`` as a subprocess. It is checkpointable in
 submitit's sense: on Slurm's warning signal (``--signal=USR2@<signal_delay_s>``, sent ahead of the time
 limit) submitit calls :meth:`ChildJob.checkpoint`, which waits while the child (signalled too) ends its
-step and saves a checkpoint (exit :data:`~dapo_cli.errors.PREEMPTED`); the job is then requeued with
-the child's ``--resume`` command, up to ``ablate.slurm.max_requeues`` times.
+step and saves a checkpoint (exit :data:`~dapo_cli.errors.PREEMPTED`); the job is then requeued, up to
+``ablate.slurm.max_requeues`` times, and each new start reads the child's run dir: nothing to run when it
+finished, its ``--resume`` command when it has a checkpoint, else its first command.
 """
 
 from __future__ import annotations

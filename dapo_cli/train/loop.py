@@ -437,10 +437,10 @@ def validate_and_save(s: TrainingSession, tracker: Tracker, rounds: RoundSource,
 
 def stop_agreed(stop: StopRequest, dist: Collective) -> bool:
     """Whether any rank got the stop request (every rank must stop at the same step: the checkpoint is collective)."""
+    if dist.world_size == 1:
+        return stop.signum is not None
     asked = torch.tensor([1.0 if stop.signum is not None else 0.0])
-    if dist.world_size > 1:
-        asked = dist.all_reduce(asked, op="max")
-    return bool(asked.item() > 0)
+    return bool(dist.all_reduce(asked, op="max").item() > 0)
 
 
 def save_for_stop(s: TrainingSession, tracker: Tracker, rounds: RoundSource, step: int, *, saved: bool, signal_name: str) -> None:
