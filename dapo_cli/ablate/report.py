@@ -63,7 +63,7 @@ from dapo_cli.ablate.mechanisms import (
     mechanisms_markdown,
     steps_text,
 )
-from dapo_cli.ablate.variants import LADDER_LABELS, LADDER_NAMES, PAPER_AIME24_AVG32, axis_suffix, short_variant, split_axes
+from dapo_cli.ablate.variants import LADDER_LABELS, LADDER_NAMES, PAPER_AIME24_AVG32, axis_twins, short_variant, split_axes
 from dapo_cli.ablate.plots import plot_curves
 from dapo_cli.ablate.results import (
     SAMPLES_METRIC,
@@ -167,22 +167,11 @@ def paired_delta(variant: str, vs: str, results: dict[str, list[ChildResult]], c
 def axis_deltas(
     order: Sequence[str], rows: Sequence[VariantRow], results: dict[str, list[ChildResult]], client: Any = None
 ) -> list[AxisDelta]:
-    """Each row against its twin at the first value of each axis (the value the planned ``order`` shows first):
-    :func:`paired_delta`."""
-    firsts: dict[int, str] = {}
-    for name in order:
-        for j, (_, value) in enumerate(split_axes(name)[1]):
-            firsts.setdefault(j, value)
-    out = []
-    for row in rows:
-        techniques, settings = split_axes(row.name)
-        for j, (axis, value) in enumerate(settings):
-            if value == firsts[j]:
-                continue
-            twin = techniques + axis_suffix([(a, firsts[j] if i == j else v) for i, (a, v) in enumerate(settings)])
-            if (d := paired_delta(row.name, twin, results, client)) is not None:
-                out.append(AxisDelta(**vars(d), axis=axis))
-    return out
+    """Each row against its twin at the first value of each axis (the value the planned ``order`` shows first,
+    :func:`~dapo_cli.ablate.variants.axis_twins`): :func:`paired_delta`."""
+    reported = {row.name for row in rows}
+    return [AxisDelta(**vars(d), axis=axis) for name, twin, axis in axis_twins(order)
+            if name in reported and (d := paired_delta(name, twin, results, client)) is not None]
 
 
 def first_deltas(rows: Sequence[VariantRow], results: dict[str, list[ChildResult]], client: Any = None) -> list[PairedDelta]:

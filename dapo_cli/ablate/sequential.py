@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from scipy import stats as sps
 
 from dapo_cli.ablate.stats import ALPHA, sample_sd
+from dapo_cli.ablate.variants import axis_twins, split_axes
 
 RULE = ("Lan–DeMets alpha spending, O'Brien–Fleming type (Lan & DeMets 1983), each look tested at the level it "
         "spends (union bound over looks)")
@@ -100,10 +101,18 @@ def needed_variants(comparisons: Sequence[tuple[str, str]], verdicts: dict[tuple
 
 
 def comparison_pairs(names: Sequence[str], ladder: bool) -> list[tuple[str, str]]:
-    """``(variant, reference)`` pairs: a ladder's rungs against the previous and against the first (the second rung
-    once), otherwise each variant against the first."""
-    pairs = [(b, a) for a, b in zip(names, names[1:])] if ladder else []
-    return pairs + [(n, names[0]) for n in names[1:] if (n, names[0]) not in pairs]
+    """``(variant, reference)`` pairs. Among the variants with the same axis settings (all of them when there is no
+    ``--axis``): a ladder's rungs against the previous and against the first (the second rung once), otherwise each
+    variant against the first. Then each variant against its twin at each axis's first value, where the twin runs
+    (:func:`~dapo_cli.ablate.variants.axis_twins`): ``dapo@adv_estimator=dr_grpo`` against ``dapo@adv_estimator=grpo``."""
+    groups: dict[tuple[tuple[str, str], ...], list[str]] = {}
+    for name in names:
+        groups.setdefault(split_axes(name)[1], []).append(name)
+    pairs: list[tuple[str, str]] = []
+    for group in groups.values():
+        pairs += [(b, a) for a, b in zip(group, group[1:])] if ladder else []
+        pairs += [(n, group[0]) for n in group[1:] if (n, group[0]) not in pairs]
+    return pairs + [(n, twin) for n, twin, _ in axis_twins(names) if twin in names and (n, twin) not in pairs]
 
 
 def worst_case_children(variants: int, looks: Sequence[int]) -> int:

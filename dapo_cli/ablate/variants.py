@@ -305,6 +305,24 @@ def split_axes(name: str) -> tuple[str, tuple[tuple[str, str], ...]]:
     return head, tuple((short, value) for short, _, value in (part.partition("=") for part in rest))
 
 
+def axis_twins(names: Sequence[str]) -> list[tuple[str, str, str]]:
+    """``(variant, twin, axis)`` for each variant and each axis at which it does not hold the axis's first value (in
+    ``names``' order): the twin has the same techniques and other settings, with that axis at its first value.
+    ``["dapo@adv_estimator=grpo", "dapo@adv_estimator=dr_grpo"]`` → ``[("dapo@adv_estimator=dr_grpo",
+    "dapo@adv_estimator=grpo", "adv_estimator")]``. The twin need not be in ``names`` (``--skip`` can drop it)."""
+    firsts: dict[int, str] = {}
+    for name in names:
+        for j, (_, value) in enumerate(split_axes(name)[1]):
+            firsts.setdefault(j, value)
+    out = []
+    for name in names:
+        techniques, settings = split_axes(name)
+        for j, (axis, value) in enumerate(settings):
+            if value != firsts[j]:
+                out.append((name, techniques + axis_suffix([(a, firsts[j] if i == j else v) for i, (a, v) in enumerate(settings)]), axis))
+    return out
+
+
 def parse_axes(texts: Sequence[str], base: Config, sets: Sequence[str] = ()) -> tuple[Axis, ...]:
     """Every ``--axis`` (:func:`parse_axis`); a key given twice is refused."""
     axes = [parse_axis(text, base, sets) for text in texts]

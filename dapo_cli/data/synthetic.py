@@ -20,6 +20,12 @@ add-5digit    a+b, 1-5 digit operands (long answers)                       17-59
 (``What is 3+4?`` → ``3 + 4 = 7`` / ``Answer: 7``). Measured on SmolLM2-135M-Instruct at
 T=1.0, avg@4 over 16 problems: the bare DAPO instruction 0/64 correct (it almost never writes
 an ``Answer:`` line), with the example 16/64 on one-digit and 6/64 on two-digit operands.
+``fewshot3-add-2digit`` (the testbed of the real-model ladder, ``docs/real-model-ladder.md``) asks the same
+problems after three example turns: ``25+13`` worked (``25 + 13 = 38`` / ``Answer: 38``), ``3+4`` answered
+directly (``Answer: 7``), ``47+29`` worked. The two styles make a response's length vary within a group, and the
+worked turns raise the base accuracy: 28.9% right (85% with an ``Answer:`` line) against 9.1% (46%) with one
+example, 48 train problems x 8 at T=1.0 (``benchmarks/ladder_regime.py``). Its prompt is 360 tokens in
+SmolLM2's template (one example: 182).
 ``fewshot-chain-add`` is its longer sibling for the real-model ladder: 2-4 terms of 1-2 digits
 (``What is 12+7+35?``, a third of the problems each), the example turn working left to right in
 running sums (``8 + 15 = 23`` / ``23 + 6 = 29`` / ``Answer: 29``), so a response's length follows
@@ -263,6 +269,13 @@ SYNTHETIC_TASKS: dict[str, SyntheticTask] = {
         SyntheticTask(
             "fewshot-add-2digit", "a+b, 1-2 digit operands, DAPO instruction after one worked chat example",
             _sample_add2, template=DAPO_INSTRUCTION, shots=(("What is 3+4?", "3 + 4 = 7\nAnswer: 7"),),
+        ),
+        SyntheticTask(
+            "fewshot3-add-2digit",
+            "a+b, 1-2 digit operands, DAPO instruction after three example turns: worked, answered directly, worked",
+            _sample_add2, template=DAPO_INSTRUCTION,
+            shots=(("What is 25+13?", "25 + 13 = 38\nAnswer: 38"), ("What is 3+4?", "Answer: 7"),
+                   ("What is 47+29?", "47 + 29 = 76\nAnswer: 76")),
         ),
         SyntheticTask(
             "fewshot-chain-add", "2-4 terms of 1-2 digits, DAPO instruction after one worked example of running sums",

@@ -1,4 +1,4 @@
-"""`dapo report`'s curve-fit and power sections on the committed real-model ladder (docs/real-model-ladder/report.json:
+"""`dapo report`'s curve-fit and power sections on the committed real-model ladder (docs/real-model-ladder-36/report.json:
 6 rungs x 3 seeds, validations at steps 0/4/8), printed in the terminal and written to Markdown."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dapo_cli.ablate.results import AblationReport, ChildResult, VariantRow
 from dapo_cli.ablate.stats import min_detectable_delta, sample_sd
 from dapo_cli.cli.report import print_fits
 
-REPORT = Path(__file__).resolve().parents[2] / "docs" / "real-model-ladder" / "report.json"
+REPORT = Path(__file__).resolve().parents[2] / "docs" / "real-model-ladder-36" / "report.json"
 
 
 def committed_ladder() -> AblationReport:
@@ -46,7 +46,7 @@ def test_power_of_dapo_against_grpo_by_hand() -> None:
     report = committed_ladder()
     power = {(p.variant, p.vs): p for p in power_table(report, effect=5)}
     p = power["dapo", "grpo"]
-    # DAPO − GRPO by seed: +9.5, +2.0, +32.5 (docs/real-model-ladder.md); mean 14.67, sd 15.9 (the closing note)
+    # DAPO − GRPO by seed: +9.5, +2.0, +32.5 (docs/real-model-ladder-36.md); mean 14.67, sd 15.9 (the closing note)
     assert p.pairs == 3 and p.delta == pytest.approx(44.0 / 3, abs=1e-9)
     assert p.sd == pytest.approx(sample_sd([9.5, 2.0, 32.5]), abs=1e-9) and p.sd == pytest.approx(15.9, abs=0.05)
     assert p.detectable == pytest.approx(min_detectable_delta(p.sd, 3), abs=1e-9) and p.detectable > p.delta

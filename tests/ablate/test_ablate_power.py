@@ -54,7 +54,7 @@ def test_power_edge_cases() -> None:
 
 
 def test_the_ladders_closing_note_is_reproduced() -> None:
-    """docs/real-model-ladder.md worked by hand: 'at the paired sd of 15.9, about 8 seeds' for Δ ≈ 14.7 (the
+    """docs/real-model-ladder-36.md worked by hand: 'at the paired sd of 15.9, about 8 seeds' for Δ ≈ 14.7 (the
     DAPO−GRPO mean of +9.5, +2.0, +32.5). The normal approximation n ≈ ((z.975 + z.8)·sd/Δ)² = 9.2 is a
     lower bound for the t-test, which needs a few more because the sd is estimated."""
     delta = (9.5 + 2.0 + 32.5) / 3

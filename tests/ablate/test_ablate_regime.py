@@ -51,3 +51,27 @@ def test_the_score_is_the_training_verifier_s_with_whether_it_read_an_answer() -
     assert math_dapo_score("7 + 5 = 12\nAnswer: 12", "12") == (True, True)
     assert math_dapo_score("Answer: 13", "12") == (False, True)
     assert math_dapo_score("7 + 5 = 12", "12") == (False, False)  # no Answer: line -> not read
+
+
+def test_the_prompts_go_to_the_engine_in_chunks_that_change_no_sample() -> None:
+    from dapo_cli.ablate.regime import sample_regimes
+    from dapo_cli.config.tiny import TinyModelConfig
+    from dapo_cli.models.tiny import build_tiny_model_for
+    from dapo_cli.models.tokenizer import build_char_tokenizer
+    from dapo_cli.rollout.fast import FastRolloutEngine
+
+    tok = build_char_tokenizer()
+    cfg = TinyModelConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64)
+    engine = FastRolloutEngine(build_tiny_model_for(cfg, tok), tok)
+    calls: list[int] = []
+    generate = engine.generate
+    engine.generate = lambda prompts, n, params: calls.append(len(prompts)) or generate(prompts, n, params)  # type: ignore[method-assign]
+    prompts, truths = [f"What is {i}+{i}?\n" for i in range(7)], [str(2 * i) for i in range(7)]
+
+    def score(text: str, truth: str) -> tuple[bool, bool]:
+        return truth in text, "Answer" in text
+
+    whole = sample_regimes(engine, prompts, truths, score, n=4, limits=[3, 9], seed=5, chunk=7)
+    chunked = sample_regimes(engine, prompts, truths, score, n=4, limits=[3, 9], seed=5, chunk=3)
+    assert calls == [7, 3, 3, 1]  # one call, then ceil(7 / 3) calls of at most 3 prompts
+    assert chunked == whole and whole[0].samples == 28

@@ -183,3 +183,22 @@ def test_a_setup_tag_that_is_missing_or_malformed_gives_no_sequential_section(ta
     from dapo_cli.ablate.sequential import Setup
 
     assert Setup.from_tag(tag) is None
+
+
+def test_with_an_axis_rungs_are_compared_within_their_setting_and_each_variant_with_its_twin() -> None:
+    from dapo_cli.ablate.sequential import comparison_pairs
+
+    # issue 49's run: the ladder at adv_estimator=grpo, and the soft-punishment rung and DAPO also at dr_grpo
+    g, d = "@adv_estimator=grpo", "@adv_estimator=dr_grpo"
+    names = [f"grpo{g}", f"ovf{g}", f"soft{g}", f"soft{d}", f"dapo{g}", f"dapo{d}"]
+    assert comparison_pairs(names, True) == [
+        (f"ovf{g}", f"grpo{g}"), (f"soft{g}", f"ovf{g}"), (f"dapo{g}", f"soft{g}"),  # rung to the previous rung
+        (f"soft{g}", f"grpo{g}"), (f"dapo{g}", f"grpo{g}"),                          # rung to the first
+        (f"dapo{d}", f"soft{d}"),                                                    # the dr_grpo rungs among themselves
+        (f"soft{d}", f"soft{g}"), (f"dapo{d}", f"dapo{g}"),                          # each with its twin
+    ]
+    # a grid with an axis: each against the first of its setting, then the twins; a twin that does not run is no pair
+    assert comparison_pairs([f"a{g}", f"a{d}", f"b{g}"], False) == [(f"b{g}", f"a{g}"), (f"a{d}", f"a{g}")]
+    assert comparison_pairs([f"a{g}", f"b{g}", f"b{d}"], False) == [(f"b{g}", f"a{g}"), (f"b{d}", f"b{g}")]
+    # no axis: as before
+    assert comparison_pairs(["a", "b", "c"], True) == [("b", "a"), ("c", "b"), ("c", "a")]

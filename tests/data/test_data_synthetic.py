@@ -244,3 +244,21 @@ def test_the_chain_task_works_left_to_right_in_running_sums_after_its_example():
     assert [m["role"] for m in row["prompt"]] == ["user", "assistant", "user"]
     assert row["prompt"][0]["content"] == DAPO_INSTRUCTION.replace("{problem}", "What is 8+15+6?")
     assert row["prompt"][1]["content"] == "8 + 15 = 23\n23 + 6 = 29\nAnswer: 29"
+
+
+def test_the_three_example_task_mixes_a_direct_answer_between_two_worked_ones():
+    from dapo_cli.data.schema import DAPO_INSTRUCTION
+
+    [row] = generate_rows("fewshot3-add-2digit", 1, seed=0, split="val")
+    [ex] = generate_examples("fewshot3-add-2digit", 1, seed=0, split="val")
+    assert [m["role"] for m in row["prompt"]] == ["user", "assistant"] * 3 + ["user"]
+    problems = [m["content"] for m in row["prompt"][0::2]]
+    assert problems == [DAPO_INSTRUCTION.replace("{problem}", p) for p in ("What is 25+13?", "What is 3+4?", "What is 47+29?", ex.problem)]
+    # each example's answer is the verifier's format and the right sum (25+13=38, 3+4=7, 47+29=76)
+    assert [m["content"] for m in row["prompt"][1::2]] == ["25 + 13 = 38\nAnswer: 38", "Answer: 7", "47 + 29 = 76\nAnswer: 76"]
+    # add-2digit's problems (a+b, 1-2 digit operands): the val split holds the 400 distinct problems the ladder validates on
+    held_out = generate_examples("fewshot3-add-2digit", 400, seed=0, split="val")
+    assert len({e.problem for e in held_out}) == 400
+    for e in held_out:
+        a, b = map(int, re.fullmatch(r"What is (\d{1,2})\+(\d{1,2})\?", e.problem).groups())
+        assert e.answer == a + b and split_of(e.problem) == "val"
