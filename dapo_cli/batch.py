@@ -1,4 +1,4 @@
-"""The one typed batch that carries a training step's data between phases.
+"""The typed batches a training step's data travels in: a rollout's :class:`Rollouts`, then the step's :class:`RolloutBatch`.
 
 Shapes: ``N`` responses (``G`` per prompt, a group), ``S`` prompt tokens (left-padded),
 ``T`` response tokens (right-padded). Phases fill fields in order and never
@@ -33,17 +33,24 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-if TYPE_CHECKING:
-    from dapo_cli.rollout.base import Rollouts
-
 
 @dataclass
-class RolloutBatch:
-    """A step's responses and everything computed about them (see the module table)."""
+class Responses:
+    """Sampled responses with their prompts: what a rollout returns and a batch starts from (shapes above;
+    all tensors on CPU when a rollout engine returns them).
+
+    prompt_ids:    LongTensor [N, S]  left-padded prompt token ids (pad = tokenizer pad id)
+    prompt_mask:   BoolTensor [N, S]  True on real prompt tokens
+    response_ids:  LongTensor [N, T]  right-padded response ids, EOS included when emitted
+    response_mask: BoolTensor [N, T]  True on generated tokens (EOS included), False on padding
+    lengths:       LongTensor [N]     number of generated tokens = response_mask.sum(-1)
+    truncated:     BoolTensor [N]     True when no EOS was produced within max_tokens
+    texts:         list[str] (N)      decoded responses without special tokens
+    """
 
     prompt_ids: torch.Tensor
     prompt_mask: torch.Tensor
@@ -51,8 +58,29 @@ class RolloutBatch:
     response_mask: torch.Tensor
     lengths: torch.Tensor
     truncated: torch.Tensor
-    group_ids: torch.Tensor
     texts: list[str]
+
+
+@dataclass
+class Rollouts(Responses):
+    """What one ``generate`` call of a :class:`~dapo_cli.rollout.base.RolloutEngine` returns: the
+    :class:`Responses`, and
+
+    prompt_index:  LongTensor [N]     index into the ``prompts`` argument (i // n)
+    logprobs:      FloatTensor [N, T] log softmax(z_t / temperature) of each sampled token under the
+                                      engine's own weights and kernels (0.0 on padding); None unless
+                                      ``params.logprobs`` (what the train-inference mismatch is measured on)
+    """
+
+    prompt_index: torch.Tensor
+    logprobs: torch.Tensor | None = None
+
+
+@dataclass
+class RolloutBatch(Responses):
+    """A step's responses and everything computed about them (see the module table)."""
+
+    group_ids: torch.Tensor
     ground_truths: list[str]
     prompts: list[str]
     pad_id: int
@@ -73,24 +101,13 @@ class RolloutBatch:
         cls, rollouts: Rollouts, *, group_ids: torch.Tensor, ground_truths: list[str], prompts: list[str], pad_id: int,
         versions: torch.Tensor | None = None,
     ) -> RolloutBatch:
-        """What one ``generate`` call returned (:class:`~dapo_cli.rollout.base.Rollouts`) as a batch: its tensors and
-        texts as they are, its ``logprobs`` as ``rollout_log_probs``. The caller says what the rollouts do not know:
-        each response's group, prompt text and ground truth, and (optionally) the weight version that sampled it."""
-        r = rollouts
+        """What one ``generate`` call returned (:class:`Rollouts`) as a batch: its :class:`Responses` as they are
+        (the texts list copied), its ``logprobs`` as ``rollout_log_probs``. The caller says what the rollouts do not
+        know: each response's group, prompt text and ground truth, and (optionally) the weight version that sampled it."""
+        shared = {f.name: getattr(rollouts, f.name) for f in dataclasses.fields(Responses)}
         return cls(
-            prompt_ids=r.prompt_ids,
-            prompt_mask=r.prompt_mask,
-            response_ids=r.response_ids,
-            response_mask=r.response_mask,
-            lengths=r.lengths,
-            truncated=r.truncated,
-            group_ids=group_ids,
-            texts=list(r.texts),
-            ground_truths=ground_truths,
-            prompts=prompts,
-            pad_id=pad_id,
-            rollout_log_probs=r.logprobs,
-            versions=versions,
+            **{**shared, "texts": list(rollouts.texts)}, group_ids=group_ids, ground_truths=ground_truths, prompts=prompts,
+            pad_id=pad_id, rollout_log_probs=rollouts.logprobs, versions=versions,
         )
 
     def __len__(self) -> int:

@@ -45,7 +45,7 @@ class Estimate:
 def calibrate(plan: AblationPlan, *, train: TrainFn | None = None) -> Estimate:
     """Time one RL step of the first child in a temporary dir, without validation or tracking."""
     train = train or default_train()
-    child = plan.children()[0]
+    child = plan.children[0]
     cfg = plan.child_config(child)
     with tempfile.TemporaryDirectory(prefix="dapo-calibrate-") as tmp:
         cfg = dataclasses.replace(
@@ -59,7 +59,7 @@ def calibrate(plan: AblationPlan, *, train: TrainFn | None = None) -> Estimate:
         t0 = time.perf_counter()
         train(cfg, resume=False, command="dapo ablate --dry-run (calibration)", parent_run_id=None, extra_tags=None, quiet=True)
         step_s = time.perf_counter() - t0
-    return Estimate(child.variant.name, step_s, len(plan.children()), plan.base.trainer.total_steps, plan.base.ablate.jobs)
+    return Estimate(child.variant.name, step_s, len(plan.children), plan.base.trainer.total_steps, plan.base.ablate.jobs)
 
 
 def policy_to_build(cfg: Any) -> str | None:

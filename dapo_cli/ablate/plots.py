@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from dapo_cli.ablate.results import CURVE_METRICS, SAMPLES_METRIC, VAL_CURVE, AblationReport, ChildResult
-from dapo_cli.ablate.variants import axis_suffix, split_axes
+from dapo_cli.ablate.axes import axis_suffix, split_axes
 from dapo_cli.fileio import atomic_path
 
 

@@ -63,7 +63,8 @@ from dapo_cli.ablate.mechanisms import (
     mechanisms_markdown,
     steps_text,
 )
-from dapo_cli.ablate.variants import LADDER_LABELS, LADDER_NAMES, PAPER_AIME24_AVG32, axis_twins, short_variant, split_axes
+from dapo_cli.ablate.axes import axis_twins, split_axes
+from dapo_cli.ablate.variants import LADDER_LABELS, LADDER_NAMES, PAPER_AIME24_AVG32, short_variant
 from dapo_cli.ablate.plots import plot_curves
 from dapo_cli.ablate.results import (
     SAMPLES_METRIC,
@@ -168,7 +169,7 @@ def axis_deltas(
     order: Sequence[str], rows: Sequence[VariantRow], results: dict[str, list[ChildResult]], client: Any = None
 ) -> list[AxisDelta]:
     """Each row against its twin at the first value of each axis (the value the planned ``order`` shows first,
-    :func:`~dapo_cli.ablate.variants.axis_twins`): :func:`paired_delta`."""
+    :func:`~dapo_cli.ablate.axes.axis_twins`): :func:`paired_delta`."""
     reported = {row.name for row in rows}
     return [AxisDelta(**vars(d), axis=axis) for name, twin, axis in axis_twins(order)
             if name in reported and (d := paired_delta(name, twin, results, client)) is not None]

@@ -186,7 +186,7 @@ def _parent_run(client: Any, plan: AblationPlan, *, command: str, launcher: str)
 
 def child_where(plan: AblationPlan, i: int, child: Child) -> str:
     """``[i/n] variant seed S``: how the driver's lines name the ``i``-th child."""
-    return f"[{i}/{len(plan.children())}] {child.variant.name} seed {child.seed}"
+    return f"[{i}/{len(plan.children)}] {child.variant.name} seed {child.seed}"
 
 
 def _decide_child(client: Any, plan: AblationPlan, runs: Sequence[Any], i: int, child: Child, *,
@@ -263,10 +263,10 @@ def drive(plan: AblationPlan, launcher: Launcher, *, command: str, html: bool = 
     _require_mlflow(plan)
     client = mlflow_client(plan.base.tracking.tracking_uri, create=True)
     with _parent_run(client, plan, command=command, launcher=launcher.name) as (tracker, runs):
-        clock = AblationClock(len(plan.children()), jobs=launcher.jobs) if launcher.jobs is not None else None
+        clock = AblationClock(len(plan.children), jobs=launcher.jobs) if launcher.jobs is not None else None
         parent = Parent(tracker.run_id, clock)
         outcomes: list[ChildOutcome] = []
-        for i, child in enumerate(plan.children(), start=1):
+        for i, child in enumerate(plan.children, start=1):
             o = _decide_child(client, plan, runs, i, child, log=log, clock=clock, attached=launcher.attached)
             outcomes.append(o)
             if o.action != "skip":
@@ -344,7 +344,7 @@ def ablation_status(plan: AblationPlan, job_state: Callable[[Child], str | None]
                         "without --status to start it")
     runs = child_runs(client, parent)
     lines, done = [], 0
-    for i, child in enumerate(plan.children(), start=1):
+    for i, child in enumerate(plan.children, start=1):
         prior = prior_runs(runs, child)
         where = child_where(plan, i, child)
         if decide(prior, False)[0] == "skip":
@@ -389,7 +389,7 @@ def _log_plan(tracker: Any, plan: AblationPlan) -> None:
                 {"variant": c.variant.name, "label": c.variant.label, "seed": c.seed, "rung": c.index,
                  "toggles": c.variant.toggle_dict(), "state": dict(c.variant.state), "axes": dict(c.variant.axes),
                  "run_name": c.run_name}
-                for c in plan.children()
+                for c in plan.children
             ],
         },
         "plan.json",

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from scipy import stats as sps
 
 from dapo_cli.ablate.stats import ALPHA, sample_sd
-from dapo_cli.ablate.variants import axis_twins, split_axes
+from dapo_cli.ablate.axes import axis_twins, split_axes
 
 RULE = ("Lan–DeMets alpha spending, O'Brien–Fleming type (Lan & DeMets 1983), each look tested at the level it "
         "spends (union bound over looks)")
@@ -104,7 +104,7 @@ def comparison_pairs(names: Sequence[str], ladder: bool) -> list[tuple[str, str]
     """``(variant, reference)`` pairs. Among the variants with the same axis settings (all of them when there is no
     ``--axis``): a ladder's rungs against the previous and against the first (the second rung once), otherwise each
     variant against the first. Then each variant against its twin at each axis's first value, where the twin runs
-    (:func:`~dapo_cli.ablate.variants.axis_twins`): ``dapo@adv_estimator=dr_grpo`` against ``dapo@adv_estimator=grpo``."""
+    (:func:`~dapo_cli.ablate.axes.axis_twins`): ``dapo@adv_estimator=dr_grpo`` against ``dapo@adv_estimator=grpo``."""
     groups: dict[tuple[tuple[str, str], ...], list[str]] = {}
     for name in names:
         groups.setdefault(split_axes(name)[1], []).append(name)

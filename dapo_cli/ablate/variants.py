@@ -16,20 +16,23 @@ Two modes, a registry keyed by name (:data:`MODES`):
 * ``grid``: the full factorial :math:`\\{0,1\\}^m` of ``m`` chosen techniques (all five:
   32 variants); the others stay as in the config.
 
-Either mode takes extra *axes* (``--axis rollout.max_staleness=0,1``, :class:`Axis`): config settings
-beside the techniques, each multiplying the variants (technique-major: every value of the axes at one
-technique state before the next state). An axis variant is named by its technique state and its
-settings, ``dapo@max_staleness=1`` (:func:`axis_suffix`); variants without axes keep their plain names.
+Either mode takes extra *axes* (``--axis rollout.max_staleness=0,1``, :class:`~dapo_cli.ablate.axes.Axis`,
+parsed and named in :mod:`dapo_cli.ablate.axes`): config settings beside the techniques, each multiplying the
+variants (technique-major: every value of the axes at one technique state before the next state). An axis
+variant is named by its technique state and its settings, ``dapo@max_staleness=1``; variants without axes keep
+their plain names.
 
 A variant's name is :func:`~dapo_cli.config.techniques.variant_name` of the technique
 state its config really has, so a variant is named by what it trains, not by how it
-was asked for. The ablation id hashes the resolved config, the mode, the variants and
-the seeds: rerunning the same command finds the same MLflow parent and run dirs.
+was asked for. The ablation id hashes the resolved config, the mode and the variants, not the seeds
+(:func:`ablation_id`): rerunning the same command, or the same with more seeds, finds the same MLflow parent and
+run dirs.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import itertools
 import json
@@ -39,11 +42,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from dapo_cli.ablate.axes import Axis, axis_suffix, split_axes
 from dapo_cli.config import TECHNIQUES, Config, flatten, technique_state
-from dapo_cli.config.load import from_dict, override_config, parse_override
+from dapo_cli.config.load import from_dict, override_config
 from dapo_cli.config.schema import PLANNING_SECTIONS, ConfigError
 from dapo_cli.config.versions import before_value, declaration, split_version, upgrade
-from dapo_cli.config.techniques import TECHNIQUE_KEYS, Techniques, variant_name
+from dapo_cli.config.techniques import Techniques, variant_name
 from dapo_cli.config.validate import validate
 from dapo_cli.errors import UserError
 
@@ -53,9 +57,6 @@ if TYPE_CHECKING:
 MAX_CHILDREN = 2000
 """The most children one ablation may plan (variants x axis combinations x seeds, counted before any is built:
 each child's config is validated in ~8 ms, and a billion seeds once took the planner past 5 GB)."""
-MAX_AXIS_VALUES = 100
-"""The most values one ``--axis`` may give (each is typed and validated as ``--set`` would)."""
-
 LADDER_LABELS = (
     "Naive GRPO",
     "+ Overlong Filtering",
@@ -79,17 +80,6 @@ LADDER_NAMES = tuple(variant_name({t: j < i for j, t in enumerate(TECHNIQUES)}) 
 SAFE_COMPONENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+@=-]*$")
 """A run-name path component: no separators, no leading dot (so never ``.`` or ``..``), no spaces
 (``@`` and ``=`` only come from axis settings: ``dapo@max_staleness=1``)."""
-
-AXIS_VALUE = re.compile(r"^[A-Za-z0-9._+-]+$")
-"""An axis value as variant names spell it (no ``@``, ``=``, separators or spaces)."""
-
-AXIS_OWNERS = {
-    "trainer.seed": "--seeds sets it (trainer.seed + 0..N-1 for every variant)",
-    "trainer.run_name": "the ablation names every child",
-    "tracking.run_label": "the ablation labels every child",
-}
-"""Keys outside the technique toggles that an axis may not vary, and who sets them instead."""
-
 
 @dataclass(frozen=True)
 class Variant:
@@ -146,14 +136,15 @@ class AblationPlan:
     sequential: Setup | None = None
     """``--seeds auto``: the rule's setup, recorded on the parent (``ablate.sequential``) so a report replays the waves."""
 
-    def children(self) -> list[Child]:
-        """Seed-major order: a complete ladder for the first seed before any second seed."""
-        return [
+    @functools.cached_property
+    def children(self) -> tuple[Child, ...]:
+        """Seed-major order: a complete ladder for the first seed before any second seed (computed once per plan)."""
+        return tuple(
             Child(v, seed, i, child_run_name(self.name, v.name, seed))
             for j, seed in enumerate(self.seeds)
             for i, v in enumerate(self.variants)
             if self.wave is None or j < self.wave_from or v.name in self.wave
-        ]
+        )
 
     def child_config(self, child: Child) -> Config:
         """The base config with the variant's toggles and axis settings, the child's seed and run name; validated."""
@@ -209,130 +200,6 @@ MODES: dict[str, Callable[[Config, Sequence[str]], list[Variant]]] = {"ladder": 
 # ---------------------------------------------------------------- axes
 
 
-@dataclass(frozen=True)
-class Axis:
-    """One ``--axis KEY=V1,V2,...``: a config key and its values, in the order given."""
-
-    key: str
-    values: tuple[str, ...]
-    """As ``--set key=value`` spells them, canonical (``1.0`` for ``1`` of a float setting)."""
-    short: str
-    """The key in variant names: its shortest dotted suffix that ends no other schema key (``max_staleness``)."""
-
-
-def parse_axis(text: str, base: Config, sets: Sequence[str] = ()) -> Axis:
-    """``rollout.max_staleness=0,1`` → an :class:`Axis`, its key and values checked against the schema as
-    ``--set`` checks them. Refused: a key the technique toggles own (:data:`TECHNIQUE_KEYS`), one of
-    :data:`AXIS_OWNERS`, ``ablate.*`` and the planning sections, a key also given with ``--set``, fewer than
-    two values, a repeated value, a value a run name cannot hold."""
-    if "=" not in text:
-        raise UserError(f"--axis '{text}' must look like section.key=V1,V2, e.g. --axis rollout.max_staleness=0,1")
-    key, raw = (part.strip() for part in text.split("=", 1))
-    keys = list(flatten(base))
-    if key not in keys:
-        if any(k.startswith(key + ".") for k in keys):
-            raise UserError(f"--axis {key}: '{key}' is a section; give one of its keys")
-        override_config(base, [f"{key}=0"])  # raises as --set would: unknown config key '...'; did you mean ...?
-    why = _axis_owner(key)
-    if why:
-        raise UserError(f"--axis {key}: {why}")
-    clash = [item for item in sets if _overlaps(parse_override(item)[0], key)]
-    if clash:
-        raise UserError(f"--axis {key} and --set {clash[0].strip()} both set {key}; give it in one of them")
-    given = [v.strip() for v in raw.split(",")]
-    if len(given) > MAX_AXIS_VALUES:
-        raise UserError(f"--axis {key} gives {len(given):,} values; at most {MAX_AXIS_VALUES} (each is a child per variant and seed)")
-    if len(given) < 2:
-        raise UserError(f"--axis {key} needs at least 2 comma-separated values, got '{raw}'")
-    if not all(given):
-        raise UserError(f"--axis {key}: an empty value in '{raw}' (two commas in a row, or one at an end); remove it")
-    texts = [value_text(flatten(override_config(base, [f"{key}={v}"]))[key]) for v in given]  # typed as --set types
-    for v, t in zip(given, texts):
-        if not AXIS_VALUE.match(t):
-            raise UserError(f"--axis {key}: value '{v}' cannot be part of a run name (letters, digits, . _ + - only)")
-    repeated = [t for i, t in enumerate(texts) if t in texts[:i]]
-    if repeated:
-        raise UserError(f"--axis {key} gives the value {repeated[0]} twice; give each value once")
-    return Axis(key=key, values=tuple(texts), short=short_key(key, keys))
-
-
-def _axis_owner(key: str) -> str:
-    """Why an axis may not vary ``key`` ("" when it may)."""
-    if any(_overlaps(key, owned) for owned in TECHNIQUE_KEYS):
-        return "the technique toggles own it (it decides a technique's state); vary the technique with --grid instead"
-    if key in AXIS_OWNERS:
-        return AXIS_OWNERS[key]
-    section = key.split(".", 1)[0]
-    if section == "ablate":
-        return "ablate.* configures the ablation itself, not its children"
-    if section in PLANNING_SECTIONS:
-        return f"{section}.* changes no run's results (it only plans --dry-run)"
-    return ""
-
-
-def _overlaps(a: str, b: str) -> bool:
-    """True when dotted keys ``a`` and ``b`` are the same or one is a section holding the other."""
-    return a == b or a.startswith(b + ".") or b.startswith(a + ".")
-
-
-def value_text(value: Any) -> str:
-    """A typed setting as ``--set`` would give it back: ``true``, ``null``, ``0.5``, ``1``, text as is."""
-    if isinstance(value, bool):
-        return str(value).lower()
-    if value is None:
-        return "null"
-    return str(value)
-
-
-def short_key(key: str, keys: Sequence[str]) -> str:
-    """The shortest dotted suffix of ``key`` that no other of ``keys`` ends with."""
-    parts = key.split(".")
-    for n in range(1, len(parts)):
-        suffix = ".".join(parts[-n:])
-        if not any(k != key and k.endswith("." + suffix) for k in keys):
-            return suffix
-    return key
-
-
-def axis_suffix(settings: Sequence[tuple[str, str]]) -> str:
-    """``@max_staleness=1@temperature=0.7``: what a variant's name adds for its axis settings (short keys)."""
-    return "".join(f"@{short}={value}" for short, value in settings)
-
-
-def split_axes(name: str) -> tuple[str, tuple[tuple[str, str], ...]]:
-    """``dapo@max_staleness=1`` → (``dapo``, ``(("max_staleness", "1"),)``); a name without axes → (name, ())."""
-    head, *rest = name.split("@")
-    return head, tuple((short, value) for short, _, value in (part.partition("=") for part in rest))
-
-
-def axis_twins(names: Sequence[str]) -> list[tuple[str, str, str]]:
-    """``(variant, twin, axis)`` for each variant and each axis at which it does not hold the axis's first value (in
-    ``names``' order): the twin has the same techniques and other settings, with that axis at its first value.
-    ``["dapo@adv_estimator=grpo", "dapo@adv_estimator=dr_grpo"]`` → ``[("dapo@adv_estimator=dr_grpo",
-    "dapo@adv_estimator=grpo", "adv_estimator")]``. The twin need not be in ``names`` (``--skip`` can drop it)."""
-    firsts: dict[int, str] = {}
-    for name in names:
-        for j, (_, value) in enumerate(split_axes(name)[1]):
-            firsts.setdefault(j, value)
-    out = []
-    for name in names:
-        techniques, settings = split_axes(name)
-        for j, (axis, value) in enumerate(settings):
-            if value != firsts[j]:
-                out.append((name, techniques + axis_suffix([(a, firsts[j] if i == j else v) for i, (a, v) in enumerate(settings)]), axis))
-    return out
-
-
-def parse_axes(texts: Sequence[str], base: Config, sets: Sequence[str] = ()) -> tuple[Axis, ...]:
-    """Every ``--axis`` (:func:`parse_axis`); a key given twice is refused."""
-    axes = [parse_axis(text, base, sets) for text in texts]
-    keys = [a.key for a in axes]
-    twice = [k for i, k in enumerate(keys) if k in keys[:i]]
-    if twice:
-        raise UserError(f"--axis {twice[0]} is given twice; give all its values in one --axis {twice[0]}=V1,V2")
-    return tuple(axes)
-
-
 def axes_text(plan: AblationPlan) -> str:
     """``rollout.max_staleness=0,1`` (``;`` between axes): the parent's ``ablate.axes`` tag."""
     return ";".join(f"{a.key}={','.join(a.values)}" for a in plan.axes)
@@ -370,26 +237,6 @@ def parse_techniques(text: str | None) -> tuple[str, ...]:
     if not names:
         raise UserError(f"no technique named in '{text}'; give a comma-separated list of: {', '.join(TECHNIQUES)}")
     return tuple(t for t in TECHNIQUES if t in names)
-
-
-def looks_like_techniques(text: str) -> bool:
-    """True when ``text`` is a comma-separated list of technique names (the ``--grid a,b`` argument)."""
-    names = [n.strip().replace("-", "_") for n in text.split(",")]
-    return bool(names) and all(n in TECHNIQUES for n in names)
-
-
-def meant_as_techniques(text: str) -> bool:
-    """True when ``text`` (not an existing file) reads as a technique list rather than a config path:
-    it has a comma, or it is one bare word (no path separator, no ``.yaml``/``.yml``) that names or
-    nearly names a technique. Such a word with unknown names is a technique error, not "config not found"."""
-    if looks_like_techniques(text) or "," in text:
-        return True
-    word = text.strip().replace("-", "_")
-    if "/" in word or "\\" in word or word.lower().endswith((".yaml", ".yml", ".json")):
-        return False
-    import difflib
-
-    return bool(difflib.get_close_matches(word, TECHNIQUES, n=1, cutoff=0.6))
 
 
 def select_variants(variants: Sequence[Variant], only: Sequence[str], skip: Sequence[str]) -> list[Variant]:
@@ -521,6 +368,6 @@ def make_ablation(
         mode=mode, base=cfg, techniques=tuple(techniques), variants=tuple(variants), seeds=seed_list, ablation_id=aid, name=name,
         axes=tuple(axes),
     )
-    for child in plan.children():  # every child config must be valid before anything runs
+    for child in plan.children:  # every child config must be valid before anything runs
         plan.child_config(child)
     return plan

@@ -6,6 +6,7 @@ Without CONFIG it runs the embedded ``experiments/tiny-ladder.yaml`` (built for 
 
 from __future__ import annotations
 
+import difflib
 import os
 import shlex
 from enum import Enum
@@ -17,6 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from dapo_cli.cli.common import Panel, SetOption, console, err_console
+from dapo_cli.config.techniques import TECHNIQUES
 from dapo_cli.errors import UserError
 
 EXAMPLES = [
@@ -33,6 +35,24 @@ if TYPE_CHECKING:
     from dapo_cli.ablate.variants import AblationPlan
 
 
+def looks_like_techniques(text: str) -> bool:
+    """True when ``text`` is a comma-separated list of technique names (the ``--grid a,b`` argument)."""
+    names = [n.strip().replace("-", "_") for n in text.split(",")]
+    return bool(names) and all(n in TECHNIQUES for n in names)
+
+
+def meant_as_techniques(text: str) -> bool:
+    """True when ``text`` (not an existing file) reads as a technique list rather than a config path:
+    it has a comma, or it is one bare word (no path separator, no ``.yaml``/``.yml``) that names or
+    nearly names a technique. Such a word with unknown names is a technique error, not "config not found"."""
+    if looks_like_techniques(text) or "," in text:
+        return True
+    word = text.strip().replace("-", "_")
+    if "/" in word or "\\" in word or word.lower().endswith((".yaml", ".yml", ".json")):
+        return False
+    return bool(difflib.get_close_matches(word, TECHNIQUES, n=1, cutoff=0.6))
+
+
 class Launcher(str, Enum):
     local = "local"
     print = "print"
@@ -45,7 +65,7 @@ def split_arguments(args: list[str], grid: bool) -> tuple[str | None, str | None
     A word that names an existing file is the config; a comma-separated list of technique
     names is the grid's subset (``--grid clip_higher,dynamic_sampling``).
     """
-    from dapo_cli.ablate.variants import meant_as_techniques, parse_techniques
+    from dapo_cli.ablate.variants import parse_techniques
 
     config: str | None = None
     techniques: str | None = None
@@ -128,7 +148,8 @@ def ablate(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No per-step lines from the children (the overall progress stays).", rich_help_panel=Panel.OUTPUT)] = False,
 ) -> None:
     """Run the DAPO ablation ladder or a technique grid as MLflow parent/child runs, then report."""
-    from dapo_cli.ablate.variants import make_ablation, parse_axes, parse_techniques
+    from dapo_cli.ablate.axes import parse_axes
+    from dapo_cli.ablate.variants import make_ablation, parse_techniques
     from dapo_cli.cli.options import resolve
 
     if ladder == grid:
@@ -259,7 +280,7 @@ def show_status(plan: AblationPlan, launcher: str) -> bool:
     lines, done = ablation_status(plan, job_state)
     for line in lines:
         console.print(line, highlight=False, markup=False)
-    total = len(plan.children())
+    total = len(plan.children)
     console.print(f"{done}/{total} children finished" + ("; writing the report" if done == total else
                   "; the report is written once all have (the same command again, with or without --status)"),
                   highlight=False, markup=False)
@@ -348,7 +369,7 @@ def print_estimate(plan: AblationPlan, calibrate: bool) -> None:
     from dapo_cli.ablate.estimate import calibrate as run_calibration
     from dapo_cli.ablate.estimate import policy_to_build
 
-    n = len(plan.children())
+    n = len(plan.children)
     build = policy_to_build(plan.base)
     if build is not None:
         console.print(f"would build: {build}", highlight=False, markup=False)

@@ -219,7 +219,7 @@ def print_report(result: AblationReport, out: Console | None = None, effect: flo
     in a legend below; a wider terminal gets the bordered table with longer headers.
     """
     from dapo_cli.ablate.report import table_rows
-    from dapo_cli.ablate.variants import split_axes
+    from dapo_cli.ablate.axes import split_axes
 
     out = out or console
     rows = table_rows(result)

@@ -20,16 +20,14 @@ from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from dapo_cli import __version__
 from dapo_cli.data.convert import CONVERSIONS
+from dapo_cli.data.options import PrepareOptions
 from dapo_cli.data.schema import write_dapo_table
 from dapo_cli.data.staging import staged_outputs
 from dapo_cli.fileio import sha256_file
-
-if TYPE_CHECKING:
-    from dapo_cli.data.prepare import PrepareOptions
 
 
 @dataclass
@@ -181,7 +179,7 @@ class RunRecord(Protocol):
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None: ...
 
 
-OpenRun = Callable[["PrepareOptions"], AbstractContextManager[RunRecord]]
+OpenRun = Callable[[PrepareOptions], AbstractContextManager[RunRecord]]
 """Opens the record of one preparation (called once the inputs are read, before anything is written)."""
 
 

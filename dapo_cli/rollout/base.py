@@ -1,5 +1,8 @@
 """The rollout protocol: ``generate(prompts, n, params) -> Rollouts``.
 
+:class:`~dapo_cli.batch.Rollouts` lives beside the training batch it becomes (``dapo_cli/batch.py``, the layer
+below every engine), and is re-exported here.
+
 Shapes: ``P`` prompts, ``n`` samples each, ``N = P * n`` responses, ``T`` the
 longest response in the batch (``<= params.max_tokens``). Response ``i`` belongs
 to prompt ``i // n`` (responses of one prompt are contiguous).
@@ -13,6 +16,10 @@ from typing import Protocol
 
 import torch
 
+from dapo_cli.batch import Rollouts
+
+__all__ = ["RolloutEngine", "Rollouts", "SamplingParams", "WeightSource"]
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -25,34 +32,6 @@ class SamplingParams:
     seed: int | None = None
     logprobs: bool = False
     """Also return log π(o_t) of each sampled token at ``temperature`` (before top-k/top-p truncation)."""
-
-
-@dataclass
-class Rollouts:
-    """What one ``generate`` call returns (all tensors on CPU).
-
-    prompt_ids:    LongTensor [N, S]  left-padded prompt token ids (pad = tokenizer pad id)
-    prompt_mask:   BoolTensor [N, S]  True on real prompt tokens
-    response_ids:  LongTensor [N, T]  right-padded response ids, EOS included when emitted
-    response_mask: BoolTensor [N, T]  True on generated tokens (EOS included), False on padding
-    lengths:       LongTensor [N]     number of generated tokens = response_mask.sum(-1)
-    truncated:     BoolTensor [N]     True when no EOS was produced within max_tokens
-    texts:         list[str] (N)      decoded responses without special tokens
-    prompt_index:  LongTensor [N]     index into the ``prompts`` argument (i // n)
-    logprobs:      FloatTensor [N, T] log softmax(z_t / temperature) of each sampled token under the
-                                      engine's own weights and kernels (0.0 on padding); None unless
-                                      ``params.logprobs`` (what the train-inference mismatch is measured on)
-    """
-
-    prompt_ids: torch.Tensor
-    prompt_mask: torch.Tensor
-    response_ids: torch.Tensor
-    response_mask: torch.Tensor
-    lengths: torch.Tensor
-    truncated: torch.Tensor
-    texts: list[str]
-    prompt_index: torch.Tensor
-    logprobs: torch.Tensor | None = None
 
 
 class WeightSource(Protocol):

@@ -19,7 +19,8 @@ from ablate_fakes import FakeTrain  # noqa: E402
 
 from dapo_cli.ablate.report import axis_table_rows, build_report, summary_markdown, summary_metrics, to_markdown  # noqa: E402
 from dapo_cli.ablate.runner import run_ablation  # noqa: E402
-from dapo_cli.ablate.variants import make_ablation, parse_axes  # noqa: E402
+from dapo_cli.ablate.axes import parse_axes  # noqa: E402
+from dapo_cli.ablate.variants import make_ablation  # noqa: E402
 from dapo_cli.config.load import build_config  # noqa: E402
 
 T975_1 = math.tan(0.475 * math.pi)  # t(0.975, 1): the Cauchy quantile tan(π(p − ½)) = 12.7062

@@ -56,7 +56,7 @@ def children_of(tmp: Path, parent_id: str):
 
 def test_child_argv_spells_dapo_train_or_torchrun_for_printing_and_this_interpreter_for_running(tmp_path: Path) -> None:
     plan = plan_for(tmp_path)
-    grpo = plan.children()[0]
+    grpo = plan.children[0]
     words = train_words(plan, grpo, "exp.yaml", ["a.b=1"])
     tail = ["train", "exp.yaml", "--set", "a.b=1", "--set", "trainer.seed=0", "--set", f"trainer.run_name={plan.name}/grpo-s0",
             "--set", "tracking.run_label=GRPO s0", *NO_TOGGLES]
@@ -76,12 +76,12 @@ def test_child_argv_spells_dapo_train_or_torchrun_for_printing_and_this_interpre
     # without an explicit nproc: ablate.nproc of the config (which does not change the ablation)
     two = plan_for(tmp_path, "ablate.nproc=2")
     assert two.ablation_id == plan.ablation_id
-    assert child_argv(two, two.children()[1], None)[:7] == ["torchrun", "--standalone", "--nproc_per_node", "2", "-m", "dapo_cli", "train"]
+    assert child_argv(two, two.children[1], None)[:7] == ["torchrun", "--standalone", "--nproc_per_node", "2", "-m", "dapo_cli", "train"]
 
 
 def test_child_env_carries_the_parent_and_tags_that_extra_tags_from_env_reads_back(tmp_path: Path) -> None:
     plan = plan_for(tmp_path)
-    child = plan.children()[1]
+    child = plan.children[1]
     tags = child_tags(plan, child, "p" * 32)
     env = child_env("p" * 32, tags)
     assert env["DAPO_PARENT_RUN_ID"] == "p" * 32
@@ -119,7 +119,7 @@ class RecordingSpawn:
         if self.code:
             return self.code
         run_name = next(a.split("=", 1)[1] for a in argv if a.startswith("trainer.run_name="))
-        child = next(c for c in self.plan.children() if c.run_name == run_name)
+        child = next(c for c in self.plan.children if c.run_name == run_name)
         self.fake(self.plan.child_config(child), resume="--resume" in argv, command="x",
                   parent_run_id=extra_env["DAPO_PARENT_RUN_ID"], extra_tags=extra_tags_from_env(extra_env), quiet=False)
         return 0
@@ -138,7 +138,7 @@ def test_local_launcher_with_nproc_2_runs_each_missing_child_under_torchrun_resu
                            train=lambda *a, **k: pytest.fail("nproc 2 must not train in-process"))
     assert [o.action for o in outcome.children] == ["skip", "resume", "fresh", "fresh"]
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "dapo_cli", "train"]
-    expected = [(c, resume) for c, resume in zip(two.children()[1:], (True, False, False))]
+    expected = [(c, resume) for c, resume in zip(two.children[1:], (True, False, False))]
     assert len(spawn.calls) == 3
     for (argv, env, log_path), (child, resume) in zip(spawn.calls, expected):
         assert argv[:9] == torchrun and argv == child_argv(two, child, None, sets, resume=resume, executable=True)
@@ -242,7 +242,7 @@ def test_slurm_launcher_on_the_local_executor_waits_for_every_job_then_reports(
     assert parent.info.status == "FAILED"
     for name, resume in (("dapo-s0", True), ("grpo-s1", False)):
         seen = json.loads((markers / f"{name}.json").read_text())
-        child = next(c for c in plan.children() if c.run_name.endswith(f"/{name}"))
+        child = next(c for c in plan.children if c.run_name.endswith(f"/{name}"))
         assert seen["argv"] == child_argv(plan, child, None, sets, resume=resume, executable=True)  # torchrun, --resume
         assert seen["parent"] == parent.info.run_id and seen["cwd"] == str(tmp_path)
         assert json.loads(seen["tags"]) == child_tags(plan, child, parent.info.run_id)
@@ -293,7 +293,7 @@ class FakeProc:
     def _end(self, code: int) -> None:
         if code == 0:
             plan = self.owner.plan
-            child = next(c for c in plan.children() if c.run_name.endswith(f"/{self.name}"))
+            child = next(c for c in plan.children if c.run_name.endswith(f"/{self.name}"))
             self.owner.fake(plan.child_config(child), resume="--resume" in self.argv, command="x",
                             parent_run_id=self.env["DAPO_PARENT_RUN_ID"], extra_tags=extra_tags_from_env(self.env), quiet=False)
         self.returncode = code
@@ -346,7 +346,7 @@ def test_local_launcher_with_jobs_2_keeps_two_children_running_and_skips_finishe
     assert [o.action for o in outcome.children] == ["skip", "resume", "fresh", "fresh"]
     assert [p.name for p in popen.started] == ["dapo-s0", "grpo-s1", "dapo-s1"] and popen.most == 2  # the skipped one: never
     logs = tmp_path / "runs" / "abl" / plan.name / "logs"
-    for proc, child, resume in zip(popen.started, plan.children()[1:], (True, False, False)):
+    for proc, child, resume in zip(popen.started, plan.children[1:], (True, False, False)):
         assert proc.argv == child_argv(plan, child, None, sets, resume=resume, executable=True)
         extra = {**child_env(outcome.parent_run_id, child_tags(plan, child, outcome.parent_run_id)), "PYTHONUNBUFFERED": "1"}
         assert {k: proc.env.get(k) for k in extra} == extra and proc.env["INHERITED"] == "yes"  # ours + the child's

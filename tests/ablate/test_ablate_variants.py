@@ -16,11 +16,11 @@ from dapo_cli.ablate.variants import (
     child_label,
     child_run_name,
     make_ablation,
-    parse_axes,
     parse_techniques,
     safe_component,
     short_variant,
 )
+from dapo_cli.ablate.axes import parse_axes
 from dapo_cli.ablate.child import train_words
 from dapo_cli.cli.options import resolve
 from dapo_cli.config import TECHNIQUES, load_config, technique_state
@@ -51,17 +51,17 @@ def test_ladder_is_table_1_in_order_with_cumulative_toggles(cfg) -> None:
         "grpo+overlong_filtering+clip_higher+overlong_shaping+token_level_loss",
         "dapo",
     ]
-    for rung, child in enumerate(plan.children()):
+    for rung, child in enumerate(plan.children):
         child_cfg = plan.child_config(child)
         # rung r has exactly the first r techniques on, measured on the config it will train
         assert technique_state(child_cfg) == {t: j < rung for j, t in enumerate(TECHNIQUES)}
         assert child.index == rung
-    naive = plan.child_config(plan.children()[0]).algorithm
+    naive = plan.child_config(plan.children[0]).algorithm
     # naive GRPO: symmetric clip 0.2, seq-mean-token-mean, no shaping, no filtering, no dynamic sampling
     assert (naive.clip_ratio_low, naive.clip_ratio_high) == (0.2, 0.2)
     assert naive.loss_agg_mode == "seq-mean-token-mean"
     assert not naive.overlong_buffer.enable and not naive.overlong_filter and not naive.filter_groups.enable
-    assert plan.child_config(plan.children()[2]).algorithm.clip_ratio_high == 0.28
+    assert plan.child_config(plan.children[2]).algorithm.clip_ratio_high == 0.28
 
 
 def test_paper_constants_line_up() -> None:
@@ -92,7 +92,7 @@ def test_grid_subset_leaves_other_techniques_as_configured(cfg) -> None:
         "grpo+overlong_shaping+token_level_loss+dynamic_sampling",
         "grpo+clip_higher+overlong_shaping+token_level_loss+dynamic_sampling",
     ]
-    for child in plan.children():
+    for child in plan.children:
         assert plan.child_config(child).algorithm.overlong_filter is False  # untouched by the grid
     assert [dict(v.toggles) for v in plan.variants][1] == {"clip_higher": True, "dynamic_sampling": False}
 
@@ -124,10 +124,10 @@ def test_seeds_count_up_from_trainer_seed_seed_major(cfg) -> None:
     base = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, seed=7))
     plan = make_ablation(base, mode="ladder", only=["grpo", "dapo"], seeds=3)
     assert plan.seeds == (7, 8, 9)
-    assert [(c.variant.name, c.seed) for c in plan.children()] == [
+    assert [(c.variant.name, c.seed) for c in plan.children] == [
         ("grpo", 7), ("dapo", 7), ("grpo", 8), ("dapo", 8), ("grpo", 9), ("dapo", 9),
     ]
-    assert plan.child_config(plan.children()[3]).trainer.seed == 8
+    assert plan.child_config(plan.children[3]).trainer.seed == 8
     with pytest.raises(UserError, match="--seeds must be >= 1"):
         make_ablation(cfg, mode="ladder", seeds=0)
 
@@ -153,7 +153,7 @@ def test_ablation_id_is_stable_and_changes_with_config_mode_and_variants_not_see
 
 def test_run_names_are_path_safe(cfg) -> None:
     plan = make_ablation(cfg, mode="ladder")
-    for child in plan.children():
+    for child in plan.children:
         ablation, leaf = child.run_name.split("/")
         assert ablation == plan.name and leaf == f"{child.variant.name}-s{child.seed}"
     assert safe_component("my exp/../x y") == "my-exp-..-x-y"
@@ -179,7 +179,7 @@ def test_printed_train_command_resolves_to_the_child_config(config_path) -> None
     sets = ["trainer.total_steps=3", "data.train_batch_size=8"]
     cfg = resolve(config_path, sets)
     plan = make_ablation(cfg, mode="ladder", seeds=2)
-    for child in plan.children():
+    for child in plan.children:
         words = train_words(plan, child, config_path, sets)
         assert words[:2] == ["dapo", "train"]
         assert resolve_words(words, config_path) == plan.child_config(child)
@@ -213,7 +213,7 @@ def test_an_axis_multiplies_the_grid_technique_major_and_names_each_setting(cfg)
     assert plan.variants[3].label == "+ Dynamic Sampling (DAPO)" and plan.variants[3].paper == 50
     assert [child_label(v, 0) for v in plan.variants] == ["+TokenLoss@ms=0 s0", "+TokenLoss@ms=1 s0", "DAPO@ms=0 s0", "DAPO@ms=1 s0"]
     assert short_variant("grpo+clip_higher@max_staleness=1@rollout.temperature=0.7") == "grpo+ch@ms=1@temp=0.7"
-    for child in plan.children():
+    for child in plan.children:
         child_cfg = plan.child_config(child)  # validated
         assert child_cfg.rollout.max_staleness == int(child.variant.axes[0][1])
         assert technique_state(child_cfg)["dynamic_sampling"] is (child.index >= 2)
@@ -235,7 +235,7 @@ def test_the_ladder_takes_axes_too_and_two_axes_make_a_product(cfg) -> None:
     assert len(grid.variants) == 8 and len({v.name for v in grid.variants}) == 8
     assert grid.variants[1].name == "grpo+overlong_filtering+overlong_shaping+token_level_loss+dynamic_sampling" \
         "@max_staleness=0@rollout.temperature=0.7"
-    assert grid.child_config(grid.children()[1]).rollout.temperature == 0.7
+    assert grid.child_config(grid.children[1]).rollout.temperature == 0.7
     picked = make_ablation(cfg, mode="ladder", axes=parse_axes([STALENESS], cfg), only=["dapo@max_staleness=1"])
     assert [v.name for v in picked.variants] == ["dapo@max_staleness=1"]
 
@@ -287,7 +287,7 @@ def test_the_policy_loss_and_the_rollout_correction_are_axes(cfg) -> None:
     losses = make_ablation(cfg, mode="grid", techniques=("clip_higher",), axes=parse_axes(["algorithm.policy_loss=dapo,gspo,cispo"], cfg))
     assert [v.name for v in losses.variants][3:] == [f"dapo@policy_loss={n}" for n in ("dapo", "gspo", "cispo")]
     assert [child_label(v, 0) for v in losses.variants][3:] == ["DAPO@pl=dapo s0", "DAPO@pl=gspo s0", "DAPO@pl=cispo s0"]
-    children = {c.variant.name: losses.child_config(c) for c in losses.children()}
+    children = {c.variant.name: losses.child_config(c) for c in losses.children}
     assert loss_args(children["dapo@policy_loss=gspo"]) == {"clip_ratio_low": 3e-4, "clip_ratio_high": 4e-4}
     assert loss_args(children["dapo@policy_loss=dapo"])["clip_ratio_high"] == 0.28
     stale = ["rollout.max_staleness=1"]
@@ -295,7 +295,7 @@ def test_the_policy_loss_and_the_rollout_correction_are_axes(cfg) -> None:
     modes = make_ablation(base, mode="ladder", only=[f"dapo@mode={m}" for m in ("token_tis", "opsm")],
                           axes=parse_axes(["algorithm.rollout_is.mode=token_tis,seq_tis,geo_mask,opsm"], base, stale))
     assert [v.name for v in modes.variants] == ["dapo@mode=token_tis", "dapo@mode=opsm"]
-    assert [correction_args(modes.child_config(c)) for c in modes.children()] == [{"cap": 2.0}, {"opsm_delta": 1e-4}]
+    assert [correction_args(modes.child_config(c)) for c in modes.children] == [{"cap": 2.0}, {"opsm_delta": 1e-4}]
 
 
 def test_an_axis_value_the_child_config_rejects_fails_before_anything_runs(cfg) -> None:
@@ -316,7 +316,7 @@ def test_technique_keys_are_what_the_toggles_write_and_read(cfg) -> None:
 @pytest.mark.slow
 def test_printed_train_command_of_an_axis_child_resolves_to_its_config(cfg) -> None:
     plan = make_ablation(cfg, mode="grid", techniques=("dynamic_sampling",), axes=parse_axes([STALENESS], cfg))
-    for child in plan.children():
+    for child in plan.children:
         words = train_words(plan, child, None, [])
         assert f"rollout.max_staleness={child.variant.axes[0][1]}" in words
         assert resolve_words(words, None) == plan.child_config(child)
