@@ -40,6 +40,7 @@ def worker(spec: dict) -> None:
     from dapo_cli.engine.torch import TorchEngine
     from dapo_cli.models import load_policy
     from dapo_cli.train.update import update_policy
+    from dapo_cli.train.objective import build_objective
     from update_throughput import make_batch
 
     from dapo_cli.models.native import NativeLlama
@@ -57,7 +58,7 @@ def worker(spec: dict) -> None:
     for i in range(spec["repeats"] + 1):
         batch = make_batch(tokenizer, length, seed=i)
         t0 = time.perf_counter()
-        update_policy(engine, batch, cfg, step=i + 1, old_from_update=True)
+        update_policy(engine, batch, build_objective(cfg), cfg.trainer, step=i + 1, old_from_update=True)
         if i:
             times.append(time.perf_counter() - t0)
     peak = next(int(line.split()[1]) * 1024 for line in Path("/proc/self/status").read_text().splitlines()

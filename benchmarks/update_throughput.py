@@ -92,6 +92,7 @@ def time_updates(path: Path, length: int, repeats: int, ragged: bool) -> dict[tu
     from dapo_cli.engine.torch import TorchEngine
     from dapo_cli.models import load_policy
     from dapo_cli.train.update import fill_old_log_probs, update_policy
+    from dapo_cli.train.objective import build_objective
 
     cfg = apply_techniques(load_config(None, [
         "rollout.n=8", "data.train_batch_size=8", "trainer.ppo_mini_batch_size=8", "trainer.ppo_micro_batch_size=64",
@@ -111,10 +112,10 @@ def time_updates(path: Path, length: int, repeats: int, ragged: bool) -> dict[tu
             batch = make_batch(tokenizer, length, seed=i, ragged=ragged)
             t0 = time.perf_counter()
             if separate:
-                fill_old_log_probs(engine, batch, cfg)
-                update_policy(engine, batch, cfg, step=i + 1)
+                fill_old_log_probs(engine, batch, build_objective(cfg), cfg.trainer.ppo_micro_batch_size)
+                update_policy(engine, batch, build_objective(cfg), cfg.trainer, step=i + 1)
             else:
-                update_policy(engine, batch, cfg, step=i + 1, old_from_update=True)
+                update_policy(engine, batch, build_objective(cfg), cfg.trainer, step=i + 1, old_from_update=True)
             if i:  # the first is warm-up
                 times[forward, separate, autocast].append(time.perf_counter() - t0)
     return {v: median(t) for v, t in times.items()}

@@ -39,7 +39,7 @@ from collections.abc import Mapping
 
 import torch
 
-from dapo_cli.algo.objectives import get_policy_loss
+from dapo_cli.algo.objectives import PolicyLoss
 from dapo_cli.algo.rollout_correction import rollout_correction
 
 
@@ -65,7 +65,7 @@ def decoupled_policy_loss(
     *,
     correction: str,
     correction_args: Mapping[str, float],
-    loss: str,
+    loss: PolicyLoss,
     **loss_args: object,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The decoupled PPO loss :math:`-J(\\theta)` of the module docstring.
@@ -76,8 +76,8 @@ def decoupled_policy_loss(
     advantages:     ``[B]`` or ``[B, T]``; mask: ``[B, T]``.
     correction:     the rollout correction (:data:`~dapo_cli.algo.rollout_correction.ROLLOUT_CORRECTIONS`) and
                     ``correction_args`` its settings (``{"cap": C}`` for ``token_tis``).
-    loss:           the policy loss (:data:`~dapo_cli.algo.objectives.POLICY_LOSSES`) and ``loss_args`` its clip,
-                    aggregation and global-count arguments.
+    loss:           the policy loss function (one of :data:`~dapo_cli.algo.objectives.POLICY_LOSSES`) and
+                    ``loss_args`` its clip, aggregation and global-count arguments.
     A correction that drops rows (``geo_mask``) drops them from ``mask`` here; a caller splitting a mini-batch
     computes its global counts without them (:data:`~dapo_cli.algo.rollout_correction.ROW_FILTERS`).
     Returns ``(loss [], metrics)``: the policy loss's, and the correction's.
@@ -86,5 +86,5 @@ def decoupled_policy_loss(
         correction, log_prob=log_prob, old_log_prob=prox_log_prob, rollout_log_prob=behav_log_prob,
         advantages=advantages, mask=mask, **correction_args,
     )
-    value, metrics = get_policy_loss(loss)(log_prob, prox_log_prob, advantages, kept, token_weights=weights, **loss_args)
+    value, metrics = loss(log_prob, prox_log_prob, advantages, kept, token_weights=weights, **loss_args)
     return value, {**metrics, **corrected}

@@ -41,7 +41,7 @@ CORRECTION_SETTINGS: dict[str, tuple[str, ...]] = {
 
 
 def _args(cfg: Config, keys: tuple[str, ...]) -> dict[str, Any]:
-    """``{last part of key: value}`` for dotted ``keys`` of ``cfg`` (read by attribute: called per micro-batch)."""
+    """``{last part of key: value}`` for dotted ``keys`` of ``cfg`` (read once a run, when its objective is built)."""
     out = {}
     for key in keys:
         node: Any = cfg

@@ -342,11 +342,11 @@ def run_train(
                         compute_advantages(batch, cfg)
                         if not old_from_update:
                             s.reporter.phase(step, "old log-probs")
-                            fill_old_log_probs(s.engine, batch, cfg)
+                            fill_old_log_probs(s.engine, batch, s.objective, trainer.ppo_micro_batch_size)
                         clock.lap("timing/old_log_prob")
                         s.reporter.phase(step, "update")
-                        metrics = update_policy(s.engine, batch, cfg, step=step, old_from_update=old_from_update)
-                        metrics.update(rollout_mismatch(batch, cfg, dist))
+                        metrics = update_policy(s.engine, batch, s.objective, trainer, step=step, old_from_update=old_from_update)
+                        metrics.update(rollout_mismatch(batch, s.objective, cfg.algorithm.rollout_is, dist))
                         if not s.engine.params_finite():
                             s.stop_non_finite(tracker, step)  # raises: nothing generates with NaN weights
                     synced = rounds.after_update(s.engine, step, updated=batch is not None)  # weights version `step`

@@ -45,6 +45,7 @@ from dapo_cli.redact import escape_controls
 from dapo_cli.rollout.base import RolloutEngine, SamplingParams
 from dapo_cli.runs import derive_seed, read_model_info, read_run_data, run_tags, upload_model
 from dapo_cli.tracking.base import Tracker
+from dapo_cli.train.objective import Objective, build_objective
 
 
 T = TypeVar("T")
@@ -166,6 +167,8 @@ class TrainingSession:
     model_info: dict[str, Any]
     reporter: StepReporter
     ckpt: CheckpointManager
+    objective: Objective
+    """What the update minimises, every setting bound once (:func:`~dapo_cli.train.objective.build_objective`)."""
     dist: Collective = dataclasses.field(default_factory=SingleProcess)
     claim: RunClaim | None = None
     stopped: str | None = None
@@ -264,6 +267,7 @@ class TrainingSession:
                 model_info=model_info,
                 reporter=StepReporter(cfg.trainer.total_steps, verbosity=verbosity if dist.is_main else QUIET),
                 ckpt=ckpt,
+                objective=build_objective(cfg),
                 dist=dist,
                 claim=held[0] if held else claim,
                 model_path=str(model_path),

@@ -7,14 +7,14 @@
     update_policy                    schedule_minibatches → micro_loss per micro-batch → engine.step per mini-batch
     rollout_mismatch                 |log π_old − log π_rollout| and the IS correction's effect (metrics)
 
-The policy loss is the one ``algorithm.policy_loss`` names (:mod:`dapo_cli.algo.objectives`: dapo, gspo, cispo), with
-its own settings (:func:`~dapo_cli.config.objectives.loss_args`). With
-:func:`~dapo_cli.config.schema.behaviour_correction` (``algorithm.rollout_is`` or asynchronous rollouts) it is the
-decoupled objective of :mod:`dapo_cli.algo.staleness`, π_old being the proximal policy (the weights being updated)
-and π_rollout the behaviour policy that sampled, corrected by ``algorithm.rollout_is.mode``
-(:mod:`dapo_cli.algo.rollout_correction`; by default each token weighted by min(π_old / π_rollout, C)). A
-correction that drops responses (``geo_mask``) drops them before the update (:func:`trained_mask`), so the global
-counts never hold them.
+What is minimised is the run's :class:`~dapo_cli.train.objective.Objective`, built once when the session opens:
+the policy loss ``algorithm.policy_loss`` names (:mod:`dapo_cli.algo.objectives`: dapo, gspo, cispo, gmpo) with its
+own settings, and, with :func:`~dapo_cli.config.schema.behaviour_correction` (``algorithm.rollout_is`` or
+asynchronous rollouts), the decoupled objective of :mod:`dapo_cli.algo.staleness`, π_old being the proximal policy
+(the weights being updated) and π_rollout the behaviour policy that sampled, corrected by
+``algorithm.rollout_is.mode`` (:mod:`dapo_cli.algo.rollout_correction`; by default each token weighted by
+min(π_old / π_rollout, C)). A correction that drops responses (``geo_mask``) drops them before the update
+(:meth:`~dapo_cli.train.objective.Objective.trained_mask`), so the global counts never hold them.
 
 Every function here is exact under any micro-batch or rank split (``tests/train/``, ``tests/distributed/``).
 """
@@ -26,35 +26,32 @@ from dataclasses import dataclass
 import torch
 
 from dapo_cli.algo.importance import mismatch_sums, ratio_sums
-from dapo_cli.algo.kl import kl_penalty
-from dapo_cli.algo.losses import aggregate_loss, global_counts, masked_mean
-from dapo_cli.algo.objectives import SEQUENCE_METRICS, get_policy_loss
+from dapo_cli.algo.losses import global_counts
+from dapo_cli.algo.objectives import SEQUENCE_METRICS
 from dapo_cli.algo.rollout_correction import ROW_FILTERS, correction_sums, geo_mask_keep, opsm_keep
-from dapo_cli.algo.staleness import decoupled_policy_loss
 from dapo_cli.batch import RolloutBatch
-from dapo_cli.config import Config
-from dapo_cli.config.objectives import correction_args, loss_args
-from dapo_cli.config.schema import behaviour_correction
+from dapo_cli.config.schema import RolloutISConfig, TrainerConfig
 from dapo_cli.engine.base import TrainingEngine
 from dapo_cli.engine.dist import Collective, reduce_sums
 from dapo_cli.runs import derive_seed
+from dapo_cli.train.objective import Objective
 
 
 @torch.no_grad()
-def fill_old_log_probs(engine: TrainingEngine, batch: RolloutBatch, cfg: Config) -> None:
-    """log π_old (the policy that sampled), its entropy, and log π_ref when the KL term is on.
+def fill_old_log_probs(engine: TrainingEngine, batch: RolloutBatch, objective: Objective, micro_batch_size: int) -> None:
+    """log π_old (the policy that sampled), its entropy, and log π_ref when the objective's KL term is on.
 
-    Micro-batched without grad; every rank runs the same number of forwards (ZeRO-3 gathers
-    parameters in each), padding with a one-row blank when it has fewer rows.
+    Micro-batched (``micro_batch_size`` rows) without grad; every rank runs the same number of forwards (ZeRO-3
+    gathers parameters in each), padding with a one-row blank when it has fewer rows.
     """
-    slices = micro_slices(len(batch), cfg.trainer.ppo_micro_batch_size)
+    slices = micro_slices(len(batch), micro_batch_size)
     count = lockstep_counts(engine.dist, [len(slices)])[0]
-    use_ref = cfg.algorithm.use_kl_loss
+    use_ref = objective.use_kl
     logps, ents, refs = [], [], []
     for i in range(count):
         micro = batch.select(slices[i]) if i < len(slices) else blank_micro(batch)
-        logp, ent = engine.log_probs(micro, temperature=cfg.rollout.temperature, with_entropy=True)
-        ref = engine.ref_log_probs(micro, temperature=cfg.rollout.temperature) if use_ref else None
+        logp, ent = engine.log_probs(micro, temperature=objective.temperature, with_entropy=True)
+        ref = engine.ref_log_probs(micro, temperature=objective.temperature) if use_ref else None
         if i < len(slices):
             logps.append(logp.cpu())
             ents.append(ent.cpu())
@@ -66,7 +63,7 @@ def fill_old_log_probs(engine: TrainingEngine, batch: RolloutBatch, cfg: Config)
     batch.ref_log_probs = (torch.cat(refs) if refs else empty.clone()) if use_ref else None
 
 
-def rollout_mismatch(batch: RolloutBatch, cfg: Config, dist: Collective) -> dict[str, float]:
+def rollout_mismatch(batch: RolloutBatch, objective: Objective, ris: RolloutISConfig, dist: Collective) -> dict[str, float]:
     """How far the rollout engine's log-probs of its samples are from the trainer's old log-probs
     (over all ranks' trained responses), and what the corrections do or would do.
 
@@ -74,15 +71,15 @@ def rollout_mismatch(batch: RolloutBatch, cfg: Config, dist: Collective) -> dict
     |log π_old − log π_rollout| per token; the token probability ratio ρ = π_old / π_rollout over the same tokens,
     ``rollout/token_prob_ratio_mean`` / ``_min`` / ``_max`` and ``rollout/token_prob_ratio_mult_error`` (mean of
     e^|log ρ|, NeMo-RL's token_mult_prob_error); the share of trained responses each masking correction masks with
-    its configured bound, at π_θ = π_old (the update's start): ``rollout/geo_mask_seq_frac`` and
-    ``rollout/opsm_seq_frac``. With :func:`behaviour_correction` and ``token_tis``: ``rollout/is_weight_mean`` (of
+    configured bound in ``ris``, at π_θ = π_old (the update's start): ``rollout/geo_mask_seq_frac`` and
+    ``rollout/opsm_seq_frac``. When the objective corrects (``objective.correction``) with ``token_tis``: ``rollout/is_weight_mean`` (of
     min(ρ, C) over the trained tokens, the weights the loss used) and ``rollout/is_truncated_frac`` (share of them
     whose ratio exceeded C); with ``seq_tis`` the same at its own level, over trained responses and their sequence
     ratios. Every value is exact under any rank split (sums, min, max reduced over ranks).
     """
     if batch.rollout_log_probs is None:
         return {}
-    old, rollout, ris = batch.old_log_probs, batch.rollout_log_probs, cfg.algorithm.rollout_is
+    old, rollout = batch.old_log_probs, batch.rollout_log_probs
     local = {**mismatch_sums(old, rollout, batch.response_mask), **ratio_sums(old, rollout, batch.response_mask)}
     biggest, highest = (float(dist.all_reduce(torch.tensor([local.pop(k)], dtype=torch.float64), "max").item())
                         for k in ("max_abs_diff", "ratio_max"))
@@ -93,8 +90,9 @@ def rollout_mismatch(batch: RolloutBatch, cfg: Config, dist: Collective) -> dict
     local["geo_masked"] = float((rows & ~geo_mask_keep(old, rollout, trained, geo_bound=ris.geo_bound)).sum())
     opsm = opsm_keep(old, rollout, batch.advantages, trained, opsm_delta=ris.opsm_delta) | ~trained
     local["opsm_masked"] = float((rows & ~opsm.all(-1)).sum())
-    if behaviour_correction(cfg):
-        local.update({f"is_{k}": v for k, v in correction_sums(ris.mode, old, rollout, trained, **correction_args(cfg)).items()})
+    if objective.correction is not None:
+        sums = correction_sums(objective.correction, old, rollout, trained, **objective.correction_args)
+        local.update({f"is_{k}": v for k, v in sums.items()})
     total = reduce_sums(dist, local)
     out = {
         "rollout/logprob_diff_mean": total["abs_diff"] / total["tokens"] if total["tokens"] else 0.0,
@@ -116,22 +114,12 @@ def rollout_mismatch(batch: RolloutBatch, cfg: Config, dist: Collective) -> dict
     return out
 
 
-def trained_mask(batch: RolloutBatch, cfg: Config, *, corrected: bool) -> torch.Tensor:
-    """``batch.loss_mask`` ``[N, T]`` without the responses a row-dropping correction drops (``geo_mask``, from π_old
-    and π_rollout; only when ``corrected``, :func:`behaviour_correction`): the tokens the loss and its global counts hold."""
-    mode = cfg.algorithm.rollout_is.mode
-    if not (corrected and mode in ROW_FILTERS and batch.rollout_log_probs is not None):
-        return batch.loss_mask
-    keep = ROW_FILTERS[mode](batch.old_log_probs, batch.rollout_log_probs, batch.loss_mask, **correction_args(cfg))
-    return batch.loss_mask.bool() & keep.unsqueeze(-1)
-
-
-def dropped_rows(batch: RolloutBatch, cfg: Config, dist: Collective, *, corrected: bool) -> dict[str, float]:
+def dropped_rows(batch: RolloutBatch, objective: Objective, dist: Collective) -> dict[str, float]:
     """``rollout/masked_seq_frac`` of a row-dropping correction: the share of all ranks' trained responses it dropped."""
-    if not (corrected and cfg.algorithm.rollout_is.mode in ROW_FILTERS):
+    if objective.correction not in ROW_FILTERS:
         return {}
     rows = batch.loss_mask.bool().any(-1)
-    kept = trained_mask(batch, cfg, corrected=corrected).bool().any(-1)
+    kept = objective.trained_mask(batch).bool().any(-1)
     total = reduce_sums(dist, {"rows": float(rows.sum()), "dropped": float((rows & ~kept).sum())})
     return {"rollout/masked_seq_frac": total["dropped"] / total["rows"]} if total["rows"] else {}
 
@@ -151,10 +139,9 @@ class MiniBatch:
     lockstep: int
 
 
-def schedule_minibatches(batch: RolloutBatch, cfg: Config, dist: Collective, *, step: int) -> list[MiniBatch]:
+def schedule_minibatches(batch: RolloutBatch, trainer: TrainerConfig, dist: Collective, *, step: int) -> list[MiniBatch]:
     """``ppo_epochs`` × mini-batches of ``ppo_mini_batch_size`` groups, drawn from all ranks' groups with
     one permutation per epoch (seeded by the step), so every rank draws the same mini-batches."""
-    trainer = cfg.trainer
     groups = [g for part in dist.all_gather_object(list(dict.fromkeys(batch.group_ids.tolist()))) for g in part]
     gen = torch.Generator().manual_seed(derive_seed(trainer.seed, "minibatch", step))
     drawn: list[tuple[torch.Tensor, list[torch.Tensor]]] = []
@@ -169,9 +156,11 @@ def schedule_minibatches(batch: RolloutBatch, cfg: Config, dist: Collective, *, 
 
 
 def update_policy(
-    engine: TrainingEngine, batch: RolloutBatch, cfg: Config, *, step: int, old_from_update: bool = False
+    engine: TrainingEngine, batch: RolloutBatch, objective: Objective, trainer: TrainerConfig, *, step: int,
+    old_from_update: bool = False,
 ) -> dict[str, float]:
-    """``ppo_epochs`` × mini-batches (by group) × micro-batches; one optimizer step per mini-batch.
+    """``objective`` minimised over ``ppo_epochs`` × mini-batches (by group) × micro-batches of ``trainer``; one
+    optimizer step per mini-batch.
 
     ``old_from_update`` (only where :func:`old_log_probs_from_update` holds: one optimizer step):
     each micro-batch's forward also provides its rows' ``old_log_probs`` (its log-probs, detached)
@@ -185,10 +174,8 @@ def update_policy(
     micro-batch terms over ranks (= the mini-batch loss), averaged over optimizer steps; fractions are
     token means over every trained token; both are therefore independent of micro-batch size and ranks.
     """
-    algo, dist = cfg.algorithm, engine.dist
-    corrected = behaviour_correction(cfg)  # decided once for the update, read by every micro-batch
-    norm_length = cfg.rollout.max_response_length
-    schedule = schedule_minibatches(batch, cfg, dist, step=step)
+    dist, agg, norm_length = engine.dist, objective.agg_mode, objective.norm_length
+    schedule = schedule_minibatches(batch, trainer, dist, step=step)
     if old_from_update and len(schedule) != 1:
         raise RuntimeError(f"old log-probs from the update need one optimizer step per batch, not {len(schedule)}")
     if old_from_update:  # filled micro-batch by micro-batch below (dtype of the engine's log-probs)
@@ -198,15 +185,13 @@ def update_policy(
     skipped = 0  # mini-batches whose gradient was not finite: no update
     for mb in schedule:
         mini = batch.select(mb.rows)
-        trained = trained_mask(mini, cfg, corrected=corrected)
-        counts = {**reduce_sums(dist, global_counts(trained, algo.loss_agg_mode)), "norm_length": norm_length}
+        counts = {**reduce_sums(dist, global_counts(objective.trained_mask(mini), agg)), "norm_length": norm_length}
         for i in range(mb.lockstep):
             micro = mini.select(mb.micro[i]) if i < len(mb.micro) else blank_micro(batch)
-            if algo.loss_norm == "micro_batch":  # each micro-batch its own mean: not exact, for reproduction
-                trained = trained_mask(micro, cfg, corrected=corrected)
-                counts = {**global_counts(trained, algo.loss_agg_mode), "norm_length": norm_length}
+            if objective.loss_norm == "micro_batch":  # each micro-batch its own mean: not exact, for reproduction
+                counts = {**global_counts(objective.trained_mask(micro), agg), "norm_length": norm_length}
             with engine.accumulate(last=i == mb.lockstep - 1):
-                loss, m, weights = micro_loss(engine, micro, cfg, counts, corrected=corrected, old_from_update=old_from_update)
+                loss, m, weights = micro_loss(engine, micro, objective, counts, old_from_update=old_from_update)
                 engine.backward(loss)
             add_weighted(sums, m, *weights)
             if old_from_update and i < len(mb.micro):
@@ -219,7 +204,7 @@ def update_policy(
     if old_from_update and batch.old_log_probs is None:  # this rank trained no rows
         batch.old_log_probs, batch.entropy = torch.zeros(batch.response_ids.shape), torch.zeros(batch.response_ids.shape)
     metrics = update_metrics(sums, grad_norms, skipped=skipped, optimizer_steps=len(schedule), lr=engine.lr, dist=dist)
-    return {**metrics, **dropped_rows(batch, cfg, dist, corrected=corrected)}
+    return {**metrics, **dropped_rows(batch, objective, dist)}
 
 
 def keep_old_from_update(batch: RolloutBatch, rows: torch.Tensor, micro: RolloutBatch) -> None:
@@ -251,40 +236,21 @@ def update_metrics(
 
 
 def micro_loss(
-    engine: TrainingEngine, micro: RolloutBatch, cfg: Config, counts: dict[str, float], *, corrected: bool,
+    engine: TrainingEngine, micro: RolloutBatch, objective: Objective, counts: dict[str, float], *,
     old_from_update: bool = False,
 ) -> tuple[torch.Tensor, dict[str, float], tuple[float, float]]:
-    """One micro-batch's term of the mini-batch loss (the chosen policy loss, optional entropy and KL terms),
+    """One micro-batch's term of the mini-batch loss (``objective``: the policy loss, optional entropy and KL terms),
     its detached metrics (token means, and sequence means for :data:`~dapo_cli.algo.objectives.SEQUENCE_METRICS`)
     and the tokens and responses they are means over.
 
     ``old_from_update``: this forward is π_old's (see :func:`old_log_probs_from_update`); its detached
-    log-probs become ``micro.old_log_probs`` (ratio exactly 1) and its entropy ``micro.entropy``.
-    When ``corrected`` (:func:`behaviour_correction`, decided once per update) the loss is the decoupled one
-    (π_old = π_prox, the rollout engine's log-probs = π_behav; ``algo.staleness.decoupled_policy_loss``) with
-    ``algorithm.rollout_is.mode``."""
-    algo = cfg.algorithm
-    with_entropy = algo.entropy_coeff > 0 or old_from_update
-    logp, ent = engine.log_probs(micro, temperature=cfg.rollout.temperature, with_entropy=with_entropy)
+    log-probs become ``micro.old_log_probs`` (ratio exactly 1) and its entropy ``micro.entropy``."""
+    with_entropy = objective.with_entropy or old_from_update
+    logp, ent = engine.log_probs(micro, temperature=objective.temperature, with_entropy=with_entropy)
     if old_from_update:
         micro.old_log_probs, micro.entropy = logp.detach(), ent.detach()
-    mask = trained_mask(micro, cfg, corrected=corrected).to(logp.device)
-    args = {**loss_args(cfg), "loss_agg_mode": algo.loss_agg_mode, **counts}
-    old, adv = micro.old_log_probs.to(logp.device), micro.advantages.to(logp.device)
-    if corrected and micro.rollout_log_probs is not None:  # π_old is π_prox, the rollout engine's π_behav
-        behav = micro.rollout_log_probs.to(logp.device)
-        loss, m = decoupled_policy_loss(
-            logp, old, behav, adv, mask, correction=algo.rollout_is.mode, correction_args=correction_args(cfg),
-            loss=algo.policy_loss, **args,
-        )
-    else:
-        loss, m = get_policy_loss(algo.policy_loss)(logp, old, adv, mask, **args)
-    if algo.entropy_coeff > 0:
-        loss = loss - algo.entropy_coeff * aggregate_loss(ent, mask, algo.loss_agg_mode, **counts)
-    if algo.use_kl_loss:
-        kl = kl_penalty(logp, micro.ref_log_probs.to(logp.device), kind=algo.kl_loss_type)
-        loss = loss + algo.kl_loss_coef * aggregate_loss(kl, mask, algo.loss_agg_mode, **counts)
-        m["actor/kl_loss"] = masked_mean(kl.detach(), mask)
+    mask = objective.trained_mask(micro).to(logp.device)
+    loss, m = objective(logp, ent, micro, mask, counts)
     return loss, m, (float(mask.sum()), float(mask.bool().any(-1).sum()))
 
 

@@ -10,6 +10,7 @@ import torch
 
 from dapo_cli.algo.importance import ratio_sums
 from dapo_cli.algo.losses import global_counts, policy_loss
+from dapo_cli.algo.objectives import get_policy_loss
 from dapo_cli.algo.rollout_correction import (
     ROLLOUT_CORRECTION_NAMES,
     correction_sums,
@@ -93,7 +94,7 @@ def test_geo_mask_drops_rows_from_the_loss_and_its_denominator():
     mask = torch.ones(3, 4, dtype=torch.bool)
     adv = torch.tensor([1.0, -1.0, 0.5], dtype=torch.float64)
     a, _ = decoupled_policy_loss(logp, prox, behav, adv, mask, correction="geo_mask", correction_args={"geo_bound": 1.001},
-                                 loss="dapo", clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=None, loss_agg_mode="token-mean")
+                                 loss=policy_loss, clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=None, loss_agg_mode="token-mean")
     kept = mask.clone()
     kept[1] = False
     b, _ = policy_loss(logp, prox, adv, kept, clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=None, loss_agg_mode="token-mean")
@@ -101,7 +102,7 @@ def test_geo_mask_drops_rows_from_the_loss_and_its_denominator():
     # with global counts, the caller counts only the kept rows (ROW_FILTERS): the same loss again
     counts = global_counts(kept, "token-mean")
     c, _ = decoupled_policy_loss(logp, prox, behav, adv, mask, correction="geo_mask", correction_args={"geo_bound": 1.001},
-                                 loss="dapo", clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=None, loss_agg_mode="token-mean",
+                                 loss=policy_loss, clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=None, loss_agg_mode="token-mean",
                                  **counts)
     assert float(c.detach()) == pytest.approx(float(b.detach()), abs=1e-12)
 
@@ -115,10 +116,9 @@ def test_the_decoupled_objective_takes_any_registered_loss(loss):
     behav = prox - 0.1
     mask, adv = torch.ones(1, 3, dtype=torch.bool), torch.tensor([1.0], dtype=torch.float64)
     args = {"clip_ratio_low": 0.2, "clip_ratio_high": 0.3, "loss_agg_mode": "token-mean"}
-    a, _ = decoupled_policy_loss(logp, prox, behav, adv, mask, correction="seq_tis", correction_args={"cap": 2.0}, loss=loss, **args)
+    a, _ = decoupled_policy_loss(logp, prox, behav, adv, mask, correction="seq_tis", correction_args={"cap": 2.0},
+                                 loss=get_policy_loss(loss), **args)
     (ga,) = torch.autograd.grad(a, logp)
-    from dapo_cli.algo.objectives import get_policy_loss
-
     b, _ = get_policy_loss(loss)(logp, prox, adv, mask, **args)
     (gb,) = torch.autograd.grad(b, logp)
     w = math.exp(0.3)

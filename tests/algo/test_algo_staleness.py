@@ -39,7 +39,7 @@ def test_decoupled_loss_clips_around_the_proximal_policy_and_weights_by_the_beha
     mask = torch.ones(1, 2, dtype=torch.bool)
     loss, metrics = decoupled_policy_loss(
         logp, prox, behav, torch.tensor([1.0], dtype=torch.float64), mask, correction="token_tis", correction_args={"cap": 1.5},
-        loss="dapo", **PAPER_DAPO,
+        loss=policy_loss, **PAPER_DAPO,
     )
     assert float(loss.detach()) == pytest.approx(-1.22, abs=1e-12)
     loss.backward()
@@ -54,7 +54,7 @@ def test_on_fresh_samples_on_the_trainers_own_numbers_it_is_the_plain_dapo_loss(
     prox = logp.detach() - 0.05 * torch.rand(3, 5, generator=gen, dtype=torch.float64)
     adv = torch.tensor([1.0, -0.5, 2.0], dtype=torch.float64)
     mask = torch.rand(3, 5, generator=gen) > 0.3
-    a, _ = decoupled_policy_loss(logp, prox, prox.clone(), adv, mask, correction="token_tis", correction_args={"cap": 2.0}, loss="dapo",
+    a, _ = decoupled_policy_loss(logp, prox, prox.clone(), adv, mask, correction="token_tis", correction_args={"cap": 2.0}, loss=policy_loss,
                                  **PAPER_DAPO)
     (ga,) = torch.autograd.grad(a, logp)
     b, _ = policy_loss(logp, prox, adv, mask, **PAPER_DAPO)

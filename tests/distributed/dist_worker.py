@@ -30,6 +30,7 @@ from dapo_cli.models import load_policy  # noqa: E402
 from dapo_cli.train.rounds import InlineRounds
 from dapo_cli.train import collect_batch, compute_advantages  # noqa: E402
 from dapo_cli.train.update import fill_old_log_probs, rollout_mismatch, update_policy  # noqa: E402
+from dapo_cli.train.objective import build_objective  # noqa: E402
 
 GROUPS = 8
 SAMPLES = 4
@@ -92,7 +93,7 @@ def one_update(
     rollout = ScriptedRollout(lopsided if uneven else script)
     batch = collect_batch(InlineRounds(rollout, stream, cfg, dist), cfg, step=1, pad_id=0, dist=dist).batch
     compute_advantages(batch, cfg)
-    fill_old_log_probs(engine, batch, cfg)
+    fill_old_log_probs(engine, batch, build_objective(cfg), cfg.trainer.ppo_micro_batch_size)
     if any(e.startswith("algorithm.rollout_is") for e in extra):
         gen = torch.Generator().manual_seed(4)
         width = cfg.rollout.max_response_length  # a rank's batch is padded to its own longest response: draw full rows
@@ -104,9 +105,9 @@ def one_update(
             seen[g] = within[-1] + 1
         rows = batch.group_ids * SAMPLES + torch.tensor(within, dtype=torch.long)
         batch.rollout_log_probs = batch.old_log_probs - shifts[rows] * batch.response_mask
-    metrics = update_policy(engine, batch, cfg, step=1)
+    metrics = update_policy(engine, batch, build_objective(cfg), cfg.trainer, step=1)
     if batch.rollout_log_probs is not None:
-        metrics.update(rollout_mismatch(batch, cfg, dist))
+        metrics.update(rollout_mismatch(batch, build_objective(cfg), cfg.algorithm.rollout_is, dist))
     weights = {name: t.detach().cpu().clone() for name, t in engine.export_weights()}
     return {"metrics": metrics, "weights": weights, "rows": len(batch)}
 

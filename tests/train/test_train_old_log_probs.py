@@ -35,6 +35,7 @@ from dapo_cli.train.rounds import InlineRounds
 from dapo_cli.train import collect_batch, compute_advantages, step_metrics
 from dapo_cli.config.schema import behaviour_correction, old_log_probs_from_update, uses_worker
 from dapo_cli.train.update import fill_old_log_probs, rollout_mismatch, update_policy
+from dapo_cli.train.objective import build_objective
 
 GROUPS, SAMPLES = 4, 4
 
@@ -73,7 +74,7 @@ def one_update(model_dir: Path, cfg, *, old_from_update: bool, dtype=torch.float
     batch = collected.batch
     compute_advantages(batch, cfg)
     if not old_from_update:
-        fill_old_log_probs(engine, batch, cfg)
+        fill_old_log_probs(engine, batch, build_objective(cfg), cfg.trainer.ppo_micro_batch_size)
     corrected = behaviour_correction(cfg)
     if corrected:  # behaviour log-probs unrelated to the trainer's: weights min(pi_old / pi_behav, C) vary, some truncated
         gen = torch.Generator().manual_seed(1)
@@ -81,11 +82,11 @@ def one_update(model_dir: Path, cfg, *, old_from_update: bool, dtype=torch.float
         batch.rollout_log_probs = (behav * batch.response_mask).to(dtype)
     else:
         batch.rollout_log_probs = None
-    metrics = update_policy(engine, batch, cfg, step=1, old_from_update=old_from_update)
+    metrics = update_policy(engine, batch, build_objective(cfg), cfg.trainer, step=1, old_from_update=old_from_update)
     if not corrected:
         batch.rollout_log_probs = (batch.old_log_probs - 0.01 * batch.response_mask).to(batch.old_log_probs.dtype)
 
-    metrics.update(rollout_mismatch(batch, cfg, dist or SingleProcess()))
+    metrics.update(rollout_mismatch(batch, build_objective(cfg), cfg.algorithm.rollout_is, dist or SingleProcess()))
     metrics.update(step_metrics(collected, batch, cfg, dist, worker=uses_worker(cfg.rollout)))
     return {"grads": grads, "metrics": metrics, "old": batch.old_log_probs, "entropy": batch.entropy,
             "group_ids": batch.group_ids}

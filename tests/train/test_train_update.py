@@ -21,6 +21,7 @@ from dapo_cli.engine.dist import SingleProcess
 from dapo_cli.train.rounds import InlineRounds
 from dapo_cli.train import collect_batch, compute_advantages  # noqa: E402
 from dapo_cli.train.update import fill_old_log_probs, update_policy  # noqa: E402
+from dapo_cli.train.objective import build_objective  # noqa: E402
 
 
 def script(prompt: str, j: int) -> tuple[str, int, bool]:
@@ -54,12 +55,12 @@ def mini_batch_grads(model_dir: Path, mode: str, micro: int, extra: list[str] = 
     prompts = [Prompt(text=f"p{k}", ground_truth=str(k), problem_id=str(k)) for k in range(4)]
     batch = collect_batch(InlineRounds(ScriptedRollout(script), PromptStream(prompts, seed=0, shuffle=False), cfg, SingleProcess()), cfg, step=1, pad_id=0).batch
     compute_advantages(batch, cfg)
-    fill_old_log_probs(engine, batch, cfg)
+    fill_old_log_probs(engine, batch, build_objective(cfg), cfg.trainer.ppo_micro_batch_size)
     if behaviour:
         gen = torch.Generator().manual_seed(4)
         shift = 0.6 * torch.rand(batch.old_log_probs.shape, generator=gen, dtype=torch.float64) - 0.3
         batch.rollout_log_probs = batch.old_log_probs - shift * batch.response_mask
-    metrics = update_policy(engine, batch, cfg, step=1)
+    metrics = update_policy(engine, batch, build_objective(cfg), cfg.trainer, step=1)
     assert metrics["actor/num_updates"] == 2  # 4 groups / 2 per mini-batch
     if metrics_out is not None:
         metrics_out.update(metrics)
@@ -122,9 +123,9 @@ def test_a_non_finite_loss_skips_the_update_and_is_counted(tiny_model_dir):
     prompts = [Prompt(text=f"p{k}", ground_truth=str(k), problem_id=str(k)) for k in range(4)]
     batch = collect_batch(InlineRounds(ScriptedRollout(script), PromptStream(prompts, seed=0, shuffle=False), cfg, SingleProcess()), cfg, step=1, pad_id=0).batch
     compute_advantages(batch, cfg)
-    fill_old_log_probs(engine, batch, cfg)
+    fill_old_log_probs(engine, batch, build_objective(cfg), cfg.trainer.ppo_micro_batch_size)
     batch.advantages[:] = float("nan")  # every mini-batch's loss becomes NaN
-    metrics = update_policy(engine, batch, cfg, step=1)
+    metrics = update_policy(engine, batch, build_objective(cfg), cfg.trainer, step=1)
     assert metrics["actor/skipped_updates"] == 2 and metrics["actor/num_updates"] == 0
     assert all(torch.equal(a, b) for a, b in zip(before, engine.module.parameters()))
     assert all(p.grad is None for p in engine.module.parameters())  # nothing left to leak into the next step
@@ -149,10 +150,10 @@ def test_optional_kl_penalty_to_a_frozen_reference(tiny_model_dir):
     prompts = [Prompt(text=f"p{k}", ground_truth=str(k), problem_id=str(k)) for k in range(4)]
     batch = collect_batch(InlineRounds(ScriptedRollout(script), PromptStream(prompts, seed=0, shuffle=False), cfg, SingleProcess()), cfg, step=1, pad_id=0).batch
     compute_advantages(batch, cfg)
-    fill_old_log_probs(engine, batch, cfg)
+    fill_old_log_probs(engine, batch, build_objective(cfg), cfg.trainer.ppo_micro_batch_size)
     # before any update the policy is the reference: log-probs agree exactly
     torch.testing.assert_close(batch.ref_log_probs, batch.old_log_probs, rtol=0, atol=1e-6)
-    metrics = update_policy(engine, batch, cfg, step=1)
+    metrics = update_policy(engine, batch, build_objective(cfg), cfg.trainer, step=1)
     # 2 epochs x 2 mini-batches: after the first step the policy has moved, so the k3 estimate
     # exp(ref - logp) - (ref - logp) - 1 >= 0 becomes positive on average
     assert metrics["actor/num_updates"] == 4
@@ -182,10 +183,10 @@ def tis_grads(model_dir: Path, *, enable: bool, cap: float, shift: float) -> tup
     prompts = [Prompt(text=f"p{k}", ground_truth=str(k), problem_id=str(k)) for k in range(4)]
     batch = collect_batch(InlineRounds(ScriptedRollout(script), PromptStream(prompts, seed=0, shuffle=False), cfg, SingleProcess()), cfg, step=1, pad_id=0).batch
     compute_advantages(batch, cfg)
-    fill_old_log_probs(engine, batch, cfg)
+    fill_old_log_probs(engine, batch, build_objective(cfg), cfg.trainer.ppo_micro_batch_size)
     batch.rollout_log_probs = batch.old_log_probs - shift  # pi_old / pi_rollout = exp(shift) on every token
-    update_policy(engine, batch, cfg, step=1)
-    return grads, rollout_mismatch(batch, cfg, SingleProcess())
+    update_policy(engine, batch, build_objective(cfg), cfg.trainer, step=1)
+    return grads, rollout_mismatch(batch, build_objective(cfg), cfg.algorithm.rollout_is, SingleProcess())
 
 
 @pytest.mark.parametrize(("cap", "factor"), [(1.5, 1.5), (3.0, 2.0)])
