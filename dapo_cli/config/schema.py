@@ -139,10 +139,18 @@ def uses_worker(rollout: RolloutConfig) -> bool:
     return rollout.worker == "process" or (rollout.worker == "auto" and rollout.max_staleness > 0)
 
 
+def rank_share(data: DataConfig, world_size: int) -> int:
+    """Prompts of one generation round that one rank samples: ``prompts_per_round / world_size`` (whole: the
+    config is checked against the world size before a run starts, ``validate.check_world_size``); the one place
+    the loop, the round planner and the engine's sizing read it from."""
+    return max(1, data.prompts_per_round // max(1, world_size))
+
+
 def round_sequences(data: DataConfig, rollout: RolloutConfig, world_size: int) -> int:
     """Sequences one rollout engine receives in a training round's generate call: this rank's share of the
-    round's prompts × ``rollout.n``, times the ranks of a tensor-parallel group (they submit together)."""
-    return max(1, data.prompts_per_round // max(1, world_size)) * rollout.n * max(1, rollout.tensor_parallel_size)
+    round's prompts (:func:`rank_share`) × ``rollout.n``, times the ranks of a tensor-parallel group (they submit
+    together)."""
+    return rank_share(data, world_size) * rollout.n * max(1, rollout.tensor_parallel_size)
 
 
 def thread_split(rollout: RolloutConfig, num_threads: int, cores: int) -> tuple[int, int]:

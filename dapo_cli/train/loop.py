@@ -46,7 +46,7 @@ from dapo_cli.batch import RolloutBatch
 from dapo_cli.models.flops import model_matmul_params
 from dapo_cli.components import open_tracker
 from dapo_cli.config import Config
-from dapo_cli.config.schema import old_log_probs_from_update
+from dapo_cli.config.schema import old_log_probs_from_update, rank_share
 from dapo_cli.diagnostics import contains_answer, group_length_spread, loops, on_correct_path
 from dapo_cli.engine.dist import Collective, SingleProcess, gather_cat, reduce_sums
 from dapo_cli.errors import UserError
@@ -131,7 +131,7 @@ def collect_batch(
     version = step - 1 if policy_version is None else policy_version
     target = cfg.data.train_batch_size
     per_round = cfg.data.prompts_per_round
-    share = per_round // dist.world_size
+    share = rank_share(cfg.data, dist.world_size)
     fg = cfg.algorithm.filter_groups
     assembler = GroupBatchAssembler(target, fg.max_num_gen_batches) if fg.enable else None
     kept: list[RolloutBatch] = []

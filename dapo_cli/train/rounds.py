@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from dapo_cli.config import Config
+from dapo_cli.config.schema import rank_share
 from dapo_cli.data.loader import Prompt, PromptStream
 from dapo_cli.engine.base import TrainingEngine
 from dapo_cli.engine.dist import Collective, SingleProcess
@@ -76,13 +77,17 @@ class RoundSource(Protocol):
         ...
 
 
-def rollout_params(cfg: Config, *, seed: int) -> SamplingParams:
-    """Training rollouts: the config's sampling, with the engine's log-probs of its samples
-    (the train-inference mismatch metric, truncated IS and the decoupled objective use them)."""
-    r = cfg.rollout
-    return SamplingParams(
-        temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_tokens=r.max_response_length, seed=seed, logprobs=True
-    )
+def sampling_params(cfg: Config, *, seed: int, validation: bool = False) -> SamplingParams:
+    """How the run samples, the one place it is built. Training rounds: ``rollout.temperature`` / ``top_p`` /
+    ``top_k`` up to ``rollout.max_response_length``, with the engine's log-probs of its samples (the train-inference
+    mismatch metric, truncated IS and the decoupled objective use them). ``validation``: ``validation.temperature``
+    / ``top_p`` (no top-k) up to ``validation.max_tokens`` (0: the response limit), without log-probs."""
+    r, v = cfg.rollout, cfg.validation
+    if validation:
+        return SamplingParams(temperature=v.temperature, top_p=v.top_p, top_k=0, max_tokens=v.max_tokens or r.max_response_length,
+                              seed=seed)
+    return SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_tokens=r.max_response_length, seed=seed,
+                          logprobs=True)
 
 
 class RoundPlanner:
@@ -94,14 +99,14 @@ class RoundPlanner:
     def __init__(self, stream: PromptStream, cfg: Config, dist: Collective, *, seeds_per_prompt: bool) -> None:
         self.stream, self.cfg, self.dist = stream, cfg, dist
         self.per_round = cfg.data.prompts_per_round
-        self.share = self.per_round // dist.world_size
+        self.share = rank_share(cfg.data, dist.world_size)
         self.rank_part = [dist.rank] if dist.world_size > 1 and not seeds_per_prompt else []
         self.planned: dict[int, int] = {}
 
     def plan(self, step: int) -> tuple[list[Prompt], SamplingParams]:
         index = self.planned.get(step, 0)
         self.planned[step] = index + 1
-        params = rollout_params(self.cfg, seed=derive_seed(self.cfg.trainer.seed, "rollout", step, index, *self.rank_part))
+        params = sampling_params(self.cfg, seed=derive_seed(self.cfg.trainer.seed, "rollout", step, index, *self.rank_part))
         rank = self.dist.rank
         prompts = self.stream.next(self.per_round)[rank * self.share : (rank + 1) * self.share]
         return prompts, params

@@ -42,10 +42,11 @@ from dapo_cli.errors import NON_FINITE, RunStopped, UserError
 from dapo_cli.fileio import write_text_atomic
 from dapo_cli.progress import QUIET, StepReporter
 from dapo_cli.redact import escape_controls
-from dapo_cli.rollout.base import RolloutEngine, SamplingParams
+from dapo_cli.rollout.base import RolloutEngine
 from dapo_cli.runs import derive_seed, read_model_info, read_run_data, run_tags, upload_model
 from dapo_cli.tracking.base import Tracker
 from dapo_cli.train.objective import Objective, build_objective
+from dapo_cli.train.rounds import sampling_params
 
 
 T = TypeVar("T")
@@ -358,13 +359,7 @@ class TrainingSession:
         if not self.val_problems or not (self.dist.is_main or self.rollout.lockstep):
             return {}
         v = self.cfg.validation
-        params = SamplingParams(
-            temperature=v.temperature,
-            top_p=v.top_p,
-            top_k=0,
-            max_tokens=v.max_tokens or self.cfg.rollout.max_response_length,
-            seed=derive_seed(self.cfg.trainer.seed, "validation", step),
-        )
+        params = sampling_params(self.cfg, seed=derive_seed(self.cfg.trainer.seed, "validation", step), validation=True)
         self.reporter.phase(step, f"validate avg@{v.k}")
         result = evaluate_problems(
             self.rollout, self.val_problems, self.val_prompts, k=v.k, params=params, verifier=self.cfg.reward.verifier

@@ -188,3 +188,21 @@ def test_the_worker_process_loads_its_module_without_the_training_loop():
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_the_run_samples_rounds_and_validations_from_one_builder() -> None:
+    from dapo_cli.config import load_config
+    from dapo_cli.config.schema import rank_share, round_sequences
+    from dapo_cli.train.rounds import sampling_params
+
+    cfg = load_config(None, ["rollout.top_k=5", "rollout.temperature=0.9", "validation.top_p=0.7", "validation.max_tokens=7"])
+    train = sampling_params(cfg, seed=3)
+    assert (train.temperature, train.top_p, train.top_k, train.max_tokens, train.seed, train.logprobs) == (
+        0.9, 1.0, 5, cfg.rollout.max_response_length, 3, True)
+    val = sampling_params(cfg, seed=4, validation=True)
+    assert (val.temperature, val.top_p, val.top_k, val.max_tokens, val.seed, val.logprobs) == (1.0, 0.7, 0, 7, 4, False)
+    # validation.max_tokens 0: the rollout's response limit
+    assert sampling_params(load_config(None), seed=0, validation=True).max_tokens == load_config(None).rollout.max_response_length
+    # a round of 8 prompts over 2 ranks: 4 a rank, x n responses for the engine's sizing
+    cfg = load_config(None, ["data.train_batch_size=8", "rollout.n=4"])
+    assert rank_share(cfg.data, 2) == 4 and round_sequences(cfg.data, cfg.rollout, 2) == 16
