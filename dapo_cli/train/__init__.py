@@ -2,6 +2,8 @@
 
 * ``loop.py``     the step loop, read top to bottom: ``collect_batch`` → ``compute_advantages`` → old
                   log-probs → update → log; ``run_train`` runs one training run
+* ``records.py``  what a step records: generation stats, the paper's monitors, compute, the clock (``record_step``)
+* ``objective.py`` the run's objective (policy loss, correction, aggregation, entropy and KL), built once
 * ``update.py``   the optimisation phases: old log-probs, the behaviour correction, ``update_policy``
 * ``rounds.py``   where a step's generation rounds come from (``InlineRounds``, ``WorkerRounds``)
 * ``worker.py``   the rollout worker process of asynchronous rollouts (spawned by ``rounds.WorkerRounds``)
@@ -24,22 +26,21 @@ __all__ = ["Collected", "TrainingInterrupted", "TrainingPreempted", "collect_bat
 
 if TYPE_CHECKING:
     from dapo_cli.train.loop import (
-        Collected,
         TrainingInterrupted,
         TrainingPreempted,
         collect_batch,
         compute_advantages,
         run_train,
         score_and_shape,
-        step_metrics,
     )
+    from dapo_cli.train.records import Collected, step_metrics
 
 
 def __getattr__(name: str) -> Any:
     if name not in __all__:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from dapo_cli.train import loop
+    from dapo_cli.train import loop, records
 
-    value = getattr(loop, name)
+    value = getattr(records if name in ("Collected", "step_metrics") else loop, name)
     globals()[name] = value  # later lookups skip this function
     return value

@@ -31,8 +31,6 @@ and metric sums — so the update and every logged value equal the one-process o
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,26 +38,21 @@ import torch
 
 from dapo_cli.algo.advantages import group_advantages
 from dapo_cli.algo.overlong import mask_responses, overlong_filter_mask, overlong_penalty
-from dapo_cli.algo.sampling import GroupBatchAssembler, informative_groups
+from dapo_cli.algo.sampling import GroupBatchAssembler
 from dapo_cli.algo.staleness import version_lag
 from dapo_cli.batch import RolloutBatch
-from dapo_cli.models.flops import model_matmul_params
 from dapo_cli.components import open_tracker
 from dapo_cli.config import Config
 from dapo_cli.config.schema import old_log_probs_from_update, rank_share
-from dapo_cli.diagnostics import contains_answer, group_length_spread, loops, on_correct_path
-from dapo_cli.engine.dist import Collective, SingleProcess, gather_cat, reduce_sums
+from dapo_cli.engine.dist import Collective, SingleProcess
 from dapo_cli.errors import UserError
 from dapo_cli.rewards import score_batch
 from dapo_cli.signals import StopRequest, sigint_deferred, stop_requests
 from dapo_cli.tracking.base import Tracker
+from dapo_cli.train.records import Collected, StepClock, record_step
 from dapo_cli.train.rounds import Round, RoundSource, open_rounds
 from dapo_cli.train.session import TrainingSession
-from dapo_cli.train.update import (
-    fill_old_log_probs,
-    rollout_mismatch,
-    update_policy,
-)
+from dapo_cli.train.update import fill_old_log_probs, update_policy
 
 
 # ---------------------------------------------------------------- the step's phases
@@ -93,22 +86,6 @@ def score_and_shape(batch: RolloutBatch, cfg: Config) -> None:
     batch.rewards = rewards
     keep = overlong_filter_mask(batch.truncated) if algo.overlong_filter else torch.ones(len(batch), dtype=torch.bool)
     batch.loss_mask = mask_responses(batch.response_mask, keep)
-
-
-@dataclass
-class Collected:
-    """A step's training batch (None when no informative group was found) and its generation stats."""
-
-    batch: RolloutBatch | None
-    """This rank's share of the trained groups (possibly no rows); None when no rank kept any."""
-    generated: RolloutBatch
-    """Everything this rank generated in the step."""
-    rounds_used: int
-    """Rounds scored for this step (stale rounds dropped unscored are not counted): how many rounds a step asks
-    for, what the worker queues per step ahead (logged as ``train/num_gen_batches``)."""
-    metrics: dict[str, float] = field(default_factory=dict)
-    generated_stats: dict[str, torch.Tensor] = field(default_factory=dict)
-    """Per-response ``lengths``, ``truncated``, ``acc``, ``scores``, ``group_ids``, ``has_answer``, ``loops``, ``on_path`` of all ranks' generations."""
 
 
 def collect_batch(
@@ -164,29 +141,13 @@ def collect_batch(
                     "rounds; raise algorithm.filter_groups.max_num_gen_batches or set on_exhausted=train"
                 )
             break
-    everything = RolloutBatch.concat(generated)
-    stats = gather_cat(dist, {
-        "lengths": everything.lengths, "truncated": everything.truncated, "acc": everything.acc,
-        "scores": everything.scores, "group_ids": everything.group_ids,
-        "has_answer": contains_answer(everything.texts, everything.ground_truths), "loops": loops(everything.texts),
-        "on_path": on_correct_path(everything.texts, everything.acc.bool(), everything.group_ids),  # groups are rank-local
-    })
-    if assembler is not None:
-        metrics = assembler.metrics()
-        nothing = assembler.num_kept_groups == 0  # the same on every rank
-    else:  # no filtering: report the share of groups that carry signal, comparable with the kept share
-        informative = informative_groups(stats["acc"].float(), stats["group_ids"])
-        n_groups = len(set(stats["group_ids"].tolist()))
-        metrics = {
-            "train/num_gen_batches": 1.0,
-            "train/kept_group_frac": len(set(stats["group_ids"][informative].tolist())) / n_groups,
-            "train/samples_generated": float(len(stats["lengths"])),
-        }
-        nothing = False
+    metrics = assembler.metrics() if assembler is not None else {}
     if worker:
         metrics["async/stale_groups_dropped"] = float(stale_groups)
+    nothing = assembler is not None and assembler.num_kept_groups == 0  # the same on every rank
     trained = None if nothing else RolloutBatch.concat(kept)
-    return Collected(batch=trained, generated=everything, rounds_used=round_idx, metrics=metrics, generated_stats=stats)
+    return Collected(batch=trained, generated=RolloutBatch.concat(generated), rounds_used=round_idx, metrics=metrics,
+                     filtered=assembler is not None)
 
 
 def round_lag(rnd: Round, policy_version: int, dist: Collective) -> int:
@@ -202,78 +163,6 @@ def compute_advantages(batch: RolloutBatch, cfg: Config) -> None:
 
     A group lives on one rank, so advantages need no communication."""
     batch.advantages = group_advantages(batch.rewards, batch.group_ids, estimator=cfg.algorithm.adv_estimator)
-
-
-def step_metrics(
-    collected: Collected, batch: RolloutBatch | None, cfg: Config, dist: Collective | None = None, *, policy_version: int = 0,
-    worker: bool = False,
-) -> dict[str, float]:
-    """The paper's monitors on the trained batch, plus accuracy over everything generated (all ranks);
-    with the worker process (``worker``), the trained responses' version lag behind ``policy_version`` (mean, max)."""
-    dist = dist or SingleProcess()
-    gen = collected.generated_stats
-    lengths = gen["lengths"].float()
-    out = {
-        "rollout/acc": float(gen["acc"].float().mean()),
-        "rollout/score_mean": float(gen["scores"].mean()),
-        "overlong/truncated_frac": float(gen["truncated"].float().mean()),
-        "response_length/mean": float(lengths.mean()),
-        "response_length/max": float(lengths.max()),
-        "response_length/min": float(lengths.min()),
-        "response_length/clip_ratio": float((gen["lengths"] >= cfg.rollout.max_response_length).float().mean()),
-        **collected.metrics,
-    }
-    spread = group_length_spread(gen["lengths"], gen["group_ids"])
-    out["response_length/group_std_mean"], out["response_length/group_cv_mean"] = spread
-    truncated = gen["truncated"].bool()
-    if truncated.any():  # what the length limit cuts: runaway text, or work that already holds the answer
-        out["overlong/truncated_with_answer_frac"] = float(gen["has_answer"][truncated].float().mean())
-        out["overlong/truncated_looping_frac"] = float(gen["loops"][truncated].float().mean())
-        out["overlong/truncated_on_correct_path_frac"] = float(gen["on_path"][truncated].float().mean())
-    if batch is not None:
-        mask = batch.loss_mask.float()
-        s = reduce_sums(dist, {
-            "rows": float(len(batch)),
-            "tokens": float(mask.sum()),
-            "score": float(batch.scores.sum()),
-            "acc": float(batch.acc.float().sum()),
-            "shaped": float(batch.rewards.sum()),
-            "adv_abs": float(batch.advantages.abs().sum()),
-            "entropy": float((batch.entropy * mask).sum()),
-            "prob": float((torch.exp(batch.old_log_probs) * mask).sum()),
-            "filtered": float((batch.loss_mask.sum(-1) == 0).sum()),
-            "lag": float(version_lag(policy_version, batch.versions).sum()) if batch.versions is not None else 0.0,
-        })
-        rows, tokens = max(s["rows"], 1.0), s["tokens"]
-        out.update(
-            {
-                "reward/score_mean": s["score"] / rows,
-                "reward/acc_mean": s["acc"] / rows,
-                "reward/shaped_mean": s["shaped"] / rows,
-                "reward/advantage_abs_mean": s["adv_abs"] / rows,
-                "actor/entropy": s["entropy"] / tokens if tokens else 0.0,
-                "actor/mean_prob": s["prob"] / tokens if tokens else 0.0,
-                "overlong/filtered_frac": s["filtered"] / rows,
-                "train/batch_responses": s["rows"],
-                "train/loss_tokens": tokens,
-            }
-        )
-        if worker:
-            out["async/version_lag_mean"] = s["lag"] / rows
-            lag_max = version_lag(policy_version, batch.versions).max() if len(batch) else torch.tensor(0)
-            out["async/version_lag_max"] = float(dist.all_reduce(lag_max.double().reshape(1), "max").item())
-    return out
-
-
-def compute_metrics(generated_tokens: float, trained_tokens: float, n: int | None) -> dict[str, float]:
-    """The step's compute, the report's budget axes (summed over steps by ``dapo report``, like the samples):
-    tokens generated (every rank's responses, gathered), tokens trained (the loss tokens, summed over ranks) and the
-    counted FLOPs ``2 N · generated + 6 N · trained`` (``N``: :func:`dapo_cli.models.flops.matmul_params`; left out
-    when the model's shape is unknown)."""
-    out = {"compute/generated_tokens": generated_tokens, "compute/trained_tokens": trained_tokens}
-    if n:
-        out["compute/flops"] = 2.0 * n * generated_tokens + 6.0 * n * trained_tokens
-    return out
 
 
 def informative_step(batch: RolloutBatch | None, dist: Collective) -> bool:
@@ -331,22 +220,19 @@ def run_train(
                 s.log_validation(tracker, step=0)
             with s.reporter, stop_requests() as stop:
                 for step in range(s.start_step + 1, trainer.total_steps + 1):
-                    clock = StepClock()
+                    clock = StepClock(s.reporter, step)
                     # ---- the DAPO step (Algorithm 1): collect → advantages → old log-probs → update
-                    s.reporter.phase(step, "generate + score")
-                    collected = collect_batch(rounds, cfg, step=step, pad_id=s.pad_id, dist=dist, worker=s.worker)
-                    clock.lap("timing/gen_and_score")
+                    with clock.phase("generate + score", "timing/gen_and_score"):
+                        collected = collect_batch(rounds, cfg, step=step, pad_id=s.pad_id, dist=dist, worker=s.worker)
                     rounds.before_update(step, collected.rounds_used)  # the worker generates on while the trainer updates
                     batch, metrics = collected.batch, {}
                     if batch is not None:  # None: no informative group in the rounds dynamic sampling may take
-                        compute_advantages(batch, cfg)
-                        if not old_from_update:
-                            s.reporter.phase(step, "old log-probs")
-                            fill_old_log_probs(s.engine, batch, s.objective, trainer.ppo_micro_batch_size)
-                        clock.lap("timing/old_log_prob")
-                        s.reporter.phase(step, "update")
-                        metrics = update_policy(s.engine, batch, s.objective, trainer, step=step, old_from_update=old_from_update)
-                        metrics.update(rollout_mismatch(batch, s.objective, cfg.algorithm.rollout_is, dist))
+                        with clock.phase(None if old_from_update else "old log-probs", "timing/old_log_prob"):
+                            compute_advantages(batch, cfg)
+                            if not old_from_update:
+                                fill_old_log_probs(s.engine, batch, s.objective, trainer.ppo_micro_batch_size)
+                        with clock.phase("update"):
+                            metrics = update_policy(s.engine, batch, s.objective, trainer, step=step, old_from_update=old_from_update)
                         if not s.engine.params_finite():
                             s.stop_non_finite(tracker, step)  # raises: nothing generates with NaN weights
                     synced = rounds.after_update(s.engine, step, updated=batch is not None)  # weights version `step`
@@ -377,48 +263,6 @@ def run_train(
 
 
 # ---------------------------------------------------------------- the step's plumbing
-
-
-class StepClock:
-    """Wall-clock time of one step: :meth:`lap` records the seconds since the previous lap (or the step's start)."""
-
-    def __init__(self) -> None:
-        self.t0 = time.perf_counter()
-        self.laps: dict[str, float] = {}
-        self._last = 0.0
-
-    def lap(self, name: str) -> float:
-        now = elapsed(self.t0)
-        self.laps[name], self._last = now - self._last, now
-        return self.laps[name]
-
-
-def record_step(
-    s: TrainingSession, tracker: Tracker, step: int, collected: Collected, metrics: dict[str, float], synced: dict[str, float],
-    clock: StepClock,
-) -> dict[str, float]:
-    """Everything step ``step`` logs, in one tracker call: the monitors (:func:`step_metrics`), the update's
-    ``metrics``, the round source's ``synced`` timings and the step's clock; the progress line, a note when
-    updates were skipped, and the sample table when due. Returns what was logged."""
-    if metrics.get("actor/skipped_updates"):
-        s.reporter.note(f"step {step}: {int(metrics['actor/skipped_updates'])} update(s) skipped: the loss or gradient was not finite")
-    laps = dict(clock.laps)
-    t_gen = laps.pop("timing/gen_and_score")
-    logged = {  # laps: timing/old_log_prob, when a batch was trained
-        **step_metrics(collected, collected.batch, s.cfg, s.dist, policy_version=step - 1, worker=s.worker),
-        **metrics, **laps, **synced,
-    }
-    logged["timing/gen_and_score"] = t_gen
-    logged["timing/step"] = elapsed(clock.t0)
-    logged["perf/gen_tokens_per_s"] = float(collected.generated_stats["lengths"].sum()) / max(t_gen, 1e-9)
-    logged.update(compute_metrics(float(collected.generated_stats["lengths"].sum()), logged.get("train/loss_tokens", 0.0),
-                                  model_matmul_params(s.model_path) if s.model_path else None))
-    tracker.log_metrics(logged, step=step)
-    s.reporter.step_done(step, logged)
-    freq = s.cfg.trainer.log_samples_freq
-    if freq > 0 and step % freq == 0:
-        tracker.log_table(sample_rows(collected.generated), f"samples/step_{step:06d}.json")
-    return logged
 
 
 def validate_and_save(s: TrainingSession, tracker: Tracker, rounds: RoundSource, step: int) -> bool:
@@ -469,22 +313,3 @@ class TrainingPreempted(TrainingInterrupted):
         self.signal_name = signal_name
 
 
-def sample_rows(batch: RolloutBatch, limit: int = 16) -> list[dict[str, Any]]:
-    """The first ``limit`` responses of a step as an MLflow table."""
-    return [
-        {
-            "prompt": batch.prompts[i],
-            "response": batch.texts[i],
-            "pred": batch.preds[i],
-            "ground_truth": batch.ground_truths[i],
-            "score": float(batch.scores[i]),
-            "reward": float(batch.rewards[i]),
-            "length": int(batch.lengths[i]),
-            "truncated": bool(batch.truncated[i]),
-        }
-        for i in range(min(limit, len(batch)))
-    ]
-
-
-def elapsed(t0: float) -> float:
-    return time.perf_counter() - t0

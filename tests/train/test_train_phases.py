@@ -65,11 +65,14 @@ def test_dynamic_sampling_keeps_only_mixed_groups_and_fills_the_batch():
 
 
 def test_without_dynamic_sampling_one_round_trains_every_group():
+    from dapo_cli.train import step_metrics
+
     cfg = apply_techniques(make_cfg(), dynamic_sampling=False)
     collected, rollout = collect(cfg)
     assert rollout.calls == [2]
     assert sorted(set(collected.batch.ground_truths)) == ["0", "1"]  # all-right and all-wrong groups stay
-    assert collected.metrics["train/kept_group_frac"] == 0.0  # neither carries signal
+    assert not collected.filtered and collected.metrics == {}  # nothing filtered: the step's records say how much signal
+    assert step_metrics(collected, None, cfg)["train/kept_group_frac"] == 0.0  # neither group carries signal
     compute_advantages(collected.batch, cfg)
     assert torch.all(collected.batch.advantages == 0)
 
@@ -182,12 +185,35 @@ def test_the_session_counts_barren_steps_and_says_when_the_run_collapsed():
 
 
 def test_the_step_clock_records_each_lap_since_the_previous_one(monkeypatch):
-    from dapo_cli.train import loop
+    from dapo_cli.train import records
 
     now = iter([10.0, 12.5, 13.0, 16.0])
-    monkeypatch.setattr(loop.time, "perf_counter", lambda: next(now))
-    clock = loop.StepClock()  # starts at 10
+    monkeypatch.setattr(records.time, "perf_counter", lambda: next(now))
+    clock = records.StepClock()  # starts at 10
     assert clock.lap("timing/gen_and_score") == 2.5
     assert clock.lap("timing/old_log_prob") == 0.5  # since the previous lap, not the start
     assert clock.laps == {"timing/gen_and_score": 2.5, "timing/old_log_prob": 0.5}
-    assert loop.elapsed(clock.t0) == 6.0
+    assert records.elapsed(clock.t0) == 6.0
+
+
+def test_a_phase_says_what_runs_and_times_it_from_the_previous_lap(monkeypatch):
+    from dapo_cli.train import records
+
+    class Reporter:
+        said: list[tuple[int, str]] = []
+
+        def phase(self, step: int, label: str) -> None:
+            self.said.append((step, label))
+
+    now = iter([0.0, 4.0, 9.0])
+    monkeypatch.setattr(records.time, "perf_counter", lambda: next(now))
+    reporter = Reporter()
+    clock = records.StepClock(reporter, step=3)  # starts at 0
+    with clock.phase("generate + score", "timing/gen_and_score"):  # ends at 4
+        pass
+    with clock.phase(None, "timing/old_log_prob"):  # says nothing, ends at 9: 5 s since the previous lap
+        pass
+    with clock.phase("update"):  # said, not timed
+        pass
+    assert reporter.said == [(3, "generate + score"), (3, "update")]
+    assert clock.laps == {"timing/gen_and_score": 4.0, "timing/old_log_prob": 5.0}
