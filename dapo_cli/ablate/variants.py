@@ -47,7 +47,14 @@ from dapo_cli.config import TECHNIQUES, Config, flatten, technique_state
 from dapo_cli.config.load import from_dict, override_config
 from dapo_cli.config.schema import PLANNING_SECTIONS, ConfigError
 from dapo_cli.config.versions import before_value, declaration, split_version, upgrade
-from dapo_cli.config.techniques import Techniques, variant_name
+from dapo_cli.config.techniques import (
+    BASELINE_LABEL,
+    BASELINE_PAPER,
+    BASELINE_SHORT,
+    TECHNIQUE_TABLE,
+    Techniques,
+    variant_name,
+)
 from dapo_cli.config.validate import validate
 from dapo_cli.errors import UserError
 
@@ -57,21 +64,14 @@ if TYPE_CHECKING:
 MAX_CHILDREN = 2000
 """The most children one ablation may plan (variants x axis combinations x seeds, counted before any is built:
 each child's config is validated in ~8 ms, and a billion seeds once took the planner past 5 GB)."""
-LADDER_LABELS = (
-    "Naive GRPO",
-    "+ Overlong Filtering",
-    "+ Clip-Higher",
-    "+ Soft Overlong Punishment",
-    "+ Token-level Loss",
-    "+ Dynamic Sampling (DAPO)",
-)
-"""Row names of the DAPO paper's Table 1, rung ``i`` switching on ``TECHNIQUES[:i]``."""
+LADDER_LABELS = (BASELINE_LABEL, *(t.label for t in TECHNIQUE_TABLE))
+"""Row names of the DAPO paper's Table 1, rung ``i`` switching on ``TECHNIQUES[:i]`` (from the technique table)."""
 
-LADDER_SHORT = ("GRPO", "+OverlongFilter", "+ClipHigher", "+SoftPunish", "+TokenLoss", "DAPO")
+LADDER_SHORT = (BASELINE_SHORT, *(t.short for t in TECHNIQUE_TABLE))
 """The rungs as MLflow run labels: distinct within their first few characters (the UI's run list
 and chart legends cut names at about 16)."""
 
-PAPER_AIME24_AVG32 = (30.0, 36.0, 38.0, 41.0, 42.0, 50.0)
+PAPER_AIME24_AVG32 = (BASELINE_PAPER, *(t.paper for t in TECHNIQUE_TABLE))
 """AIME 2024 avg@32 (%) of each rung in the paper's Table 1 (Qwen2.5-32B): a reference column only."""
 
 LADDER_NAMES = tuple(variant_name({t: j < i for j, t in enumerate(TECHNIQUES)}) for i in range(len(TECHNIQUES) + 1))
@@ -297,9 +297,7 @@ def safe_component(text: str) -> str:
     return out or "ablation"
 
 
-TECHNIQUE_ABBREVIATIONS = {
-    "overlong_filtering": "of", "clip_higher": "ch", "overlong_shaping": "sop", "token_level_loss": "tll", "dynamic_sampling": "ds",
-}
+TECHNIQUE_ABBREVIATIONS = {t.name: t.abbreviation for t in TECHNIQUE_TABLE}
 """Short names for MLflow run labels: a UI column or chart legend shows ~16 characters."""
 
 

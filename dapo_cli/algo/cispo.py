@@ -52,7 +52,7 @@ def cispo_loss(
     ``token_weights`` ``[B, T]`` (constants) multiply each token's loss before aggregation.
 
     The per-token loss is :math:`-\\operatorname{sg}(\\hat r)\\hat A \\log\\pi_\\theta` (the ratio from the log-ratio
-    clamped to ±20, as in ``policy_loss``). Returns ``(loss [], metrics)``, token means over ``mask``:
+    clamped to ±20, as in ``dapo_loss``). Returns ``(loss [], metrics)``, token means over ``mask``:
     ``actor/pg_loss``, ``actor/is_weight_mean`` (of :math:`\\hat r`), ``actor/is_clipfrac_high`` (r > 1+ε_high: the
     weight capped), ``actor/is_clipfrac_low`` (r < 1-ε_low; 0.0 without a lower bound), ``actor/ppo_kl``.
     """

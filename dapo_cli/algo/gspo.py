@@ -73,9 +73,9 @@ def gspo_loss(
     mask:         ``[B, T]`` bool or 0/1, the tokens in the loss; :math:`|o_i|` is the row's count.
     clip_ratio_low / clip_ratio_high: ε_low / ε_high of the sequence clip (paper: 3e-4 / 4e-4).
     ``token_weights`` ``[B, T]`` (constants) multiply each token's entry before aggregation; the global counts are
-    :func:`~dapo_cli.algo.losses.policy_loss`'s.
+    :func:`~dapo_cli.algo.losses.dapo_loss`'s.
 
-    The per-token log-ratio is clamped to ±20 before averaging (as in ``policy_loss``). Returns ``(loss [], metrics)``:
+    The per-token log-ratio is clamped to ±20 before averaging (as in ``dapo_loss``). Returns ``(loss [], metrics)``:
     ``actor/pg_loss``; sequence means over the rows holding a token: ``actor/seq_clipfrac`` (the clipped branch is the
     max), ``actor/seq_clipfrac_high`` (s_i > 1+ε_high, A_i > 0), ``actor/seq_clipfrac_low`` (s_i < 1-ε_low, A_i < 0),
     ``actor/seq_ratio_dev`` (mean |s_i - 1|); token mean ``actor/ppo_kl`` (mean of -clamp(log π - log π_old)).

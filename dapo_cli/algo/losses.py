@@ -231,7 +231,7 @@ def seq_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
     return float(values.detach().to(torch.float64)[rows].sum() / count) if count else 0.0
 
 
-def policy_loss(
+def dapo_loss(
     log_prob: torch.Tensor,
     old_log_prob: torch.Tensor,
     advantages: torch.Tensor,
@@ -246,7 +246,8 @@ def policy_loss(
     norm_length: int | None = None,
     token_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Clipped policy-gradient loss with DAPO's decoupled clip (Eq. 8/10), aggregated by mode.
+    """DAPO's policy loss: the clipped policy gradient with the decoupled clip, clip-higher (ε_high > ε_low, Eq. 8/10),
+    aggregated by mode (the token-level loss, Eq. 12, is ``token-mean``).
 
     log_prob:     ``[B, T]`` log-probs of the sampled tokens under the current policy (with grad).
     old_log_prob: ``[B, T]`` the same under the behaviour policy (treated as a constant).

@@ -1,6 +1,6 @@
 """The policy losses by name (``algorithm.policy_loss``): one dispatcher over one pure function each.
 
-- ``dapo``: :func:`~dapo_cli.algo.losses.policy_loss`, each token's ratio clipped with DAPO's decoupled ε_low /
+- ``dapo``: :func:`~dapo_cli.algo.losses.dapo_loss`, each token's ratio clipped with DAPO's decoupled ε_low /
   ε_high (Yu et al. 2025, Eq. 10), optional dual clip; settings ``clip_ratio_low``, ``clip_ratio_high``, ``clip_ratio_c``.
 - ``gspo``: :func:`~dapo_cli.algo.gspo.gspo_loss`, each response's geometric-mean ratio clipped as a whole
   (Zheng et al. 2025); settings ``clip_ratio_low``, ``clip_ratio_high`` (of the sequence ratio).
@@ -26,11 +26,11 @@ import torch
 from dapo_cli.algo.cispo import cispo_loss
 from dapo_cli.algo.gmpo import gmpo_loss
 from dapo_cli.algo.gspo import gspo_loss
-from dapo_cli.algo.losses import policy_loss
+from dapo_cli.algo.losses import dapo_loss
 
 PolicyLoss = Callable[..., tuple[torch.Tensor, dict[str, float]]]
 
-POLICY_LOSSES: dict[str, PolicyLoss] = {"dapo": policy_loss, "gspo": gspo_loss, "cispo": cispo_loss, "gmpo": gmpo_loss}
+POLICY_LOSSES: dict[str, PolicyLoss] = {"dapo": dapo_loss, "gspo": gspo_loss, "cispo": cispo_loss, "gmpo": gmpo_loss}
 """The registry: ``algorithm.policy_loss`` → its function."""
 POLICY_LOSS_NAMES: tuple[str, ...] = tuple(POLICY_LOSSES)
 

@@ -1,7 +1,7 @@
 """Options and config resolution shared by the commands (`train`, `lint`, `ablate`, `config`, `init-model`).
 
-The technique toggles are declared here once; `dapo train` and `dapo lint` take the same flags
-with the same help.
+The technique toggles are declared here once, from the technique table (``config/techniques.py``); `dapo train`
+and `dapo lint` take the same flags with the same help.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import typer
 from dapo_cli.cli.common import Panel
 from dapo_cli.config import Config, flatten
 from dapo_cli.config.load import ConfigError, build_config, parse_override
-from dapo_cli.config.techniques import PAPER_CLIP_RATIO_HIGH, Techniques, toggle_flag  # noqa: F401 (toggle_flag re-exported)
+from dapo_cli.config.techniques import CLI_ORDER, TECHNIQUE_BY_NAME, Techniques, toggle_flag  # noqa: F401 (CLI_ORDER, toggle_flag re-exported)
 from dapo_cli.config.validate import validate
 from dapo_cli.tracking import PARENT_RUN_ENV
 
@@ -26,20 +26,18 @@ ConfigArg = Annotated[
 
 
 
-def _toggle(name: str, what: str) -> object:
-    return typer.Option(f"--{name}/--no-{name}", help=f"{what}.", show_default="as in the config",
-                        rich_help_panel=Panel.TECHNIQUES)
+def _toggle(name: str) -> object:
+    """The ``--<flag>/--no-<flag>`` option of technique ``name``, its help from the technique table."""
+    t = TECHNIQUE_BY_NAME[name]
+    return typer.Option(f"--{t.flag}/--no-{t.flag}", help=f"{t.help}.", show_default="as in the config", rich_help_panel=Panel.TECHNIQUES)
 
 
-ClipHigherToggle = Annotated[bool | None, _toggle("clip-higher", f"Decoupled clip: epsilon_high {PAPER_CLIP_RATIO_HIGH} vs = epsilon_low")]
-DynamicSamplingToggle = Annotated[bool | None, _toggle("dynamic-sampling", "Keep only groups with mixed accuracy, resample to fill")]
-TokenLevelLossToggle = Annotated[bool | None, _toggle("token-level-loss", "token-mean vs seq-mean-token-mean aggregation")]
-OverlongShapingToggle = Annotated[bool | None, _toggle("overlong-shaping", "Soft overlong punishment (Eq. 13)")]
-OverlongFilteringToggle = Annotated[bool | None, _toggle("overlong-filtering", "Drop truncated responses from the loss")]
-
-CLI_ORDER = ("clip_higher", "dynamic_sampling", "token_level_loss", "overlong_shaping", "overlong_filtering")
-"""The order `dapo train` and `dapo lint` declare the toggles in (their --help's), which a recorded command line and
-a message listing the given toggles follow."""
+ClipHigherToggle = Annotated[bool | None, _toggle("clip_higher")]
+DynamicSamplingToggle = Annotated[bool | None, _toggle("dynamic_sampling")]
+TokenLevelLossToggle = Annotated[bool | None, _toggle("token_level_loss")]
+OverlongShapingToggle = Annotated[bool | None, _toggle("overlong_shaping")]
+OverlongFilteringToggle = Annotated[bool | None, _toggle("overlong_filtering")]
+"""The toggles `dapo train` and `dapo lint` declare, in :data:`~dapo_cli.config.techniques.CLI_ORDER`."""
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from dapo_cli.algo.importance import SAMPLER_LOGPROB_TOL
 from dapo_cli.config.lint_base import ERROR, RULES, WARN, Finding, Rule, rule  # noqa: F401 (re-exported)
 from dapo_cli.config.objectives import SEQUENCE_MEAN_LOSSES
 from dapo_cli.config.schema import Config, behaviour_correction, old_log_probs_from_update
-from dapo_cli.config.techniques import PAPER_CLIP_RATIO_HIGH, PAPER_CLIP_RATIO_LOW, technique_state
+from dapo_cli.config.techniques import CLI_ORDER, PAPER_CLIP_RATIO_HIGH, PAPER_CLIP_RATIO_LOW, TECHNIQUE_BY_NAME, technique_state
 from dapo_cli.hardware import CpuBf16, cpu_bf16
 
 PAPER_EVAL_TOP_P = 0.7
@@ -148,31 +148,6 @@ def loss_norm_micro_batch(cfg: Config) -> list[Finding]:
     )]
 
 
-_TECHNIQUE_OFF: dict[str, tuple[str, str, str]] = {
-    # technique: (key, what it loses, how to turn it on)
-    "clip_higher": (
-        "algorithm.clip_ratio_high",
-        "clip-higher is off (epsilon_high = epsilon_low); DAPO raises epsilon_high to keep the entropy from collapsing (paper §3.1)",
-        f"set algorithm.clip_ratio_high={PAPER_CLIP_RATIO_HIGH} (--clip-higher)",
-    ),
-    "dynamic_sampling": (
-        "algorithm.filter_groups.enable",
-        "dynamic sampling is off: all-correct and all-wrong groups have zero advantage and shrink the effective batch (paper §3.2)",
-        "set algorithm.filter_groups.enable=true (--dynamic-sampling)",
-    ),
-    "token_level_loss": (
-        "algorithm.loss_agg_mode",
-        "the loss is aggregated per sequence, not DAPO's token-level loss: tokens of long responses weigh less (paper §3.3)",
-        "set algorithm.loss_agg_mode=token-mean (--token-level-loss)",
-    ),
-    "overlong_shaping": (
-        "algorithm.overlong_buffer.enable",
-        "the soft overlong punishment is off: responses near the length limit get no length signal (paper §3.4)",
-        "set algorithm.overlong_buffer.enable=true (--overlong-shaping)",
-    ),
-}
-
-
 @rule("technique-off")
 def technique_off(cfg: Config) -> list[Finding]:
     """One warning per DAPO technique that is off (Clip-Higher, dynamic sampling,
@@ -185,8 +160,9 @@ def technique_off(cfg: Config) -> list[Finding]:
     state = technique_state(cfg)
     algo = cfg.algorithm
     out = []
-    for technique, (key, what, fix) in _TECHNIQUE_OFF.items():
-        if state[technique]:
+    for t in (TECHNIQUE_BY_NAME[name] for name in CLI_ORDER):  # the order of the flags in --help
+        technique, key, what, fix = t.name, t.lint_key, t.lint_off, f"set {t.lint_key}={t.lint_on} (--{t.flag})"
+        if state[technique] or not key:
             continue
         if technique == "clip_higher" and (algo.clip_inverted or algo.policy_loss != "dapo"):
             continue  # inverted: clip-inverted; another loss does not read DAPO's clip: setting-ignored

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dapo_cli.algo.cispo import cispo_loss
-from dapo_cli.algo.losses import policy_loss
+from dapo_cli.algo.losses import dapo_loss
 
 # Two responses, eps_high 0.5 (the weight is capped at 1.5), no lower bound (the paper's choice), token-mean.
 #   tok        pi_theta  pi_old  r = pi_theta / pi_old   w = sg(clip(r))   A    loss -w A log pi_theta
@@ -64,7 +64,7 @@ def test_inside_both_clip_ranges_the_gradient_is_dapos():
     adv = torch.tensor([1.0, -0.5, 2.0, -1.5], dtype=torch.float64)
     a_in, b_in = (old + ratio.log()).requires_grad_(True), (old + ratio.log()).requires_grad_(True)
     a, ma = cispo_loss(a_in, old, adv, mask, clip_ratio_low=None, clip_ratio_high=3.0, loss_agg_mode="token-mean")
-    b, mb = policy_loss(b_in, old, adv, mask, clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=None, loss_agg_mode="token-mean")
+    b, mb = dapo_loss(b_in, old, adv, mask, clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=None, loss_agg_mode="token-mean")
     (ga,), (gb,) = torch.autograd.grad(a, a_in), torch.autograd.grad(b, b_in)
     assert mb["actor/pg_clipfrac"] == 0.0 and ma["actor/is_clipfrac_high"] == 0.0
     assert ga.abs().max() > 0.05

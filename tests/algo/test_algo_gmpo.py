@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dapo_cli.algo.gmpo import gmpo_loss
-from dapo_cli.algo.losses import policy_loss
+from dapo_cli.algo.losses import dapo_loss
 
 # Three responses, log pi_old = 0 (log pi_theta is the log-ratio), log-space clip eps_low = eps_high = 0.1.
 # The clip binds on the side the advantage pushes: log m = min(log rho, 0.1) for A > 0, max(log rho, -0.1) for A < 0.
@@ -95,7 +95,7 @@ def test_with_one_token_responses_gmpo_is_token_level_dapo_with_the_same_range()
     mask = torch.ones(8, 1, dtype=torch.bool)
     a_in, b_in = (old + ratio.log()).requires_grad_(True), (old + ratio.log()).requires_grad_(True)
     a, ma = gmpo_loss(a_in, old, adv, mask, log_clip_low=0.4, log_clip_high=0.4, loss_agg_mode="seq-mean-token-mean")
-    b, mb = policy_loss(b_in, old, adv, mask, clip_ratio_low=1 - math.exp(-0.4), clip_ratio_high=math.exp(0.4) - 1,
+    b, mb = dapo_loss(b_in, old, adv, mask, clip_ratio_low=1 - math.exp(-0.4), clip_ratio_high=math.exp(0.4) - 1,
                         clip_ratio_c=None, loss_agg_mode="token-mean")
     (ga,), (gb,) = torch.autograd.grad(a, a_in), torch.autograd.grad(b, b_in)
     assert mb["actor/clipfrac_high"] > 0 and mb["actor/clipfrac_low"] > 0

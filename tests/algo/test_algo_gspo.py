@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dapo_cli.algo.gspo import gspo_loss
-from dapo_cli.algo.losses import policy_loss
+from dapo_cli.algo.losses import dapo_loss
 
 # Four responses, T = 3, log π_old = 0 so log π_θ is the per-token log-ratio; eps_low 0.1, eps_high 0.05
 # (sequence clip range [0.9, 1.05]; not the paper's 3e-4 / 4e-4, so that both sides bind on round numbers).
@@ -100,7 +100,7 @@ def test_with_one_token_responses_gspo_is_token_level_dapo_with_the_same_epsilon
     mask = torch.ones(8, 1, dtype=torch.bool)
     a_in, b_in = base.clone().requires_grad_(True), base.clone().requires_grad_(True)
     a, ma = gspo_loss(a_in, old, adv, mask, clip_ratio_low=0.2, clip_ratio_high=0.28, loss_agg_mode="seq-mean-token-mean")
-    b, mb = policy_loss(b_in, old, adv, mask, clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=None, loss_agg_mode="token-mean")
+    b, mb = dapo_loss(b_in, old, adv, mask, clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=None, loss_agg_mode="token-mean")
     (ga,), (gb,) = torch.autograd.grad(a, a_in), torch.autograd.grad(b, b_in)
     assert mb["actor/clipfrac_high"] > 0 and mb["actor/clipfrac_low"] > 0  # the clip binds on both sides
     torch.testing.assert_close(a.detach(), b.detach(), rtol=0, atol=1e-12)
@@ -119,7 +119,7 @@ def test_when_a_responses_tokens_share_one_ratio_gspo_is_dapo_with_the_sequence_
     adv = torch.tensor([1.0, -1.0, 0.5, -2.0], dtype=torch.float64)
     a_in, b_in = (old + shift).requires_grad_(True), (old + shift).requires_grad_(True)
     a, _ = gspo_loss(a_in, old, adv, mask, clip_ratio_low=0.1, clip_ratio_high=0.1, loss_agg_mode="seq-mean-token-mean")
-    b, _ = policy_loss(b_in, old, adv, mask, clip_ratio_low=0.1, clip_ratio_high=0.1, clip_ratio_c=None,
+    b, _ = dapo_loss(b_in, old, adv, mask, clip_ratio_low=0.1, clip_ratio_high=0.1, clip_ratio_c=None,
                        loss_agg_mode="seq-mean-token-mean")
     (ga,), (gb,) = torch.autograd.grad(a, a_in), torch.autograd.grad(b, b_in)
     torch.testing.assert_close(a.detach(), b.detach(), rtol=0, atol=1e-12)

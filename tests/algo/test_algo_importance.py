@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from dapo_cli.algo.importance import mismatch_sums, truncated_is_weights
-from dapo_cli.algo.losses import policy_loss
+from dapo_cli.algo.losses import dapo_loss
 
-# policy_loss has no defaults: the paper's values (DAPO Eq. 10, token-level loss, no dual clip), passed explicitly.
+# dapo_loss has no defaults: the paper's values (DAPO Eq. 10, token-level loss, no dual clip), passed explicitly.
 PAPER_DAPO = {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "clip_ratio_c": None, "loss_agg_mode": "token-mean"}
 
 
@@ -51,9 +51,9 @@ def test_token_weights_scale_each_tokens_loss_not_the_denominator():
     logp = torch.zeros(1, 3, requires_grad=True)
     old = torch.zeros(1, 3)
     mask = torch.ones(1, 3, dtype=torch.bool)
-    loss, _ = policy_loss(logp, old, torch.tensor([1.0]), mask, token_weights=torch.tensor([[2.0, 1.0, 0.5]]), **PAPER_DAPO)
+    loss, _ = dapo_loss(logp, old, torch.tensor([1.0]), mask, token_weights=torch.tensor([[2.0, 1.0, 0.5]]), **PAPER_DAPO)
     assert float(loss.detach()) == pytest.approx(-7 / 6, abs=1e-7)
     loss.backward()
     torch.testing.assert_close(logp.grad, torch.tensor([[-2 / 3, -1 / 3, -0.5 / 3]]), rtol=0, atol=1e-7)
     with pytest.raises(ValueError, match="token_weights shape"):
-        policy_loss(logp, old, torch.tensor([1.0]), mask, token_weights=torch.ones(1, 2), **PAPER_DAPO)
+        dapo_loss(logp, old, torch.tensor([1.0]), mask, token_weights=torch.ones(1, 2), **PAPER_DAPO)

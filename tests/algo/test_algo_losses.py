@@ -11,7 +11,7 @@ import torch
 from functools import partial
 
 from dapo_cli.algo.losses import LOSS_AGG_MODES, aggregate_loss, global_counts, masked_mean
-from dapo_cli.algo.losses import policy_loss as dapo_policy_loss
+from dapo_cli.algo.losses import dapo_loss as dapo_policy_loss
 from dapo_cli.algo.objectives import POLICY_LOSS_NAMES, SEQUENCE_METRICS, get_policy_loss
 
 # Six tokens in one response, eps_low = 0.2, eps_high = 0.28 (clip range [0.8, 1.28]), c = 3.
@@ -27,14 +27,14 @@ RATIO = torch.tensor([[1.5, 0.5, 0.5, 1.5, 4.0, 1.1]], dtype=torch.float64)
 PPO_TOKENS = [-1.28, -0.5, 0.8, 1.5, 4.0, -2.2]
 DUAL_TOKENS = [-1.28, -0.5, 0.8, 1.5, 3.0, -2.2]
 
-# policy_loss has no defaults: the paper's values (DAPO Eq. 10, token-level loss, no dual clip), passed explicitly.
-policy_loss = partial(dapo_policy_loss, clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=None, loss_agg_mode="token-mean")
+# dapo_loss has no defaults: the paper's values (DAPO Eq. 10, token-level loss, no dual clip), passed explicitly.
+dapo_loss = partial(dapo_policy_loss, clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=None, loss_agg_mode="token-mean")
 
 
 def _clip_case(clip_ratio_c=None):
     old = torch.zeros_like(RATIO)
     log_prob = torch.log(RATIO).requires_grad_(True)
-    loss, metrics = policy_loss(log_prob, old, ADV, torch.ones_like(RATIO, dtype=torch.bool), clip_ratio_c=clip_ratio_c)
+    loss, metrics = dapo_loss(log_prob, old, ADV, torch.ones_like(RATIO, dtype=torch.bool), clip_ratio_c=clip_ratio_c)
     loss.backward()
     return loss, metrics, log_prob.grad
 
@@ -69,7 +69,7 @@ def test_dual_clip_binds_only_for_large_ratio_negative_advantage():
 def test_dual_clip_never_touches_positive_advantage():
     # A = +1, r = 10: PPO gives -1.28 (clipped high); the dual clip (c = 3) must leave it alone.
     log_prob = torch.log(torch.tensor([[10.0]], dtype=torch.float64))
-    loss, metrics = policy_loss(log_prob, torch.zeros(1, 1, dtype=torch.float64), torch.tensor([1.0]),
+    loss, metrics = dapo_loss(log_prob, torch.zeros(1, 1, dtype=torch.float64), torch.tensor([1.0]),
                                 torch.ones(1, 1), clip_ratio_c=3.0)
     assert loss.item() == pytest.approx(-1.28, abs=1e-12)
     assert metrics["actor/pg_clipfrac_lower"] == 0.0 and metrics["actor/clipfrac_high"] == 1.0
@@ -78,7 +78,7 @@ def test_dual_clip_never_touches_positive_advantage():
 def test_per_token_losses_and_masking():
     # Masking out t5 and t6: (-1.28 - 0.5 + 0.8 + 1.5) / 4 = 0.13; clipfrac over 4 tokens = 2/4.
     mask = torch.tensor([[1, 1, 1, 1, 0, 0]], dtype=torch.float32)
-    loss, metrics = policy_loss(torch.log(RATIO), torch.zeros_like(RATIO), ADV, mask)
+    loss, metrics = dapo_loss(torch.log(RATIO), torch.zeros_like(RATIO), ADV, mask)
     assert loss.item() == pytest.approx(0.13, abs=1e-12)
     assert metrics["actor/pg_clipfrac"] == pytest.approx(0.5)
     # Per-token values via seq-mean-token-sum on one row = plain sum of token losses.
@@ -86,7 +86,7 @@ def test_per_token_losses_and_masking():
         for i, value in enumerate(tokens):
             one = torch.zeros(1, 6, dtype=torch.bool)
             one[0, i] = True
-            loss, _ = policy_loss(torch.log(RATIO), torch.zeros_like(RATIO), ADV, one,
+            loss, _ = dapo_loss(torch.log(RATIO), torch.zeros_like(RATIO), ADV, one,
                                   clip_ratio_c=c, loss_agg_mode="seq-mean-token-sum")
             assert loss.item() == pytest.approx(value, abs=1e-12)
 
@@ -96,8 +96,8 @@ def test_advantages_broadcast_and_log_ratio_clamp():
     old = torch.zeros_like(log_prob)
     mask = torch.ones_like(log_prob)
     # log-ratio 30 is clamped to 20 -> r = e^20; A = -1 (unclipped branch) -> loss e^20 on token 0.
-    loss_b, metrics = policy_loss(log_prob, old, torch.tensor([-1.0]), mask)
-    loss_bt, _ = policy_loss(log_prob, old, torch.tensor([[-1.0, -1.0]]), mask)
+    loss_b, metrics = dapo_loss(log_prob, old, torch.tensor([-1.0]), mask)
+    loss_bt, _ = dapo_loss(log_prob, old, torch.tensor([[-1.0, -1.0]]), mask)
     assert loss_b.item() == loss_bt.item() == pytest.approx((math.exp(20.0) + 1.0) / 2, rel=1e-12)
     assert metrics["actor/ppo_kl"] == pytest.approx(-10.0)  # mean(-20, 0)
 
@@ -105,9 +105,9 @@ def test_advantages_broadcast_and_log_ratio_clamp():
 def test_invalid_arguments():
     x = torch.zeros(1, 2)
     with pytest.raises(ValueError, match="clip_ratio_c"):
-        policy_loss(x, x, torch.ones(1), x, clip_ratio_c=1.0)
+        dapo_loss(x, x, torch.ones(1), x, clip_ratio_c=1.0)
     with pytest.raises(ValueError, match=", ".join(LOSS_AGG_MODES)):
-        policy_loss(x, x, torch.ones(1), x, loss_agg_mode="sample-mean")
+        dapo_loss(x, x, torch.ones(1), x, loss_agg_mode="sample-mean")
     assert LOSS_AGG_MODES == ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
     with pytest.raises(ValueError, match="valid"):
         aggregate_loss(x, x, "mean")
@@ -145,7 +145,7 @@ def test_aggregation_modes_hand_derived(mode, kwargs, expected):
 def test_empty_mask_gives_zero_loss_with_grad(mode):
     log_prob = torch.randn(2, 3, dtype=torch.float64, requires_grad=True)
     empty = torch.zeros(2, 3, dtype=torch.bool)
-    loss, metrics = policy_loss(log_prob, log_prob.detach() - 0.1, torch.tensor([1.0, -1.0]), empty,
+    loss, metrics = dapo_loss(log_prob, log_prob.detach() - 0.1, torch.tensor([1.0, -1.0]), empty,
                                 loss_agg_mode=mode)
     assert loss.item() == 0.0 and loss.grad_fn is not None
     loss.backward()

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from dapo_cli.algo.importance import ratio_sums
-from dapo_cli.algo.losses import global_counts, policy_loss
+from dapo_cli.algo.losses import global_counts, dapo_loss
 from dapo_cli.algo.objectives import get_policy_loss
 from dapo_cli.algo.rollout_correction import (
     ROLLOUT_CORRECTION_NAMES,
@@ -84,7 +84,7 @@ def test_the_token_probability_ratio_statistics():
 
 
 def test_geo_mask_drops_rows_from_the_loss_and_its_denominator():
-    # The decoupled loss with geo_mask is policy_loss on the kept rows only: the dropped row is out of the token
+    # The decoupled loss with geo_mask is dapo_loss on the kept rows only: the dropped row is out of the token
     # mean's denominator, not a zero-weighted row in it.
     gen = torch.Generator().manual_seed(2)
     logp = (-torch.rand(3, 4, generator=gen, dtype=torch.float64)).requires_grad_(True)
@@ -94,15 +94,15 @@ def test_geo_mask_drops_rows_from_the_loss_and_its_denominator():
     mask = torch.ones(3, 4, dtype=torch.bool)
     adv = torch.tensor([1.0, -1.0, 0.5], dtype=torch.float64)
     a, _ = decoupled_policy_loss(logp, prox, behav, adv, mask, correction="geo_mask", correction_args={"geo_bound": 1.001},
-                                 loss=policy_loss, clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=None, loss_agg_mode="token-mean")
+                                 loss=dapo_loss, clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=None, loss_agg_mode="token-mean")
     kept = mask.clone()
     kept[1] = False
-    b, _ = policy_loss(logp, prox, adv, kept, clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=None, loss_agg_mode="token-mean")
+    b, _ = dapo_loss(logp, prox, adv, kept, clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=None, loss_agg_mode="token-mean")
     assert float(a.detach()) == pytest.approx(float(b.detach()), abs=1e-12)
     # with global counts, the caller counts only the kept rows (ROW_FILTERS): the same loss again
     counts = global_counts(kept, "token-mean")
     c, _ = decoupled_policy_loss(logp, prox, behav, adv, mask, correction="geo_mask", correction_args={"geo_bound": 1.001},
-                                 loss=policy_loss, clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=None, loss_agg_mode="token-mean",
+                                 loss=dapo_loss, clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=None, loss_agg_mode="token-mean",
                                  **counts)
     assert float(c.detach()) == pytest.approx(float(b.detach()), abs=1e-12)
 

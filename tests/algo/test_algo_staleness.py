@@ -7,10 +7,10 @@ import math
 import pytest
 import torch
 
-from dapo_cli.algo.losses import policy_loss
+from dapo_cli.algo.losses import dapo_loss
 from dapo_cli.algo.staleness import decoupled_policy_loss, version_lag
 
-# policy_loss has no defaults: the paper's values (DAPO Eq. 10, token-level loss, no dual clip), passed explicitly.
+# dapo_loss has no defaults: the paper's values (DAPO Eq. 10, token-level loss, no dual clip), passed explicitly.
 PAPER_DAPO = {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "clip_ratio_c": None, "loss_agg_mode": "token-mean"}
 
 
@@ -39,7 +39,7 @@ def test_decoupled_loss_clips_around_the_proximal_policy_and_weights_by_the_beha
     mask = torch.ones(1, 2, dtype=torch.bool)
     loss, metrics = decoupled_policy_loss(
         logp, prox, behav, torch.tensor([1.0], dtype=torch.float64), mask, correction="token_tis", correction_args={"cap": 1.5},
-        loss=policy_loss, **PAPER_DAPO,
+        loss=dapo_loss, **PAPER_DAPO,
     )
     assert float(loss.detach()) == pytest.approx(-1.22, abs=1e-12)
     loss.backward()
@@ -48,16 +48,16 @@ def test_decoupled_loss_clips_around_the_proximal_policy_and_weights_by_the_beha
 
 
 def test_on_fresh_samples_on_the_trainers_own_numbers_it_is_the_plain_dapo_loss():
-    # lag 0 and pi_behav == pi_prox: every weight is 1, the loss and its gradient are policy_loss's exactly
+    # lag 0 and pi_behav == pi_prox: every weight is 1, the loss and its gradient are dapo_loss's exactly
     gen = torch.Generator().manual_seed(0)
     logp = (-torch.rand(3, 5, generator=gen, dtype=torch.float64) * 3).requires_grad_()
     prox = logp.detach() - 0.05 * torch.rand(3, 5, generator=gen, dtype=torch.float64)
     adv = torch.tensor([1.0, -0.5, 2.0], dtype=torch.float64)
     mask = torch.rand(3, 5, generator=gen) > 0.3
-    a, _ = decoupled_policy_loss(logp, prox, prox.clone(), adv, mask, correction="token_tis", correction_args={"cap": 2.0}, loss=policy_loss,
+    a, _ = decoupled_policy_loss(logp, prox, prox.clone(), adv, mask, correction="token_tis", correction_args={"cap": 2.0}, loss=dapo_loss,
                                  **PAPER_DAPO)
     (ga,) = torch.autograd.grad(a, logp)
-    b, _ = policy_loss(logp, prox, adv, mask, **PAPER_DAPO)
+    b, _ = dapo_loss(logp, prox, adv, mask, **PAPER_DAPO)
     (gb,) = torch.autograd.grad(b, logp)
     assert float(a.detach()) == float(b.detach())
     assert torch.equal(ga, gb)

@@ -114,3 +114,38 @@ def test_unknown_technique_lists_the_valid_ones() -> None:
 )
 def test_variant_name(state: dict[str, bool], name: str) -> None:
     assert variant_name(state) == name
+
+
+def test_each_technique_s_row_points_at_code_a_metric_and_a_doc_heading_that_exist() -> None:
+    import importlib
+    import re
+    from pathlib import Path
+
+    from dapo_cli.config.techniques import CLI_ORDER, TECHNIQUE_KEYS, TECHNIQUE_TABLE, TECHNIQUES
+
+    root = Path(__file__).resolve().parents[2]
+    assert TECHNIQUES == ("overlong_filtering", "clip_higher", "overlong_shaping", "token_level_loss", "dynamic_sampling")
+    assert sorted(CLI_ORDER) == sorted(TECHNIQUES) and len(TECHNIQUE_KEYS) == len(set(TECHNIQUE_KEYS))
+    source = "\n".join(p.read_text() for p in (root / "dapo_cli").rglob("*.py"))
+    for t in TECHNIQUE_TABLE:
+        module, _, attr = t.implementation.rpartition(".")
+        assert callable(getattr(importlib.import_module(f"dapo_cli.{module}"), attr)), t.implementation
+        assert f'"{t.metric}"' in source, t.metric  # logged by name somewhere in the package
+        path, _, anchor = t.doc.partition("#")
+        headings = re.findall(r"^#+ (.+)$", (root / path).read_text(), flags=re.MULTILINE)
+        assert anchor in {re.sub(r"[^a-z0-9 -]", "", h.lower()).replace(" ", "-") for h in headings}, t.doc
+        assert t.implementation.rsplit(".", 1)[1] in (root / path).read_text()  # the doc names the function
+    # the DAPO loss is named for what it is: the decoupled clip is found under its technique's name
+    losses = (root / "dapo_cli" / "algo" / "losses.py").read_text()
+    assert "def dapo_loss(" in losses and "clip-higher" in losses
+
+
+def test_the_table_drives_the_toggles_both_ways() -> None:
+    from dapo_cli.config import load_config
+    from dapo_cli.config.techniques import TECHNIQUE_TABLE, apply_techniques, technique_state
+
+    base = load_config(None)
+    for t in TECHNIQUE_TABLE:
+        off = apply_techniques(base, **{t.name: False})
+        assert technique_state(off) == {**technique_state(base), t.name: False}, t.name
+        assert technique_state(apply_techniques(off, **{t.name: True}))[t.name] is True

@@ -7,7 +7,7 @@ import torch
 
 from dapo_cli.algo import objectives
 from dapo_cli.algo.cispo import cispo_loss
-from dapo_cli.algo.losses import policy_loss
+from dapo_cli.algo.losses import dapo_loss
 from dapo_cli.batch import RolloutBatch
 from dapo_cli.config import load_config
 from dapo_cli.train.objective import build_objective
@@ -17,7 +17,7 @@ ASYNC = ["rollout.max_staleness=1"]
 
 def test_the_objective_binds_the_loss_its_settings_and_the_correction_once() -> None:
     dapo = build_objective(load_config(None))
-    assert dapo.loss is policy_loss and dapo.correction is None and dapo.correction_args == {}
+    assert dapo.loss is dapo_loss and dapo.correction is None and dapo.correction_args == {}
     assert dict(dapo.loss_args) == {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "clip_ratio_c": None}
     cispo = build_objective(load_config(None, ["algorithm.policy_loss=cispo", "algorithm.rollout_is.enable=true",
                                                "algorithm.rollout_is.mode=seq_tis", "algorithm.entropy_coeff=0.01"]))
