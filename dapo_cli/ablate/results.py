@@ -36,7 +36,7 @@ MECHANISM_METRICS = (
 """Histories a :class:`ChildResult` also carries for the mechanisms table only (not drawn): the clip fractions of
 the other policy losses (GSPO's per response, CISPO's capped weights) and what a rollout correction masked."""
 COMPUTE_METRICS = ("compute/generated_tokens", "compute/trained_tokens", "compute/flops")
-"""Per-step compute the trainer logs (``dapo_cli.train.loop.compute_metrics``): the report's other budget axes."""
+"""Per-step compute the trainer logs (``dapo_cli.train.records.compute_metrics``): the report's other budget axes."""
 
 
 @dataclass

@@ -1,8 +1,8 @@
 """Every MLflow read of ``dapo ablate`` / ``dapo report``: the store, an ablation's parent and children,
 metric histories and per-problem tables, one finished child as a :class:`~dapo_cli.ablate.results.ChildResult`.
 
-MLflow itself is imported only in :mod:`dapo_cli.tracking.mlflow` (``open_client``); the runner writes
-through its tracker and this module reads.
+This module imports no MLflow: its client comes from :func:`dapo_cli.tracking.mlflow.open_client`. The runner
+writes through its tracker and this module reads.
 """
 
 from __future__ import annotations

@@ -49,8 +49,8 @@ class RolloutEngine(Protocol):
 
     seeds_per_prompt: bool
     """Each response's random stream is keyed by its prompt's text (never by its place in the call), so
-    ``train.collect_batch`` gives every rank the same seed and samples do not depend on the world size;
-    False: a rank's seed must differ from the other ranks' (it is derived with the rank)."""
+    ``train.rounds.RoundPlanner`` gives every rank the same seed and samples do not depend on the world size;
+    False: a rank's seed must differ from the other ranks' (the planner derives it with the rank)."""
 
     def check_prompts(self, prompts: Sequence[str], max_tokens: int) -> None:
         """Raise a one-line ``UserError`` when the longest of ``prompts`` plus ``max_tokens`` exceeds the

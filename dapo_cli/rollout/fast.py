@@ -203,7 +203,7 @@ class FastRolloutEngine(LocalRolloutEngine):
 
     seeds_per_prompt = True
     """Each response's random stream is keyed by (seed, prompt text, copy, sample), never by its place
-    in the call: ``train.collect_batch`` therefore passes every rank the same seed, and a run's samples
+    in the call: ``train.rounds.RoundPlanner`` therefore gives every rank the same seed, and a run's samples
     do not depend on the world size."""
 
     def __init__(

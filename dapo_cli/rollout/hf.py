@@ -3,7 +3,8 @@
 By default the engine holds the *trainer's own model object*
 (``TrainingEngine.generation_model()``), so the weights it samples with are always
 the latest ones and :meth:`HFRolloutEngine.sync_weights` is a no-op. When the
-trainer's parameters are sharded (ZeRO-3) it holds a copy of its own and
+trainer's parameters are sharded (ZeRO-3) or carry LoRA adapters (``generation_model()``
+is then None) it holds a copy of its own and
 ``sync_weights`` copies ``export_weights()`` into it, tensor by tensor. Sampling is plain ancestral sampling from
 
 .. math:: \\pi_\\theta(o_t \\mid q, o_{<t}) \\propto \\exp(z_t / \\tau)

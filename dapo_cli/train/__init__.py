@@ -5,7 +5,8 @@
 * ``records.py``  what a step records: generation stats, the paper's monitors, compute, the clock (``record_step``)
 * ``objective.py`` the run's objective (policy loss, correction, aggregation, entropy and KL), built once
 * ``update.py``   the optimisation phases: old log-probs, the behaviour correction, ``update_policy``
-* ``rounds.py``   where a step's generation rounds come from (``InlineRounds``, ``WorkerRounds``)
+* ``rounds.py``   where a step's generation rounds come from (``InlineRounds``, ``WorkerRounds``; ``RoundPlanner``:
+                  each round's prompts and seed; ``sampling_params``: the run's ``SamplingParams``)
 * ``worker.py``   the rollout worker process of asynchronous rollouts (spawned by ``rounds.WorkerRounds``)
 * ``sync_check.py`` after each sync to vLLM, its log-probs of a fixed probe against the trainer's (``InlineRounds``)
 * ``session.py``  plumbing of one run: build/restore components, record, validate, checkpoint

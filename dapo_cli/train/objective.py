@@ -3,9 +3,10 @@
 :func:`build_objective` reads every setting the update's loss needs (the policy loss ``algorithm.policy_loss`` with
 its own settings, :func:`~dapo_cli.config.objectives.loss_args`; the rollout correction when
 :func:`~dapo_cli.config.schema.behaviour_correction` holds, with its settings; the aggregation mode and its
-normaliser; the entropy and KL weights; the sampling temperature the log-probs are taken at) and looks each name
-up in its registry once. ``train.update`` then reads only this object: no micro-batch reads the config or a
-registry again.
+normaliser; the entropy and KL weights; the sampling temperature the log-probs are taken at) and looks the policy
+loss up in its registry once (:func:`~dapo_cli.algo.objectives.get_policy_loss`). ``train.update`` then reads only
+this object: no micro-batch reads the config again. The correction, the aggregation mode and the KL estimator stay
+names, which their ``algo/`` functions dispatch on at each call.
 
 Shapes: ``B`` rows of a micro-batch, ``T`` response tokens.
 """
@@ -97,7 +98,8 @@ class Objective:
 
 
 def build_objective(cfg: Config) -> Objective:
-    """The run's :class:`Objective`, every name looked up once (an unknown name raises as its registry does)."""
+    """The run's :class:`Objective`, the config read once: the policy loss is looked up here (an unknown name raises
+    ValueError, as its registry does); the correction, aggregation and KL names are kept as they are."""
     algo = cfg.algorithm
     corrected = behaviour_correction(cfg)
     return Objective(

@@ -1,8 +1,10 @@
 """Where a training step's generation rounds come from: a :class:`RoundSource`.
 
-A *round* is ``gen_batch_size`` prompts (this rank's share) drawn from the prompt stream, ``n``
-responses sampled for each, and the weight *version* that sampled them (versions count completed
-steps: the initial policy is version 0, or the checkpoint's step after ``--resume``).
+A *round* is ``data.prompts_per_round`` prompts (``gen_batch_size``, or ``train_batch_size`` when 0) drawn
+from the prompt stream, of which this rank samples its share (:func:`~dapo_cli.config.schema.rank_share`),
+``n`` responses for each, and the weight *version* that sampled them (versions count completed
+steps: the initial policy is version 0, or the checkpoint's step after ``--resume``). :class:`RoundPlanner`
+draws each round's prompts and seed, and :func:`sampling_params` builds how the run samples.
 
 * :class:`InlineRounds` (``rollout.worker: inline``, the synchronous loop): the rollout engine in
   this process generates each round when the step asks for it, between updates, always with the

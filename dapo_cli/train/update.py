@@ -1,6 +1,7 @@
 """The optimisation phases of a training step: old log-probs, the update, and what the update logs.
 
-:func:`dapo_cli.train.run_train` calls them in this order, after the batch has its advantages::
+:func:`dapo_cli.train.run_train` calls the first three in this order, after the batch has its advantages;
+:func:`~dapo_cli.train.records.record_step` calls the last when it records the step::
 
     old_log_probs_from_update(cfg)   one optimizer step? then the update's own forward is π_old's (config.schema)
     fill_old_log_probs               else: log π_old (+ entropy, + log π_ref for KL) without grad
@@ -162,7 +163,7 @@ def update_policy(
     """``objective`` minimised over ``ppo_epochs`` × mini-batches (by group) × micro-batches of ``trainer``; one
     optimizer step per mini-batch.
 
-    ``old_from_update`` (only where :func:`old_log_probs_from_update` holds: one optimizer step):
+    ``old_from_update`` (only where :func:`~dapo_cli.config.schema.old_log_probs_from_update` holds: one optimizer step):
     each micro-batch's forward also provides its rows' ``old_log_probs`` (its log-probs, detached)
     and ``entropy``, which are written into ``batch``; :func:`fill_old_log_probs` is not needed.
 
@@ -243,7 +244,7 @@ def micro_loss(
     its detached metrics (token means, and sequence means for :data:`~dapo_cli.algo.objectives.SEQUENCE_METRICS`)
     and the tokens and responses they are means over.
 
-    ``old_from_update``: this forward is π_old's (see :func:`old_log_probs_from_update`); its detached
+    ``old_from_update``: this forward is π_old's (see :func:`~dapo_cli.config.schema.old_log_probs_from_update`); its detached
     log-probs become ``micro.old_log_probs`` (ratio exactly 1) and its entropy ``micro.entropy``."""
     with_entropy = objective.with_entropy or old_from_update
     logp, ent = engine.log_probs(micro, temperature=objective.temperature, with_entropy=with_entropy)

@@ -19,10 +19,10 @@ with ``rollout.worker_threads`` torch threads and then serves *round requests* i
                 untrained round)
 
 Weights travel through one shared-memory copy of the state dict (``staging``), written by the trainer
-after every optimizer step and read by the worker before a round, under one lock; the version number
-beside it says which step's update they hold. A request made after ``after_update(version=v)`` is
-always generated with version ``v`` or newer (the copy is written before the request is queued), so
-``loop.collect_batch`` can always get a fresh round and never waits forever on stale ones.
+after each step's update (``WorkerRounds.after_update``) and read by the worker before a round, under one
+lock; the version number beside it says which step's update they hold. A request made after
+``after_update(version=v)`` is always generated with version ``v`` or newer (the copy is written before the
+request is queued), so ``loop.collect_batch`` can always get a fresh round and never waits forever on stale ones.
 
 What is lost on a crash or ``kill -9``: the rounds requested but not yet trained on (in the queue, being
 generated, or generated and waiting). The checkpoint records the prompt stream at the first prompt
