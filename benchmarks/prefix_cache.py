@@ -18,7 +18,7 @@ the weight change before every validation):
 
 Two workloads, each timed around the engine calls only (model load excluded):
 
-- **T1, one validation** (``Session.log_validation``): one ``generate`` of every problem x k;
+- **T1, one validation** (``TrainingSession.sync_and_validate``): one ``generate`` of every problem x k;
 - **T5, ``dapo eval``** (``eval.run.generate_records`` with ``dapo eval``'s defaults: whole problems, up to 64
   sequences a call, a seed per call): the same calls ``dapo eval --avg k`` makes, so later calls find the prefix
   cached by the first.

@@ -27,7 +27,7 @@ ratio as :math:`w_t`; here the weight is whichever rollout correction ``algorith
 (:mod:`dapo_cli.algo.rollout_correction`: by default min(ratio, C), the truncated importance weight of
 :mod:`dapo_cli.algo.importance` (Yao et al. 2025), which also absorbs the rollout engine's numerical mismatch;
 or a sequence-level weight, or a mask), and the clipped term is whichever policy loss ``algorithm.policy_loss``
-names (:mod:`dapo_cli.algo.objectives`: DAPO's above, GSPO's, CISPO's). With a lag of 0 on the rollout engine's own
+names (:mod:`dapo_cli.algo.objectives`: DAPO's above, GSPO's, CISPO's, GMPO's). With a lag of 0 on the rollout engine's own
 kernels :math:`w_t \\approx 1` and the objective is the policy loss's own.
 
 Shapes: ``N`` responses, ``B`` rows of a micro-batch, ``T`` response tokens.

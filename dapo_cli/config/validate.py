@@ -89,7 +89,7 @@ def check_engine(engine: EngineConfig) -> None:
 def lora_engine_problem(engine_name: str, lora_rank: int) -> str | None:
     """LoRA trains adapters on the torch engine only: the one place this rule is written. Validation reads it
     (:func:`lora_problem`), and so does ``components.build_training_engine``, which a config built in code reaches
-    without validation (``train.loop.train`` does not validate)."""
+    without validation (``train.loop.run_train`` does not validate)."""
     if lora_rank > 0 and engine_name != "torch":
         return f"model.lora.rank={lora_rank} trains adapters on the torch engine only; set engine.name=torch or model.lora.rank=0"
     return None
@@ -121,7 +121,7 @@ def check_world_size(data: DataConfig, world_size: int) -> None:
     """Every rank generates an equal share of each round's prompts.
 
     Mini-batches need no such condition: they are drawn from all ranks' groups, and a rank that
-    holds fewer of the chosen groups runs empty micro-batches in lockstep (``train.update_policy``).
+    holds fewer of the chosen groups runs empty micro-batches in lockstep (``train.update.update_policy``).
     """
     if world_size == 1:
         return

@@ -79,7 +79,8 @@ class TrainingEngine(Protocol):
 
     def generation_model(self) -> torch.nn.Module | None:
         """The live, unsharded module a rollout engine may sample with (no copy, no sync),
-        or None when parameters are sharded (ZeRO-3): then sync from :meth:`export_weights`."""
+        or None when parameters are sharded (ZeRO-3) or trained as LoRA adapters (the torch engine): then sync a private
+        copy from :meth:`export_weights`."""
         ...
 
     def export_weights(self) -> Iterator[tuple[str, torch.Tensor]]:

@@ -4,7 +4,7 @@
 projections, plus ``lm_head`` (tied or not: a matmul either way; the input embedding is a lookup). A forward costs
 ``2 N`` FLOPs per token, forward + backward ``6 N`` (attention's query-key work and element-wise work left out).
 ``benchmarks/flops.py`` counts its phases with the same ``N``; the trainer logs ``2 N`` per generated token and
-``6 N`` per trained token (``train/flops``, ``dapo_cli.train.loop.compute_metrics``).
+``6 N`` per trained token (``compute/flops``, ``dapo_cli.train.records.compute_metrics``).
 """
 
 from __future__ import annotations

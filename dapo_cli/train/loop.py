@@ -8,9 +8,10 @@ One step (DAPO Algorithm 1; Yu et al. 2025, arXiv:2503.14476)::
             ─algo.sampling──────────► keep groups with 0 < #correct < G; generate more rounds until full (Eq. 11)
             ─algo.advantages────────► Â per response (group-normalised)
             ─engine (no grad)───────► old log-probs, entropy
-            ─epochs × mini-batches × micro-batches: policy_loss (decoupled clip Eq. 10, token-level Eq. 12)
+            ─epochs × mini-batches × micro-batches: the run's Objective (objective.py; DAPO's: decoupled clip Eq. 10,
+                                                     token-level Eq. 12)
             ─engine.step────────────► rounds.after_update: the rollout engine (or the worker) gets the new weights
-            ─tracker.log_metrics (one batched call) / checkpoint / validate
+            ─records.record_step: tracker.log_metrics (one batched call) / checkpoint / validate
 
 Departures from the paper, each deliberate: (1) no KL term unless ``algorithm.use_kl_loss``
 (the paper removes it too); (2) when dynamic sampling runs out of generation rounds
@@ -21,7 +22,8 @@ without any informative group (every group all-right or all-wrong gives no gradi
 Asynchronous rollouts (``rollout.max_staleness = k > 0``, ``worker.py``): a worker process
 generates the next steps' rounds while the trainer updates; a round sampled more than ``k`` versions
 before the policy being updated is dropped, and the loss is the decoupled objective
-(``algo/staleness.py``: clip around the recomputed π_old, behaviour weight min(π_old / π_rollout, C)).
+(``algo/staleness.py``: clip around the recomputed π_old, each token weighted by ``algorithm.rollout_is.mode``'s
+correction, by default min(π_old / π_rollout, C)).
 
 Data parallel (``torchrun``): every rank runs this loop on its share of each round's
 prompts; the few places where ranks must agree go through ``engine.dist`` — the dynamic
@@ -204,22 +206,22 @@ def run_train(
     s = TrainingSession.open(cfg, resume=resume, verbosity=-1 if quiet else int(verbose))
     trainer, dist = cfg.trainer, s.dist
     old_from_update = old_log_probs_from_update(cfg)  # one optimizer step a batch: the update's forward is π_old's
-    step, logged = s.start_step, {}
+    step, logged = s.state.start_step, {}
     rounds: RoundSource | None = None
     try:
         with open_tracker(
             cfg.tracking, dist, s.display_name, tags=s.tags(command, extra_tags), parent_run_id=parent_run_id,
-            resume_run_id=s.mlflow_run_id,
+            resume_run_id=s.state.mlflow_run_id,
         ) as tracker:
             s.record_start(tracker)
             s.close_orphans(tracker)
             # inline, or a worker process generating ahead (rollout.worker / max_staleness); versions count steps
-            rounds = open_rounds(cfg, s.rollout, s.stream, dist, s.engine, model_path=s.model_path, version=s.start_step,
+            rounds = open_rounds(cfg, s.rollout, s.stream, dist, s.engine, model_path=s.model_path, version=s.state.start_step,
                                  worker=s.worker, worker_threads=s.worker_threads, pad_id=s.pad_id)
-            if s.start_step == 0:
-                s.log_validation(tracker, step=0)
+            if s.state.start_step == 0:
+                s.sync_and_validate(tracker, step=0)
             with s.reporter, stop_requests() as stop:
-                for step in range(s.start_step + 1, trainer.total_steps + 1):
+                for step in range(s.state.start_step + 1, trainer.total_steps + 1):
                     clock = StepClock(s.reporter, step)
                     # ---- the DAPO step (Algorithm 1): collect → advantages → old log-probs → update
                     with clock.phase("generate + score", "timing/gen_and_score"):
@@ -234,14 +236,14 @@ def run_train(
                         with clock.phase("update"):
                             metrics = update_policy(s.engine, batch, s.objective, trainer, step=step, old_from_update=old_from_update)
                         if not s.engine.params_finite():
-                            s.stop_non_finite(tracker, step)  # raises: nothing generates with NaN weights
+                            s.raise_non_finite(tracker, step)  # raises: nothing generates with NaN weights
                     synced = rounds.after_update(s.engine, step, updated=batch is not None)  # weights version `step`
                     s.count_barren(informative_step(batch, dist))
                     # ---- plumbing: record the step; validate and checkpoint when due; stop after a collapse
                     logged = record_step(s, tracker, step, collected, metrics, synced, clock)
                     saved = validate_and_save(s, tracker, rounds, step)
                     if s.collapsed:
-                        s.stop_collapsed(tracker, step)
+                        s.record_collapse(tracker, step)
                         break
                     if step < trainer.total_steps and stop_agreed(stop, dist):
                         save_for_stop(s, tracker, rounds, step, saved=saved, signal_name=stop.name or "SIGUSR2")
@@ -271,7 +273,7 @@ def validate_and_save(s: TrainingSession, tracker: Tracker, rounds: RoundSource,
     trainer = s.cfg.trainer
     last = step if s.collapsed else trainer.total_steps
     if due(step, trainer.test_freq, last):
-        s.log_validation(tracker, step=step)
+        s.sync_and_validate(tracker, step=step)
     if not due(step, trainer.save_freq, last):
         return False
     with sigint_deferred():  # Ctrl-C stops the run after this checkpoint, not inside it

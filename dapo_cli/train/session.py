@@ -44,6 +44,7 @@ from dapo_cli.progress import QUIET, StepReporter
 from dapo_cli.redact import escape_controls
 from dapo_cli.rollout.base import RolloutEngine
 from dapo_cli.runs import derive_seed, read_model_info, read_run_data, run_tags, upload_model
+from dapo_cli.resume_state import TrainerState
 from dapo_cli.tracking.base import Tracker
 from dapo_cli.train.objective import Objective, build_objective
 from dapo_cli.train.rounds import sampling_params
@@ -154,7 +155,43 @@ def read_saved_config(path: Path) -> dict[str, Any]:
 
 
 @dataclasses.dataclass
+class RunState:
+    """What changes as a run goes and what its checkpoints keep: :meth:`TrainingSession.save` writes exactly these
+    (with the prompt stream's position and the world size), :meth:`TrainingSession.restore` reads them back."""
+
+    start_step: int = 0
+    """The step this process starts after (the checkpoint's step after a resume, else 0)."""
+    barren_steps: int = 0
+    """Steps in a row without an informative group (:meth:`TrainingSession.count_barren`): a resume continues it."""
+    mlflow_run_id: str | None = None
+    base_val: float | None = None
+    """The step-0 validation's avg@k."""
+    last_val: float | None = None
+    """The latest validation's avg@k."""
+
+    def saved(self) -> dict[str, Any]:
+        """The trainer-state entries a checkpoint writes for it (beside ``stream`` and ``world_size``)."""
+        return {"barren_steps": self.barren_steps, "mlflow_run_id": self.mlflow_run_id or "", "base_val": self.base_val,
+                "last_val": self.last_val}
+
+    @classmethod
+    def from_saved(cls, saved: TrainerState) -> RunState:
+        """A checkpoint's checked trainer state (:mod:`dapo_cli.resume_state`) as the state to continue from."""
+        return cls(start_step=saved.step, barren_steps=saved.barren_steps, mlflow_run_id=saved.mlflow_run_id,
+                   base_val=saved.base_val, last_val=saved.last_val)
+
+
+@dataclasses.dataclass
 class TrainingSession:
+    """One training run's parts, built (or restored) once by :meth:`open`, and its :class:`RunState`.
+
+    The run: its config, name, directory (held by ``claim``), the policy it loaded (``model_path``,
+    ``model_info``) and its data (``stream``, the validation set, ``manifest``). Its parts: the tokenizer, the
+    training ``engine``, the ``rollout`` engine, the ``objective``, the checkpoint manager, the progress
+    ``reporter`` and the process group ``dist``; ``worker`` / ``worker_threads`` are decided once here. What
+    changes is in ``state`` (checkpointed) and ``stopped`` (why the run stopped early, for its summary). Methods
+    named ``record_*`` record and return; ``raise_*`` raise."""
+
     cfg: Config
     run_name: str
     run_dir: Path
@@ -172,19 +209,14 @@ class TrainingSession:
     """What the update minimises, every setting bound once (:func:`~dapo_cli.train.objective.build_objective`)."""
     dist: Collective = dataclasses.field(default_factory=SingleProcess)
     claim: RunClaim | None = None
-    stopped: str | None = None
-    start_step: int = 0
-    barren_steps: int = 0
-    """Steps in a row without an informative group (:meth:`count_barren`); checkpointed, so a resume continues it."""
-    mlflow_run_id: str | None = None
-    base_val: float | None = None
-    last_val: float | None = None
     model_path: str = ""
     """The weights the run's policy was loaded from (the checkpoint's ``model/`` after a resume)."""
     worker: bool = False
     """Training rollouts come from the worker process (``config.schema.uses_worker``), decided once here."""
     worker_threads: int = 1
     """The worker process's torch threads (``config.schema.thread_split``; the trainer has the rest)."""
+    state: RunState = dataclasses.field(default_factory=RunState)
+    stopped: str | None = None
 
     @property
     def display_name(self) -> str:
@@ -299,11 +331,7 @@ class TrainingSession:
             self.rollout.sync_weights(self.engine)
         self.stream.load_state_dict(saved.stream)
         set_rng_state(rng)
-        self.start_step = saved.step
-        self.barren_steps = saved.barren_steps
-        self.mlflow_run_id = saved.mlflow_run_id
-        self.base_val = saved.base_val
-        self.last_val = saved.last_val
+        self.state = RunState.from_saved(saved)
 
     def close(self) -> None:
         """Release the run directory and the rollout engine; leave the process group (and any DeepSpeed
@@ -326,9 +354,9 @@ class TrainingSession:
         }
 
     def record_start(self, tracker: Tracker) -> None:
-        self.mlflow_run_id = tracker.run_id or None
-        if self.start_step > 0:
-            tracker.set_tags({"dapo.resumed_from_step": str(self.start_step)})
+        self.state.mlflow_run_id = tracker.run_id or None
+        if self.state.start_step > 0:
+            tracker.set_tags({"dapo.resumed_from_step": str(self.state.start_step)})
             return
         if not self.dist.is_main:
             return
@@ -348,7 +376,10 @@ class TrainingSession:
                 if isinstance(self.model_info.get(key), (int, float)):
                     tracker.log_metrics({f"model/{key}": float(self.model_info[key])}, step=0)
 
-    def log_validation(self, tracker: Tracker, *, step: int) -> dict[str, float]:
+    def sync_and_validate(self, tracker: Tracker, *, step: int) -> dict[str, float]:
+        """Validate at ``step`` and record it (avg@k and the per-problem table; the base and latest accuracies in
+        :attr:`state`). With the worker process the trainer's own rollout engine only validates: its private copy
+        of the weights is synced first."""
         from dapo_cli.eval.metrics import tracking_metrics
         from dapo_cli.eval.run import evaluate_problems
 
@@ -375,19 +406,19 @@ class TrainingSession:
         acc = result.metrics.get(f"avg@{v.k}")
         if acc is not None:
             if step == 0:
-                self.base_val = float(acc)
-            self.last_val = float(acc)
+                self.state.base_val = float(acc)
+            self.state.last_val = float(acc)
         self.reporter.note(f"step {step}: val avg@{v.k} = {acc:.3f} on {len(self.val_problems)} problems")
         return metrics
 
     def count_barren(self, informative: bool) -> None:
         """Step done: the count of steps in a row without an informative group goes up by one, or back to 0."""
-        self.barren_steps = 0 if informative else self.barren_steps + 1
+        self.state.barren_steps = 0 if informative else self.state.barren_steps + 1
 
     @property
     def collapsed(self) -> bool:
         """``trainer.collapse_patience`` (> 0) steps in a row without an informative group: the run stops."""
-        return 0 < self.cfg.trainer.collapse_patience <= self.barren_steps
+        return 0 < self.cfg.trainer.collapse_patience <= self.state.barren_steps
 
     def save(self, step: int, tracker: Tracker | None, *, stream_state: dict[str, int] | None = None) -> Path:
         """Checkpoint step ``step``; ``tracker``: the run's, flushed first and given the checkpoint's run info (None:
@@ -399,10 +430,7 @@ class TrainingSession:
         self.reporter.phase(step, "checkpoint")
         state = {
             "stream": stream_state if stream_state is not None else self.stream.state_dict(),
-            "barren_steps": self.barren_steps,
-            "mlflow_run_id": self.mlflow_run_id or "",
-            "base_val": self.base_val,
-            "last_val": self.last_val,
+            **self.state.saved(),
             "world_size": self.dist.world_size,
         }
         if tracker is not None:  # the step's metrics are in the store before its checkpoint exists: a resume from it
@@ -410,7 +438,7 @@ class TrainingSession:
             # wait for it (the records stay queued, written when it is back; lost only if this process dies first)
             tracker.flush(unless_down=True)
         run_info = {  # model/dapo_run.json: `dapo eval` of these weights links its run to this one
-            "mlflow_run_id": self.mlflow_run_id or "", "experiment": self.cfg.tracking.experiment,
+            "mlflow_run_id": self.state.mlflow_run_id or "", "experiment": self.cfg.tracking.experiment,
             "tracking_uri": tracker.tracking_uri if tracker is not None else "", "run_name": self.display_name,
             "run_dir": str(self.run_dir.resolve()),
         }
@@ -431,17 +459,19 @@ class TrainingSession:
         if self.model_info and self.dist.is_main:
             write_text_atomic(directory / "model" / "dapo_model.json", json.dumps(self.model_info, indent=2) + "\n")
 
-    def stop_collapsed(self, tracker: Tracker, step: int) -> None:
+    def record_collapse(self, tracker: Tracker, step: int) -> None:
+        """The run collapsed (:attr:`collapsed`) at ``step``: tag it, keep the reason for the summary, say it; the loop stops."""
         msg = (
-            f"stopped at step {step}: {self.barren_steps} steps in a row without an informative group "
+            f"stopped at step {step}: {self.state.barren_steps} steps in a row without an informative group "
             "(every group all-correct or all-wrong); lower trainer.lr or check the reward"
         )
         tracker.set_tags({"dapo.stopped": "collapse"})
         self.stopped = msg
         self.reporter.note(msg)
 
-    def stop_non_finite(self, tracker: Tracker, step: int) -> None:
-        """Parameters went NaN/Inf in step ``step``'s update: stop before generating with them."""
+    def raise_non_finite(self, tracker: Tracker, step: int) -> None:
+        """Parameters went NaN/Inf in step ``step``'s update: tag the run and raise :class:`RunStopped`, before
+        anything generates with them."""
         good = self.ckpt.latest()
         where = f"the last good checkpoint is {good}" if good else "no checkpoint was written"
         tracker.set_tags({"dapo.stopped": "non_finite"})
@@ -473,17 +503,17 @@ class TrainingSession:
         summary: dict[str, Any] = {
             "run_name": self.run_name,
             "run_dir": str(self.run_dir),
-            "mlflow_run_id": self.mlflow_run_id,
+            "mlflow_run_id": self.state.mlflow_run_id,
             "tracking_uri": tracker.tracking_uri or None,
             "checkpoint": str(latest / "model") if latest else None,
-            "base_val": self.base_val,
-            "final_val": self.last_val,
+            "base_val": self.state.base_val,
+            "final_val": self.state.last_val,
             "stopped": self.stopped,
             "last_step_metrics": dict(last_metrics or {}),
         }
-        if self.base_val is not None and self.last_val is not None:
+        if self.state.base_val is not None and self.state.last_val is not None:
             tracker.log_metrics(
-                {"final/val_acc": self.last_val, "final/base_val_acc": self.base_val, "final/val_gain": self.last_val - self.base_val},
+                {"final/val_acc": self.state.last_val, "final/base_val_acc": self.state.base_val, "final/val_gain": self.state.last_val - self.state.base_val},
                 step=self.cfg.trainer.total_steps,
             )
         if latest is not None:

@@ -170,17 +170,17 @@ def test_step_metrics_report_the_length_spread_and_what_truncation_cuts():
 
 
 def test_the_session_counts_barren_steps_and_says_when_the_run_collapsed():
-    from dapo_cli.train.session import TrainingSession
+    from dapo_cli.train.session import RunState, TrainingSession
 
     s = object.__new__(TrainingSession)  # only the counter's state: no engines
-    s.cfg, s.barren_steps = load_config(None, ["trainer.collapse_patience=2"]), 0
+    s.cfg, s.state = load_config(None, ["trainer.collapse_patience=2"]), RunState()
     s.count_barren(False)
-    assert (s.barren_steps, s.collapsed) == (1, False)
+    assert (s.state.barren_steps, s.collapsed) == (1, False)
     s.count_barren(False)
-    assert (s.barren_steps, s.collapsed) == (2, True)
+    assert (s.state.barren_steps, s.collapsed) == (2, True)
     s.count_barren(True)
-    assert (s.barren_steps, s.collapsed) == (0, False)
-    s.cfg.trainer.collapse_patience, s.barren_steps = 0, 99  # 0: the guard is off
+    assert (s.state.barren_steps, s.collapsed) == (0, False)
+    s.cfg.trainer.collapse_patience, s.state.barren_steps = 0, 99  # 0: the guard is off
     assert not s.collapsed
 
 
@@ -217,3 +217,15 @@ def test_a_phase_says_what_runs_and_times_it_from_the_previous_lap(monkeypatch):
         pass
     assert reporter.said == [(3, "generate + score"), (3, "update")]
     assert clock.laps == {"timing/gen_and_score": 4.0, "timing/old_log_prob": 5.0}
+
+
+def test_the_run_state_is_what_a_checkpoint_writes_and_a_resume_reads() -> None:
+    from dapo_cli.resume_state import TrainerState
+    from dapo_cli.train.session import RunState
+
+    state = RunState(start_step=0, barren_steps=2, mlflow_run_id="abc", base_val=0.25, last_val=0.5)
+    saved = state.saved()
+    assert saved == {"barren_steps": 2, "mlflow_run_id": "abc", "base_val": 0.25, "last_val": 0.5}
+    # a checkpoint at step 7 read back (the checked state): the same values, the run continuing after step 7
+    back = RunState.from_saved(TrainerState(step=7, stream={"epoch": 0, "position": 3}, **{**saved, "mlflow_run_id": "abc"}))
+    assert back == RunState(start_step=7, barren_steps=2, mlflow_run_id="abc", base_val=0.25, last_val=0.5)
