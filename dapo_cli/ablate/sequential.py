@@ -148,19 +148,27 @@ class Wave:
     seeds: int
     trained: list[str]
     decisions: dict[tuple[str, str], Decision]
+    pending: int = 0
+    """Children of this wave not finished yet (a report of a run in progress): its decisions are the previous wave's."""
 
 
 def run_waves(variants: Sequence[str], comparisons: Sequence[tuple[str, str]], looks: Sequence[int],
               equivalence: float, train_wave, diffs_of) -> list[Wave]:
     """The rule's loop. ``train_wave(n, names, before)`` trains seeds ``before..n-1`` of ``names`` (every variant's
-    seeds below ``before`` already trained); ``diffs_of(variant, vs)`` returns the paired by-seed differences in
-    points. A comparison once decided keeps its decision (and its wave); the loop stops when none is open."""
+    seeds below ``before`` already trained), or returns how many of those children have not finished (a replay of a
+    run in progress: the loop ends with that wave pending, decided as the one before it); ``diffs_of(variant, vs)``
+    returns the paired by-seed differences in points. A comparison once decided keeps its decision (and its wave);
+    the loop stops when none is open."""
     levels = look_levels(looks)
     decided: dict[tuple[str, str], Decision] = {}
     waves: list[Wave] = []
     needed, before = list(variants), 0
     for k, (n, level) in enumerate(zip(looks, levels), 1):
-        train_wave(n, needed, before)
+        pending = train_wave(n, needed, before)
+        if pending:
+            carried = waves[-1].decisions if waves else {pair: Decision("open", k, 0, math.nan, math.nan) for pair in comparisons}
+            waves.append(Wave(k, n, list(needed), dict(carried), pending=int(pending)))
+            break
         now = dict(decided)
         for pair in comparisons:
             if pair in decided:
@@ -182,6 +190,10 @@ def stop_line(waves: Sequence[Wave], equivalence: float) -> str:
     if not waves:
         return "stopped before any wave"
     last = waves[-1]
+    if last.pending:
+        wanted = len(last.trained) * (last.seeds - (waves[-2].seeds if len(waves) > 1 else 0))
+        return (f"in progress: wave {last.look} ({last.seeds} seeds) has {wanted - last.pending} of {wanted} children "
+                "finished; its decisions come when all have (until then each comparison keeps the previous wave's)")
     still = [d for d in last.decisions.values() if d.verdict == "open"]
     if not still:
         return f"stopped at wave {last.look}: every comparison decided"
@@ -247,12 +259,14 @@ def seed_diffs(avg: Mapping[tuple[str, int], float], seeds: Sequence[int], varia
 def replay(setup: Setup, names: Sequence[str], avg: Mapping[tuple[str, int], float]) -> list[Wave]:
     """The waves a ``--seeds auto`` run went through, decided again from its children's final avg@K (points) keyed
     ``(variant, seed)``: look ``k`` reads the first ``looks[k]`` seeds, as the run did. The rule is deterministic and
-    a variant has a seed only if the run trained it, so this is the run's own sequence of decisions."""
+    a variant has a seed only if the run trained it, so this is the run's own sequence of decisions. A wave whose
+    children have not all finished (the run is in progress) ends the replay, pending (:attr:`Wave.pending`)."""
     looks = list(setup.looks)  # every look within the recorded seeds (Setup.from_tag checks it)
     now = {"n": looks[0]}
 
-    def train_wave(n: int, wanted: list[str], before: int) -> None:
+    def train_wave(n: int, wanted: list[str], before: int) -> int:
         now["n"] = n
+        return sum((v, s) not in avg for v in wanted for s in setup.seeds[before:n])
 
     def diffs_of(variant: str, vs: str) -> list[float]:
         return seed_diffs(avg, setup.seeds[:now["n"]], variant, vs)
@@ -274,9 +288,9 @@ def wave_rows(waves: Sequence[Wave], setup: Setup, variants: int) -> list[dict[s
     levels = look_levels(list(setup.looks))
     rows, run = [], 0
     for i, w in enumerate(waves):
-        run += (w.seeds - (waves[i - 1].seeds if i else 0)) * len(w.trained)
+        run += (w.seeds - (waves[i - 1].seeds if i else 0)) * len(w.trained) - w.pending
         counts = {v: sum(d.verdict == v for d in w.decisions.values()) for v in ("different", "equivalent", "open")}
-        rows.append({"wave": str(w.look), "seeds": str(w.seeds), "level α_k": f"{levels[i]:.5f}",
+        rows.append({"wave": f"{w.look} (in progress)" if w.pending else str(w.look), "seeds": str(w.seeds), "level α_k": f"{levels[i]:.5f}",
                      "trained": ", ".join(w.trained), **{k: str(v) for k, v in counts.items()},
                      "children so far": f"{run} of {variants * setup.looks[-1]}"})
     return rows

@@ -202,3 +202,20 @@ def test_with_an_axis_rungs_are_compared_within_their_setting_and_each_variant_w
     assert comparison_pairs([f"a{g}", f"b{g}", f"b{d}"], False) == [(f"b{g}", f"a{g}"), (f"b{d}", f"b{g}")]
     # no axis: as before
     assert comparison_pairs(["a", "b", "c"], True) == [("b", "a"), ("c", "b"), ("c", "a")]
+
+
+def test_a_report_of_a_run_in_progress_shows_its_wave_pending_not_decided() -> None:
+    from dapo_cli.ablate.sequential import Setup, decision_rows, replay, stop_line, wave_rows
+
+    setup = Setup(seeds=(0, 1, 2, 3, 4), looks=(3, 5), equivalence=3.0, ladder=True)
+    # seed 0 of both variants and seed 1 of one finished: 3 of the first wave's 6 children
+    avg = {("a", 0): 20.0, ("b", 0): 60.0, ("a", 1): 21.0}
+    [wave] = replay(setup, ["a", "b"], avg)
+    assert (wave.look, wave.seeds, wave.pending) == (1, 3, 3)
+    assert [r["decision"] for r in decision_rows([wave])] == ["open"]  # nothing decided before the wave is whole
+    assert stop_line([wave], 3.0).startswith("in progress: wave 1 (3 seeds) has 3 of 6 children finished")
+    assert wave_rows([wave], setup, 2)[0]["wave"] == "1 (in progress)" and wave_rows([wave], setup, 2)[0]["children so far"] == "3 of 10"
+    # the first wave whole and far apart: decided at wave 1 (b − a = +40 on every seed: sd 0), no wave pending
+    whole = {**avg, ("b", 1): 61.0, ("a", 2): 19.0, ("b", 2): 59.0}
+    waves = replay(setup, ["a", "b"], whole)
+    assert [w.pending for w in waves] == [0] and decision_rows(waves)[0]["decision"] == "different"
