@@ -39,7 +39,6 @@ class Objective:
     entropy and plus ``kl_coef`` x the ``kl_type`` KL to the reference when ``use_kl``. Log-probs are taken at
     ``temperature``."""
 
-    loss_name: str
     loss: PolicyLoss
     loss_args: Mapping[str, Any]
     agg_mode: str
@@ -103,7 +102,6 @@ def build_objective(cfg: Config) -> Objective:
     algo = cfg.algorithm
     corrected = behaviour_correction(cfg)
     return Objective(
-        loss_name=algo.policy_loss,
         loss=get_policy_loss(algo.policy_loss),
         loss_args=loss_args(cfg),
         agg_mode=algo.loss_agg_mode,
