@@ -111,7 +111,8 @@ def stop_and_reap(proc: subprocess.Popen[bytes]) -> None:
 
 class ChildJob:
     """The job's callable: run the child's command (``argv``, environment ours + ``extra_env``, in ``cwd``) to
-    its end; its exit code, :class:`ChildFailed` when it failed (any non-zero code but the collapse guard's).
+    its end; its exit code, :class:`ChildFailed` when it failed (any non-zero code but the collapse guard's; a
+    signal that stops a child which had written ``summary.json`` is no failure: its run is complete).
 
     :meth:`checkpoint` makes it requeueable: submitit calls it in the job's process on Slurm's warning
     signal; it stops the child (which saves a checkpoint at the step it is in) and returns this job again,
@@ -140,10 +141,13 @@ class ChildJob:
             return self.argv
         from dapo_cli.checkpoint import CheckpointManager
 
-        run_dir = Path(self.cwd) / self.run_dir
-        if (run_dir / "summary.json").is_file():
+        if self.run_finished():
             return None
-        return self.resume_argv if CheckpointManager(run_dir).latest() is not None else self.argv
+        return self.resume_argv if CheckpointManager(Path(self.cwd) / self.run_dir).latest() is not None else self.argv
+
+    def run_finished(self) -> bool:
+        """The child wrote ``summary.json``, its last act: its run is complete, whatever ends its process after."""
+        return (Path(self.cwd) / self.run_dir / "summary.json").is_file()
 
     def __call__(self) -> int:
         argv = self.command()
@@ -153,6 +157,9 @@ class ChildJob:
         print(f"dapo ablate child {self.name}: {shlex.join(argv)}", flush=True)  # the first line of the job's log
         self._proc = subprocess.Popen(argv, env={**os.environ, **self.extra_env}, cwd=self.cwd)
         code = self._proc.wait()
+        if (code < 0 or code == PREEMPTED) and self.run_finished():  # the signal came as the finished child exited
+            print(f"dapo ablate child {self.name}: finished its run before the signal stopped it (exit {code})", flush=True)
+            return 0
         if code == PREEMPTED:  # stopped by a stop request that did not reach this process: nothing requeues it here
             raise ChildFailed(f"child {self.name} stopped on a scheduler's signal (exit {PREEMPTED}) and was not requeued; "
                               "its checkpoint is kept")

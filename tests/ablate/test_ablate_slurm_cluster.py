@@ -132,8 +132,9 @@ def checkpoints(work: Path, child: str) -> list[str]:
 def test_a_cancelled_child_is_named_and_the_rerun_resumes_only_it(tmp_path, tiny_model_dir, slurm):
     """scancel of one running child (after its first checkpoint): the driver waits for the others, then fails with
     one line naming the cancelled child and its job; the same command again skips the three that finished and
-    resumes that one from its checkpoint, as a new job."""
-    config = write_config(tmp_path, tiny_model_dir, steps=6)
+    resumes that one from its checkpoint, as a new job. 20 steps (~1 s each): the cancel lands mid-run, not as the
+    child ends (with 6 a loaded machine let grpo-s1 finish first; its run then counts as finished)."""
+    config = write_config(tmp_path, tiny_model_dir, steps=20)
     driver = subprocess.Popen(ablate_argv(config), cwd=tmp_path, env=env(), stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
     try:

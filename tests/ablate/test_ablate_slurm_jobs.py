@@ -105,6 +105,16 @@ def test_on_the_warning_signal_the_child_stops_and_the_requeued_job_resumes_it(t
     assert nxt.command() is None and nxt() == 0  # finished as the warning came: nothing to run, the job completes
 
 
+def test_a_signal_after_the_child_finished_its_run_is_not_a_failure(tmp_path: Path, capsys) -> None:
+    """scancel landing while a finished child exits (summary.json written, its last act): the job completes, as the
+    rerun would skip the child anyway. Without summary.json the same signal is a failure (the test below)."""
+    write_then_die = ("import os, pathlib, signal; p = pathlib.Path('run'); p.mkdir(); (p / 'summary.json').write_text('{}'); "
+                      "os.kill(os.getpid(), signal.SIGTERM)")
+    job = ChildJob("abl/grpo-s1", [sys.executable, "-c", write_then_die], [], {}, str(tmp_path), "run")
+    assert job() == 0
+    assert "abl/grpo-s1: finished its run before the signal stopped it (exit -15)" in capsys.readouterr().out
+
+
 def test_a_child_killed_by_a_signal_is_named_as_stopped(tmp_path: Path) -> None:
     job = ChildJob("abl/grpo-s0", [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGTERM)"],
                    [], {}, str(tmp_path), "run")
