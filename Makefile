@@ -35,7 +35,7 @@ TF4_STAMP := $(TF4)/.installed-tf4
 VLLM       := .venv-vllm
 VLLM_STAMP := $(VLLM)/.installed-vllm
 
-.PHONY: demo test test-cluster test-fast fresh-check bench gpu-check setup clean venv-tf4 venv-vllm smollm2 fetch-smollm2
+.PHONY: demo test test-core test-cluster test-fast fresh-check bench gpu-check setup clean venv-tf4 venv-vllm smollm2 fetch-smollm2
 
 # Where dapo caches models (dapo_cli.models.loading.default_cache_dir): $DAPO_CACHE, else ~/.cache/dapo.
 WHEELS = "$${DAPO_CACHE:-$$HOME/.cache/dapo}/wheels"
@@ -64,14 +64,19 @@ demo: $(CORE)
 # The suite in .venv, then in .venv-vllm the vllm-marked tests (conformance, weight sync, train/eval/ablate
 # end to end on vLLM's CPU build), the gguf-marked ones (the GGUF import, the real SmolLM2 model) and the
 # lora-marked ones (PEFT: it imports accelerate, which must not sit next to .venv's DeepSpeed).
-# The three venvs install side by side (pip is mostly one core each; `make -j3` under this recipe), then
-# each pytest call spreads its tests over $(TEST_JOBS) processes (pytest-xdist; a module's tests stay
-# together, so a module's vLLM engine starts once).
+# .venv and .venv-tf4 install side by side (pip is mostly one core each); then the .venv suite starts while
+# .venv-vllm, the longest install (~85 s of the ~90 s the three take in a fresh clone), builds beside it
+# (`make -j2` of test-core and the stamp); each pytest call spreads its tests over $(TEST_JOBS) processes
+# (pytest-xdist; a module's tests stay together, so a module's vLLM engine starts once).
 test:
-	$(MAKE) --no-print-directory -j3 $(STAMP) $(TF4_STAMP) $(VLLM_STAMP)
+	$(MAKE) --no-print-directory -j2 $(STAMP) $(TF4_STAMP)
 	$(MAKE) --no-print-directory fetch-smollm2
-	$(PY) -m pytest -m "not vllm and not gguf and not lora and not cluster" -n $(TEST_JOBS) --dist loadscope --durations=10
+	$(MAKE) --no-print-directory -j2 test-core $(VLLM_STAMP)
 	$(VLLM)/bin/python -m pytest -m "vllm or gguf or lora" -n $(TEST_JOBS) --dist loadscope --durations=10
+
+# `make test`'s first part: every test but the vLLM, GGUF, LoRA and cluster ones, in .venv.
+test-core: $(STAMP) $(TF4_STAMP)
+	$(PY) -m pytest -m "not vllm and not gguf and not lora and not cluster" -n $(TEST_JOBS) --dist loadscope --durations=10
 
 # The cluster path on real parts (issue 50): Slurm's daemons started by .ci/slurm-up and stopped by .ci/slurm-down
 # whatever the tests did; mlflow servers started by the tests themselves. Needs root (packages, daemons).

@@ -69,15 +69,19 @@ def test_the_base_policy_gives_the_overlong_token_level_and_dynamic_sampling_tec
 
 
 def test_several_updates_a_rollout_make_the_clip_bind_in_the_grpo_rung(cfg, smollm2_dir: Path, tmp_path: Path) -> None:
-    # one step of the yaml's batch and updates (8 prompts x 8, 8 mini-batches), validation shrunk to 2 problems
-    sets = {"trainer.total_steps": 1, "data.synthetic_val_size": 2, "trainer.log_samples_freq": 0,
-            "trainer.output_dir": str(tmp_path / "runs"), "tracking.tracking_uri": store_uri(tmp_path)}
+    # one step of the yaml's settings on half its batch (4 prompts x 8 in 4 mini-batches of the yaml's size: the
+    # full 8 x 8 took 90 s of `make test`), validation shrunk to 2 problems
+    assert cfg.data.train_batch_size // cfg.trainer.ppo_mini_batch_size == 8  # the yaml: 8 updates a rollout
+    prompts = cfg.data.train_batch_size // 2
+    sets = {"trainer.total_steps": 1, "data.train_batch_size": prompts, "data.synthetic_val_size": 2,
+            "trainer.log_samples_freq": 0, "trainer.output_dir": str(tmp_path / "runs"),
+            "tracking.tracking_uri": store_uri(tmp_path)}
     args = ["train", str(EXPERIMENT), *GRPO, *[a for k, v in sets.items() for a in ("--set", f"{k}={v}")]]
     result = subprocess.run([sys.executable, "-m", "dapo_cli", *args], capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     _, [run] = experiment_runs(tmp_path, cfg.tracking.experiment)
     m = run.data.metrics
-    updates = cfg.data.train_batch_size // cfg.trainer.ppo_mini_batch_size
-    assert updates == 8 and m["train/batch_responses"] == 64
+    assert m["actor/num_updates"] == prompts // cfg.trainer.ppo_mini_batch_size == 4
+    assert m["train/batch_responses"] == prompts * cfg.rollout.n == 32
     # after the first mini-batch the policy has moved: the ratio leaves 1 and the symmetric clip (0.2) binds
     assert m["actor/ppo_kl"] > 0 and m["actor/pg_clipfrac"] > 0, {k: v for k, v in m.items() if k.startswith("actor/")}
