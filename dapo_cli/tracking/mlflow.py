@@ -69,13 +69,15 @@ MLFLOW_TABLES = frozenset({"alembic_version", "experiments", "runs"})
 """Tables every MLflow SQLite store has (its schema migrations create them first)."""
 
 
-def sqlite_store_problem(db: Path) -> str | None:
+def sqlite_store_problem(db: Path, *, tables: bool = True) -> str | None:
     """What keeps the file ``db`` from being an MLflow store, or None (no file yet, an empty file, or a store).
 
     Refused before MLflow opens it, because MLflow would otherwise run its schema migrations on whatever
     the URI names: a text file or a corrupt database (a traceback and a stray ``.lock``), a FIFO or a device
     (a hang), another program's SQLite database (66 tables added to it). The checks read the 16-byte header
-    and, for a SQLite file, its table names through a read-only connection; nothing is written.
+    and, unless ``tables`` is False, the table names through a read-only connection; nothing is written.
+    The table check belongs under the store's lock: a store another process is creating has MLflow's first
+    tables and not yet ``alembic_version``, which looks like another program's database for a moment.
     """
     import sqlite3
     import stat
@@ -97,6 +99,8 @@ def sqlite_store_problem(db: Path) -> str | None:
         return f"cannot read {db}: {exc.strerror or exc}"
     if head != SQLITE_MAGIC:
         return f"{db} is not a SQLite database (it does not start with SQLite's header); name a new file or an MLflow store"
+    if not tables:
+        return None
     try:
         with contextlib.closing(sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True)) as conn:
             tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
@@ -131,7 +135,7 @@ def _client(uri: str, *, must_exist: bool = False):
 
     from sqlalchemy.exc import SQLAlchemyError
 
-    problem = sqlite_store_problem(db)
+    problem = sqlite_store_problem(db, tables=False)  # a FIFO or a text file is refused before a lock file is made
     if problem:
         raise UserError(f"MLflow store {redact(uri)}: {problem}")
     lock_file = db.resolve().with_name(db.name + ".lock")
@@ -140,6 +144,11 @@ def _client(uri: str, *, must_exist: bool = False):
         db.resolve().parent.mkdir(parents=True, exist_ok=True)
         with open(lock_file, "a+") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
+            problem = sqlite_store_problem(db)  # under the lock: a store being created by another process is whole now
+            if problem:
+                if not lock_existed:
+                    lock_file.unlink(missing_ok=True)
+                raise UserError(f"MLflow store {redact(uri)}: {problem}")
             client = MlflowClient(tracking_uri=connect)
             client.search_experiments(max_results=1)  # creates and migrates the schema, inside the lock
     except (OSError, MlflowException, SQLAlchemyError) as exc:

@@ -319,6 +319,61 @@ def test_sqlite_store_problem_reads_the_header_and_the_table_names_and_writes_no
     assert "is a damaged SQLite database" in sqlite_store_problem(tmp_path / "damaged.db")
 
 
+def test_a_store_another_process_is_creating_is_waited_for_not_refused(tmp_path: Path) -> None:
+    # CI caught two `dapo train` started together on a fresh store: one exited 2 with "not an MLflow store (its
+    # tables: experiments, metrics, params, runs, tags)". MLflow creates those tables first and alembic_version
+    # after, all while the first process holds the store's lock; the second read the table names before taking
+    # the lock. Here this test is that first process: it holds the lock over a half-made store, and the opener
+    # must wait for the lock, then find the finished store.
+    import fcntl
+    import os
+    import sqlite3
+    import threading
+
+    from dapo_cli.tracking.mlflow import open_client
+
+    db = tmp_path / "mlflow.db"
+    with sqlite3.connect(db) as conn:
+        for table in ("experiments", "metrics", "params", "runs", "tags"):
+            conn.execute(f"CREATE TABLE {table} (x)")
+    conn.close()
+    outcome: list[object] = []
+    with open(tmp_path / "mlflow.db.lock", "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        opener = threading.Thread(target=lambda: outcome.append(_outcome(lambda: open_client(f"sqlite:///{db}", create=True))))
+        opener.start()
+        opener.join(timeout=1.0)
+        assert opener.is_alive() and outcome == [], outcome  # waiting on the lock, not refused before it
+        finished = tmp_path / "made" / "mlflow.db"
+        open_client(f"sqlite:///{finished}", create=True)  # the "other process" finishes its migration
+        os.replace(finished, db)
+    opener.join(timeout=60)
+    assert len(outcome) == 1 and not isinstance(outcome[0], BaseException), outcome
+    assert [e.name for e in outcome[0].search_experiments()] == ["Default"]
+
+
+def test_another_programs_database_is_refused_under_the_lock_and_leaves_no_lock_file(tmp_path: Path) -> None:
+    import sqlite3
+
+    from dapo_cli.errors import UserError
+    from dapo_cli.tracking.mlflow import open_client
+
+    other = tmp_path / "other.db"
+    with sqlite3.connect(other) as conn:
+        conn.execute("CREATE TABLE users (id INTEGER PRIMARY KEY)")
+    conn.close()
+    with pytest.raises(UserError, match=r"other\.db is a SQLite database but not an MLflow store \(its tables: users\)"):
+        open_client(f"sqlite:///{other}", create=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other.db"]
+
+
+def _outcome(call: Any) -> object:
+    try:
+        return call()
+    except BaseException as exc:  # noqa: BLE001 - the test reads what the thread raised
+        return exc
+
+
 def test_a_relative_sqlite_store_is_the_one_in_the_current_directory_after_a_chdir(tmp_path, monkeypatch) -> None:
     # MLflow keeps one store per URI text for the whole process: opened as sqlite:///mlflow.db in a/, the same
     # text in b/ kept reading and writing a/mlflow.db (an eval in one test wrote into another test's store)
