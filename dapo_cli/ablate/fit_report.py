@@ -275,6 +275,8 @@ def plot_fits(report: AblationReport, out_dir: Path) -> Path:
     import numpy as np
     from matplotlib.figure import Figure
 
+    from dapo_cli.ablate.plots import legend_label
+
     fig = Figure(figsize=(6.4, 4.0))
     fig.subplots_adjust(left=0.12, right=0.97, top=0.92, bottom=0.12)
     ax = fig.add_subplot()
@@ -282,7 +284,7 @@ def plot_fits(report: AblationReport, out_dir: Path) -> Path:
         colour = f"C{i % 10}"
         for j, ch in enumerate(c for c in report.children if c.variant == row.name):
             c, r = samples_curve(ch)
-            ax.plot(c, r, "o", color=colour, markersize=3, alpha=0.8, label=(row.label or row.name) if j == 0 else None)
+            ax.plot(c, r, "o", color=colour, markersize=3, alpha=0.8, label=legend_label(row) if j == 0 else None)
             fit = child_fit(ch)
             if fit.fitted:
                 xs = np.linspace(0.0, 2 * fit.budget, 100)

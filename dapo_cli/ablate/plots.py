@@ -5,9 +5,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from dapo_cli.ablate.results import CURVE_METRICS, SAMPLES_METRIC, VAL_CURVE, AblationReport, ChildResult
+from dapo_cli.ablate.results import CURVE_METRICS, SAMPLES_METRIC, VAL_CURVE, AblationReport, ChildResult, VariantRow
 from dapo_cli.ablate.axes import axis_suffix, split_axes
 from dapo_cli.fileio import atomic_path
+
+
+def legend_label(row: VariantRow) -> str:
+    """A variant's name in a plot's legend: its rung's label and its axis settings (``+ Soft Overlong Punishment@
+    adv_estimator=dr_grpo``), so that twins on an axis are told apart; the variant's name when it has no label."""
+    return row.label + axis_suffix(split_axes(row.name)[1]) if row.label else row.name
 
 
 def cumulative(values: Sequence[float]) -> list[float]:
@@ -61,7 +67,7 @@ def plot_curves(report: AblationReport, out_dir: Path) -> dict[str, list[Path]]:
                 xs, ys = curve_points(by_variant[row.name], metric, axis)
                 if not xs:
                     continue
-                ax.plot(xs, ys, marker="o", markersize=2, linewidth=1, alpha=0.85, label=row.label + axis_suffix(split_axes(row.name)[1]) if row.label else row.name)
+                ax.plot(xs, ys, marker="o", markersize=2, linewidth=1, alpha=0.85, label=legend_label(row))
             ax.set_xlabel("step" if axis == "step" else "generated samples (cumulative)")
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps and samples are counts
             ax.set_ylabel(f"val/avg_at_{report.k}" if metric == VAL_CURVE else metric)

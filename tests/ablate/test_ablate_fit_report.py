@@ -144,3 +144,29 @@ def test_a_narrow_terminal_gets_every_fit_column_named_by_its_rung() -> None:
         rungs = [m.group(1) for m in (re.match(r"^[│ ]*(\d)[ │]", line) for line in group.splitlines()) if m]
         assert rungs[:6] == ["0", "1", "2", "3", "4", "5"]
     assert "too few points (3 of 3 seeds)" in text and "at 10x budget" in text
+
+
+def test_the_fits_legend_tells_axis_twins_apart(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # issue 49's fits.png showed "+ Soft Overlong Punishment" and "+ Dynamic Sampling (DAPO)" twice each: the
+    # adv_estimator=grpo and =dr_grpo twins share a rung label; the curve plots already added the axis settings
+    from matplotlib.figure import Figure
+
+    from dapo_cli.ablate.fit_report import plot_fits
+
+    report = committed_ladder()
+    dapo = next(r for r in report.rows if r.name == "dapo")
+    for row in report.rows:
+        row.name += "@adv_estimator=grpo"
+    for child in report.children:
+        child.variant += "@adv_estimator=grpo"
+    twin = VariantRow(**{**dapo.__dict__, "position": len(report.rows), "name": "dapo@adv_estimator=dr_grpo"})
+    report.rows.append(twin)
+    report.children += [ChildResult(**{**c.__dict__, "variant": twin.name, "run_id": c.run_id + "-dr"})
+                        for c in report.children if c.variant == "dapo@adv_estimator=grpo"]
+    drawn: list[Figure] = []
+    save = Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **kw: (drawn.append(fig), save(fig, *a, **kw))[1])
+    plot_fits(report, tmp_path)
+    labels = [t.get_text() for t in drawn[0].axes[0].get_legend().get_texts()]
+    assert labels[-2:] == ["+ Dynamic Sampling (DAPO)@adv_estimator=grpo", "+ Dynamic Sampling (DAPO)@adv_estimator=dr_grpo"]
+    assert len(set(labels)) == len(labels) == len(report.rows)
