@@ -44,7 +44,7 @@ keep() {  # the cleaner and snapshotter, every minute while the driver runs
   snapshot
 }
 
-G=@adv_estimator=grpo D=@adv_estimator=dr_grpo
+D=@adv_estimator=dr_grpo
 PYTHONPATH="$WT" /usr/bin/time -v "$PY" -m dapo_cli ablate "$WT/experiments/smollm2-ladder.yaml" \
     --ladder --seeds auto --max-seeds 8 --axis algorithm.adv_estimator=grpo,dr_grpo \
     --skip "grpo$D" --skip "grpo+overlong_filtering$D" --skip "grpo+overlong_filtering+clip_higher$D" \
