@@ -27,13 +27,14 @@ import os
 import shlex
 import shutil
 import subprocess
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from dapo_cli.ablate.child import ChildOutcome, ablation_dir, child_argv, child_env, child_tags
 from dapo_cli.ablate.launchers import Parent
-from dapo_cli.ablate.slurm_jobs import ACTIVE_STATES, RECORD_NAME, ChildFailed, ChildJob, JobRecord, live_state
+from dapo_cli.ablate.slurm_jobs import ACTIVE_STATES, RECORD_NAME, ChildFailed, ChildJob, JobRecord, live_state, queue_state
 from dapo_cli.ablate.variants import AblationPlan, Child
 from dapo_cli.errors import UserError
 from dapo_cli.redact import escape_controls, redact
@@ -184,10 +185,24 @@ def failure_reason(exc: BaseException) -> str:
     return lines[0] if lines else type(exc).__name__
 
 
+def ended(submitit: Any, job: Any, *, queue: Callable[[str], str | None] = queue_state) -> bool:
+    """Whether ``job`` has ended: it wrote its result file, or submitit counts it ended (its sacct state) and,
+    for a Slurm job without a result file, Slurm's controller (``queue``: :func:`queue_state`) does not hold it
+    as active. A requeued job's accounting record can read as ended for a moment between its attempts; submitit
+    then never asks sacct about it again, so each later look asks the controller until the job truly ends."""
+    if not job.done():
+        return False
+    if job.paths.result_pickle.exists() or not isinstance(job, submitit.SlurmJob):
+        return True
+    return queue(job.job_id) not in ACTIVE_STATES
+
+
 def wait(
-    submitit: Any, jobs: Sequence[tuple[str, Any]], *, poll_s: float, log: Callable[[str], None]
+    submitit: Any, jobs: Sequence[tuple[str, Any]], *, poll_s: float, log: Callable[[str], None],
+    queue: Callable[[str], str | None] = queue_state,
 ) -> list[str]:
-    """Wait for every ``(child name, job)``; log each job's id and state as it ends; the failures' descriptions.
+    """Wait for every ``(child name, job)``, looking every ``poll_s`` seconds (:func:`ended`); log each job's id
+    and state as it ends; the failures' descriptions.
 
     Interrupted (Ctrl-C) or failing here, the jobs still queued or running are cancelled, so a
     rerun never finds a child that is still training elsewhere.
@@ -196,14 +211,19 @@ def wait(
     failed: list[str] = []
     done: set[int] = set()
     try:
-        for job in submitit.helpers.as_completed([job for _, job in jobs], poll_frequency=poll_s):
-            done.add(id(job))
-            exc = job.exception()
-            reason = failure_reason(exc) if exc is not None else ""
-            # submitit's cached state may predate the result file that ended the wait: a job without an error finished
-            log(f"job {job.job_id} ({names[id(job)]}): " + (f"{job.state}, failed: {reason}" if exc is not None else "finished"))
-            if exc is not None:
-                failed.append(f"{names[id(job)]} (job {job.job_id}: {reason})")
+        while len(done) < len(jobs):
+            for _, job in jobs:
+                if id(job) in done or not ended(submitit, job, queue=queue):
+                    continue
+                done.add(id(job))
+                exc = job.exception()
+                reason = failure_reason(exc) if exc is not None else ""
+                # submitit's cached state may predate the result file that ended the wait: a job without an error finished
+                log(f"job {job.job_id} ({names[id(job)]}): " + (f"{job.state}, failed: {reason}" if exc is not None else "finished"))
+                if exc is not None:
+                    failed.append(f"{names[id(job)]} (job {job.job_id}: {reason})")
+            if len(done) < len(jobs):
+                time.sleep(poll_s)
     except BaseException:
         for name, job in jobs:
             if id(job) not in done:

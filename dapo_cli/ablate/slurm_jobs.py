@@ -82,6 +82,20 @@ def slurm_state(job: Any) -> str:
     return (state.split() or ["UNKNOWN"])[0].upper()
 
 
+def queue_state(job_id: str) -> str | None:
+    """The job's state as Slurm's controller holds it now (``squeue``, first word), or None when the controller
+    no longer lists it or cannot be asked. The controller is current where the accounting record (``sacct``,
+    what submitit reads) lags: between a requeue's two attempts sacct can show the attempt that ended (seen as
+    FAILED under load) while the controller already holds the job again, pending."""
+    try:
+        out = subprocess.run(["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T"], capture_output=True, text=True,
+                             timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    words = out.stdout.split()
+    return words[0].upper() if out.returncode == 0 and words else None
+
+
 def live_state(submitit: Any, recorded: RecordedJob) -> tuple[Any, str]:
     """``(submitit job, state)`` for a recorded job: the job handle to wait on, and whether it is still
     active (:data:`ACTIVE_STATES`)."""

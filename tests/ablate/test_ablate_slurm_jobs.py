@@ -125,3 +125,77 @@ def test_a_child_killed_by_a_signal_is_named_as_stopped(tmp_path: Path) -> None:
                   str(tmp_path), "run")
     assert ok() == 0
     assert json.dumps(ok.__getstate__())  # plain data only
+
+
+class FakeSlurmJob:
+    """What :func:`~dapo_cli.ablate.slurm.wait` reads of a submitit SlurmJob: ``done()`` as submitit answers it
+    (its sacct state, cached once it reads as ended), the result file, the error and the state it logs."""
+
+    def __init__(self, tmp: Path, job_id: str, sacct_done_from: int) -> None:
+        self.job_id, self.looks, self.sacct_done_from = job_id, 0, sacct_done_from
+        self.paths = type("Paths", (), {"result_pickle": tmp / f"{job_id}_result.pkl"})()
+        self.state, self.error = "FAILED", None
+
+    def done(self) -> bool:
+        self.looks += 1
+        return self.paths.result_pickle.exists() or self.looks >= self.sacct_done_from
+
+    def exception(self) -> BaseException | None:
+        return None if self.paths.result_pickle.exists() else RuntimeError(f"Job {self.job_id} has not produced any output")
+
+    def cancel(self, check: bool = False) -> None:
+        raise AssertionError("nothing is cancelled when the wait ends normally")
+
+
+def fake_submitit() -> object:
+    return type("FakeSubmitit", (), {"SlurmJob": FakeSlurmJob})()
+
+
+def test_a_job_between_its_requeued_attempts_is_waited_for_though_sacct_reads_it_as_ended(tmp_path: Path) -> None:
+    """issue 51's flaky cluster test: after a requeue, sacct (what submitit reads) showed the ended attempt as
+    FAILED while Slurm's controller held the job again, and the ablation called the child failed. Looks 1-2:
+    submitit says ended, no result file, squeue says PENDING then RUNNING: still waited for. Look 3: the requeued
+    attempt wrote its result: finished, no failure."""
+    from dapo_cli.ablate.slurm import wait
+
+    job = FakeSlurmJob(tmp_path, "7", sacct_done_from=1)
+    controller = iter(["PENDING", "RUNNING"])
+
+    def queue(job_id: str) -> str | None:
+        assert job_id == "7"
+        state = next(controller, None)
+        if state == "RUNNING":
+            job.paths.result_pickle.write_bytes(b"result")  # the attempt ends before the next look
+        return state
+
+    logs: list[str] = []
+    assert wait(fake_submitit(), [("grpo-s0", job)], poll_s=0.0, log=logs.append, queue=queue) == []
+    assert job.looks == 3 and logs == ["job 7 (grpo-s0): finished"]
+
+
+@pytest.mark.parametrize("controller", [None, "FAILED", "CANCELLED"])
+def test_a_job_that_ended_without_a_result_is_a_failure_once_the_controller_agrees(tmp_path: Path, controller) -> None:
+    """No result file, and squeue lists the job as ended (or no longer lists it): the failure is reported at once."""
+    from dapo_cli.ablate.slurm import wait
+
+    job = FakeSlurmJob(tmp_path, "9", sacct_done_from=2)
+    logs: list[str] = []
+    failed = wait(fake_submitit(), [("dapo-s1", job)], poll_s=0.0, log=logs.append, queue=lambda job_id: controller)
+    assert failed == ["dapo-s1 (job 9: Job 9 has not produced any output)"]
+    assert job.looks == 2 and logs == ["job 9 (dapo-s1): FAILED, failed: Job 9 has not produced any output"]
+
+
+def test_queue_state_reads_squeue_and_is_none_where_it_cannot_answer(tmp_path: Path, monkeypatch) -> None:
+    from dapo_cli.ablate.slurm_jobs import queue_state
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    squeue = bin_dir / "squeue"
+    squeue.write_text('#!/bin/sh\necho "$@" > "$(dirname "$0")/args"\n[ "$5" = 12 ] && echo pending && exit 0\nexit 1\n')
+    squeue.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    assert queue_state("12") == "PENDING"
+    assert (bin_dir / "args").read_text().split() == ["-h", "-t", "all", "-j", "12", "-o", "%T"]
+    assert queue_state("13") is None  # squeue exits 1 for a job id it does not know
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+    assert queue_state("12") is None  # no squeue on this machine
