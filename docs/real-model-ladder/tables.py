@@ -56,7 +56,8 @@ def comparisons(report: dict) -> str:
         p, s, f = power[key], budget.get((*key, "samples")), budget.get((*key, "FLOPs"))
         at = (lambda b: f"{b['Δ %']} {b['95% CI (t)']}" if b else "—")
         rows.append([f"{short(d['variant'])} vs {short(d['vs'])}",
-                     f"{d['decision']} (look {d['wave']}, {d['seeds']} seeds)", d["Δ points"], p["paired sd"], p["seeds for Δ"], p["seeds for 5"], at(s), at(f)])
+                     f"{d['decision']} (look {d['wave']}, {d['seeds']} seeds)", d["Δ points"],
+                     p["paired sd"], p["seeds for Δ"], p["seeds for 5"], at(s), at(f)])
     return table(["comparison", "decision", "Δ by seed ± the look's half-width", "paired sd", "seeds for Δ",
                   "seeds for 5 points", "Δ at equal samples (t)", "Δ at equal FLOPs (t)"], rows)
 
