@@ -47,6 +47,10 @@ def ladder(report: dict) -> str:
                   "C_mid (samples)", "fit", "samples", "seeds"], rows)
 
 
+def at_budget(row: dict | None) -> str:
+    return f"{row['Δ %']} {row['95% CI (t)']}" if row else "—"
+
+
 def comparisons(report: dict) -> str:
     power = {(p["variant"], p["vs"]): p for p in by_name(report, "power")}
     budget = {(b["variant"], b["vs"], b["axis"]): b for b in by_name(report, "delta-at-equal-budget-interpolated")}
@@ -54,10 +58,9 @@ def comparisons(report: dict) -> str:
     for d in by_name(report, "decisions-sequential-seeds"):
         key = (d["variant"], d["vs"])
         p, s, f = power[key], budget.get((*key, "samples")), budget.get((*key, "FLOPs"))
-        at = (lambda b: f"{b['Δ %']} {b['95% CI (t)']}" if b else "—")
         rows.append([f"{short(d['variant'])} vs {short(d['vs'])}",
                      f"{d['decision']} (look {d['wave']}, {d['seeds']} seeds)", d["Δ points"],
-                     p["paired sd"], p["seeds for Δ"], p["seeds for 5"], at(s), at(f)])
+                     p["paired sd"], p["seeds for Δ"], p["seeds for 5"], at_budget(s), at_budget(f)])
     return table(["comparison", "decision", "Δ by seed ± the look's half-width", "paired sd", "seeds for Δ",
                   "seeds for 5 points", "Δ at equal samples (t)", "Δ at equal FLOPs (t)"], rows)
 
