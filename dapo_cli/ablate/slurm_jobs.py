@@ -98,9 +98,12 @@ def queue_state(job_id: str) -> str | None:
 
 def live_state(submitit: Any, recorded: RecordedJob) -> tuple[Any, str]:
     """``(submitit job, state)`` for a recorded job: the job handle to wait on, and whether it is still
-    active (:data:`ACTIVE_STATES`)."""
+    active (:data:`ACTIVE_STATES`). sacct's state, unless it reads as ended and the controller
+    (:func:`queue_state`) still lists the job: then the controller's (a requeued job between its attempts is
+    re-attached to, not submitted again)."""
     job = submitit.SlurmJob(folder=recorded.folder, job_id=recorded.job_id)
-    return job, slurm_state(job)
+    state = slurm_state(job)
+    return job, state if state in ACTIVE_STATES else (queue_state(recorded.job_id) or state)
 
 
 # ---------------------------------------------------------------- what a job runs

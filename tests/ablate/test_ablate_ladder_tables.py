@@ -19,8 +19,9 @@ def test_the_page_tables_carry_the_reports_numbers() -> None:
     out = subprocess.run([sys.executable, str(SCRIPT), str(REPORT)], capture_output=True, text=True, check=True).stdout
     report = json.loads(REPORT.read_text())
     lines = out.splitlines()
+    short = runpy.run_path(str(SCRIPT))["short"]
     for row in report["rows"]:  # the ladder table: the end point and both intervals, as dapo report rounds them
-        name = runpy.run_path(str(SCRIPT))["short"](row["name"])
+        name = short(row["name"])
         (line,) = [ln for ln in lines if ln.startswith(f"| {name} | {row['label']} |")]
         cells = [c.strip() for c in line.strip("|").split("|")]
         assert cells[2:5] == [f"{100 * row['mean']:.1f}", f"±{100 * row['seed_half']:.1f}",

@@ -199,3 +199,25 @@ def test_queue_state_reads_squeue_and_is_none_where_it_cannot_answer(tmp_path: P
     assert queue_state("13") is None  # squeue exits 1 for a job id it does not know
     monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
     assert queue_state("12") is None  # no squeue on this machine
+
+
+def test_a_rerun_reattaches_to_a_job_sacct_reads_as_ended_while_the_controller_holds_it(monkeypatch) -> None:
+    """live_state (the rerun's and --status's view): sacct FAILED but squeue PENDING (a requeue between its attempts)
+    is PENDING, so the job is waited for, not submitted twice; sacct FAILED and squeue silent stays FAILED; an active
+    sacct state is taken without asking squeue."""
+    from dapo_cli.ablate import slurm_jobs
+    from dapo_cli.ablate.slurm_jobs import RecordedJob, live_state
+
+    sacct = {"1": "FAILED", "2": "FAILED", "3": "RUNNING"}
+    controller = {"1": "PENDING", "2": None}
+    asked: list[str] = []
+
+    class Job:
+        def __init__(self, folder: str, job_id: str) -> None:
+            self.job_id = job_id
+            self.watcher = type("W", (), {"get_state": staticmethod(lambda job_id, mode: sacct[job_id])})()
+
+    monkeypatch.setattr(slurm_jobs, "queue_state", lambda job_id: asked.append(job_id) or controller[job_id])
+    fake = type("FakeSubmitit", (), {"SlurmJob": Job})()
+    assert [live_state(fake, RecordedJob(j, "/f"))[1] for j in ("1", "2", "3")] == ["PENDING", "FAILED", "RUNNING"]
+    assert asked == ["1", "2"]
