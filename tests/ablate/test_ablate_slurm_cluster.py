@@ -138,7 +138,9 @@ def test_a_cancelled_child_is_named_and_the_rerun_resumes_only_it(tmp_path, tiny
     driver = subprocess.Popen(ablate_argv(config), cwd=tmp_path, env=env(), stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
     try:
-        wait_for("grpo-s1's first checkpoint", lambda: (tmp_path / "runs").is_dir() and checkpoints(tmp_path, "grpo-s1"))
+        started = tmp_path / "runs" / EXPERIMENT  # runs/ can exist (submitit's runs/slurm) before the ablation's dir
+        wait_for("grpo-s1's first checkpoint",
+                 lambda: started.is_dir() and any(started.iterdir()) and checkpoints(tmp_path, "grpo-s1"))
         victim = recorded_jobs(tmp_path)["grpo-s1"]
         subprocess.run(["scancel", victim], check=True)
         out, err = driver.communicate(timeout=400)
